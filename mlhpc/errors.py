@@ -1,0 +1,27 @@
+"""The error family of mlhpc.
+
+Every error a user can cause by bad input is one of these. The CLI prints ``str(error)`` as one
+line on stderr and exits with status 2; anything else escaping is a bug.
+"""
+
+from __future__ import annotations
+
+
+class MlhpcError(Exception):
+    """Base class: a user-facing problem with one clear message naming the file, key or sample."""
+
+
+class ConfigError(MlhpcError):
+    """A config file, key or value is wrong (names the file and the key path)."""
+
+
+class DataError(MlhpcError):
+    """A dataset folder, file or sample is missing or malformed (names the file and sample)."""
+
+
+class StagingError(MlhpcError):
+    """Copying a dataset to node-local storage failed (names the source or destination file)."""
+
+
+class LogFormatError(MlhpcError):
+    """A result log cannot be read (names the file and line)."""

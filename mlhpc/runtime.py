@@ -1,0 +1,184 @@
+"""Who am I: rank, local rank, world size, node, device.
+
+Detection order (first match wins), as documented for `detect`:
+
+1. torchrun / torch.distributed.launch: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``
+   (``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` where set); rendezvous from ``MASTER_ADDR``/``MASTER_PORT``.
+2. Slurm step: ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NODEID``,
+   ``SLURM_JOB_NUM_NODES`` (or ``SLURM_NNODES``); master address = first host of
+   ``SLURM_STEP_NODELIST`` (or ``SLURM_JOB_NODELIST``), expanded with ``scontrol show hostnames``
+   where needed.
+3. MPI: ``mpi4py.MPI.COMM_WORLD`` when the process was started by mpiexec (PMI/OMPI variables set);
+   the master address is rank 0's hostname, broadcast over MPI.
+4. A single process.
+
+`init_process_group` then sets up torch.distributed: NCCL when the device is CUDA, Gloo on CPUs,
+one device per local rank.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Mapping
+
+import torch
+
+DEFAULT_PORT = 29511
+_MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """This process's place in the job.
+
+    Attributes:
+        rank / world_size: global rank and number of processes.
+        local_rank / local_world_size: rank within this node and processes on this node.
+        node_rank / num_nodes: this node's index and the number of nodes.
+        launcher: ``"torchrun"``, ``"slurm"``, ``"mpi"`` or ``"single"``.
+        master_addr / master_port: torch.distributed rendezvous.
+        device: ``torch.device`` this rank computes on.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    node_rank: int = 0
+    num_nodes: int = 1
+    launcher: str = "single"
+    master_addr: str = "127.0.0.1"
+    master_port: int = DEFAULT_PORT
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the only rank that writes logs and results."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def accelerators_per_node(self) -> int:
+        """GPUs used per node (0 on CPUs), as logged in ``accelerators_per_node``."""
+        return self.local_world_size if self.device.type == "cuda" else 0
+
+    def with_device(self, device: torch.device) -> "Runtime":
+        return Runtime(**{**self.__dict__, "device": device})
+
+
+def _int(env: Mapping[str, str], *names: str, default: int | None = None) -> int:
+    for name in names:
+        if env.get(name, "") != "":
+            return int(env[name])
+    if default is None:
+        raise KeyError(names[0])
+    return default
+
+
+def _first_slurm_host(nodelist: str) -> str:
+    if not any(c in nodelist for c in "[,"):
+        return nodelist
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                             text=True, check=True, timeout=30).stdout.split()
+        if out:
+            return out[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    head = nodelist.split(",")[0]
+    if "[" in head:  # node[01-04] -> node01
+        prefix, rest = head.split("[", 1)
+        return prefix + rest.split("-")[0].split(",")[0].rstrip("]")
+    return head
+
+
+def detect(env: Mapping[str, str] | None = None, device: str = "auto") -> Runtime:
+    """Detect this process's `Runtime` from the environment (order in the module docstring).
+
+    Args:
+        env: environment mapping (default ``os.environ``).
+        device: ``"auto"`` (CUDA if available), ``"cpu"`` or ``"cuda"``.
+    """
+    env = os.environ if env is None else env
+    port = _int(env, "MASTER_PORT", default=DEFAULT_PORT)
+    if "RANK" in env and "WORLD_SIZE" in env:
+        world = _int(env, "WORLD_SIZE")
+        local_world = _int(env, "LOCAL_WORLD_SIZE", default=world)
+        rank = _int(env, "RANK")
+        rt = Runtime(rank=rank, world_size=world, local_rank=_int(env, "LOCAL_RANK", default=0),
+                     local_world_size=local_world,
+                     node_rank=_int(env, "GROUP_RANK", default=rank // max(local_world, 1)),
+                     num_nodes=max(1, world // max(local_world, 1)), launcher="torchrun",
+                     master_addr=env.get("MASTER_ADDR", "127.0.0.1"), master_port=port)
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "SLURM_STEP_ID" in env:
+        world = _int(env, "SLURM_NTASKS")
+        nodes = _int(env, "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", default=1)
+        tasks_per_node = env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", ""))
+        local_world = int(tasks_per_node.split("(")[0].split(",")[0]) if tasks_per_node else world // nodes
+        nodelist = env.get("SLURM_STEP_NODELIST", env.get("SLURM_JOB_NODELIST", "127.0.0.1"))
+        rt = Runtime(rank=_int(env, "SLURM_PROCID"), world_size=world,
+                     local_rank=_int(env, "SLURM_LOCALID", default=0), local_world_size=local_world,
+                     node_rank=_int(env, "SLURM_NODEID", default=0), num_nodes=nodes,
+                     launcher="slurm", master_addr=env.get("MASTER_ADDR") or _first_slurm_host(nodelist),
+                     master_port=port)
+    elif any(name in env for name in _MPI_ENV):
+        rt = _detect_mpi(port)
+    else:
+        rt = Runtime(master_port=port)
+    return rt.with_device(_pick_device(device, rt.local_rank))
+
+
+def _detect_mpi(port: int) -> Runtime:
+    from mpi4py import MPI  # imported only under mpiexec: MPI_Init is not free
+
+    comm = MPI.COMM_WORLD
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    leaders = comm.Split(0 if local.Get_rank() == 0 else MPI.UNDEFINED, comm.Get_rank())
+    node_rank = leaders.Get_rank() if leaders != MPI.COMM_NULL else -1
+    num_nodes = leaders.Get_size() if leaders != MPI.COMM_NULL else -1
+    node_rank, num_nodes = local.bcast((node_rank, num_nodes), root=0)
+    master = comm.bcast(socket.gethostname() if comm.Get_rank() == 0 else None, root=0)
+    return Runtime(rank=comm.Get_rank(), world_size=comm.Get_size(), local_rank=local.Get_rank(),
+                   local_world_size=local.Get_size(), node_rank=node_rank, num_nodes=num_nodes,
+                   launcher="mpi", master_addr=master, master_port=port)
+
+
+def _pick_device(device: str, local_rank: int) -> torch.device:
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if count == 0:
+        from mlhpc.errors import ConfigError
+
+        raise ConfigError("train.device: 'cuda' asked for but no CUDA device is visible")
+    return torch.device("cuda", local_rank % count)
+
+
+def init_process_group(rt: Runtime, timeout_s: float = 600.0) -> None:
+    """Start torch.distributed for ``rt`` (no-op for one process): NCCL on CUDA, Gloo on CPU."""
+    if not rt.distributed or torch.distributed.is_initialized():
+        return
+    if rt.device.type == "cuda":
+        torch.cuda.set_device(rt.device)
+    backend = "nccl" if rt.device.type == "cuda" else "gloo"
+    torch.distributed.init_process_group(
+        backend=backend, init_method=f"tcp://{rt.master_addr}:{rt.master_port}",
+        rank=rt.rank, world_size=rt.world_size, timeout=timedelta(seconds=timeout_s))
+
+
+def barrier(rt: Runtime) -> None:
+    """Wait for every rank (no-op for one process)."""
+    if rt.distributed and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def destroy_process_group() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

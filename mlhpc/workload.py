@@ -1,0 +1,82 @@
+"""The `Workload` spec: what a benchmark declares so that one harness can train it.
+
+Follows the shape of torchtitan's ``TrainSpec`` (torchtitan/protocols/train_spec.py): the harness
+(`mlhpc.train`) is model-agnostic and never branches on a workload's name; a workload is a frozen
+record of constructors. Third parties add one through the ``mlhpc.workloads`` entry-point group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Literal
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import torch
+    from pydantic import BaseModel
+    from torch.utils.data import Dataset
+
+    from mlhpc.config import Config
+    from mlhpc.runtime import Runtime
+
+
+@dataclass(frozen=True)
+class QualityMetric:
+    """The quality metric of a benchmark and its target (MLPerf HPC rules, section "Quality").
+
+    Attributes:
+        key: the MLLOG key the value is logged under: ``"eval_error"`` or ``"eval_accuracy"``.
+        target: the quality target of the reference (closed division).
+        direction: ``"min"`` when smaller is better (reached at ``value <= target``), ``"max"``
+            when larger is better (reached at ``value >= target``).
+        batch_stats: ``(output, target) -> (sum, count)``, two 0-d float64 tensors whose sums over
+            every batch of every rank give the metric as ``sum / count``. Summing before dividing
+            is what makes the metric exact across ranks and uneven last batches.
+    """
+
+    key: str
+    target: float
+    direction: Literal["min", "max"]
+    batch_stats: Callable[["torch.Tensor", "torch.Tensor"], tuple["torch.Tensor", "torch.Tensor"]]
+
+    def reached(self, value: float, target: float | None = None) -> bool:
+        """True when ``value`` meets ``target`` (default: the reference target)."""
+        goal = self.target if target is None else target
+        return value <= goal if self.direction == "min" else value >= goal
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A trainable MLPerf HPC benchmark, declared as data.
+
+    Attributes:
+        name: the MLPerf benchmark name, as logged in ``submission_benchmark``.
+        model_config / optimizer_config / synth_config: pydantic models validating the config
+            sections ``model``, ``optimizer`` and ``synth`` of this workload.
+        build_model: ``model_config -> nn.Module`` (float32 weights, on the CPU).
+        build_datasets: ``(config, runtime, data_dir) -> (train, validation)`` map-style datasets
+            reading the official on-disk layout under ``data_dir``; raises ``DataError``.
+        synthesize: ``(out_dir, synth_config, seed) -> None`` writes embedded data in the official
+            layout (``train/`` and ``validation/``).
+        build_loss: ``config -> (output, target) -> scalar loss tensor``.
+        metric: the quality metric and its target.
+        build_optimizer: ``(model, config, steps_per_epoch) -> (optimizer, scheduler)``; the
+            harness steps the scheduler once per optimizer step.
+        hyperparameters: ``config -> {mllog key: value}``, every optimizer/model key the hpc
+            compliance rules require for this benchmark (the harness logs the common ones).
+        reference_samples: ``(train, eval)`` sample counts of the reference dataset, logged in the
+            summary when a mini config departs from them.
+    """
+
+    name: str
+    model_config: type["BaseModel"]
+    optimizer_config: type["BaseModel"]
+    synth_config: type["BaseModel"]
+    build_model: Callable[[Any], "torch.nn.Module"]
+    build_datasets: Callable[["Config", "Runtime", Path], tuple["Dataset", "Dataset"]]
+    synthesize: Callable[[Path, Any, int], None]
+    build_loss: Callable[["Config"], Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]]
+    metric: QualityMetric
+    build_optimizer: Callable[["torch.nn.Module", "Config", int], tuple[Any, Any]]
+    hyperparameters: Callable[["Config"], dict[str, Any]]
+    reference_samples: tuple[int, int] = (0, 0)
