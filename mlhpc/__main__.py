@@ -1,0 +1,3 @@
+from mlhpc.cli import main
+
+main()

@@ -1,0 +1,181 @@
+"""The `mlhpc` command line. Each command parses, calls ONE library function, prints.
+
+Every `MlhpcError` (bad config, data, staging or log) becomes one line on stderr and exit
+status 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from mlhpc.errors import MlhpcError
+
+SET_HELP = "Override a config value, e.g. --set train.max_epochs=5 (repeatable)."
+
+
+def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except MlhpcError as exc:
+            click.echo(f"mlhpc: error: {exc}", err=True)
+            sys.exit(2)
+
+    return wrapper
+
+
+@click.group()
+@click.version_option(package_name="mlhpc")
+def main() -> None:
+    """mlhpc: MLPerf HPC-style benchmarks (CosmoFlow, DeepCAM): time to train, split into
+    staging, convergence and compute."""
+
+
+class _Progress:
+    """Progress for `mlhpc run`: a rich live line on a terminal, plain lines otherwise (Slurm)."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=False)
+        self.tty = sys.stdout.isatty()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        kind = event["kind"]
+        if kind == "start":
+            self.console.print(f"[bold]mlhpc run[/bold] {event['workload']}: logging to "
+                               f"{event['result_file']}", highlight=False)
+        elif kind == "epoch":
+            reached = "  target reached" if (
+                (event["metric_key"] == "eval_error" and event["metric"] <= event["target"]) or
+                (event["metric_key"] != "eval_error" and event["metric"] >= event["target"])) else ""
+            line = (f"epoch {event['epoch']:>3}/{event['max_epochs']}  {event['metric_key']} "
+                    f"{event['metric']:.4f} (target {event['target']})  loss {event['train_loss']:.4f}  "
+                    f"{event['samples_per_s']:.1f} samples/s  epoch {event['epoch_s']:.1f} s  "
+                    f"eval {event['eval_s']:.1f} s{reached}")
+            if self.tty:
+                self.console.print(line, highlight=False)
+            else:
+                print(line, flush=True)
+        elif kind == "step" and self.tty:
+            self.console.print(f"  step {event['step']}/{event['steps']} loss {event['loss']:.4f}",
+                               highlight=False)
+
+
+def _print_summary(result: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{result.workload}: {result.status}"
+                  + (f" ({result.reason})" if result.reason else ""), show_header=False)
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    rows = [
+        ("time to train (run_stop - run_start)", f"{result.time_to_train_s:.2f} s"),
+        ("staging", f"{result.staging_s:.2f} s ({result.staging.get('bytes', 0) / 1e6:.1f} MB)"),
+        ("init", f"{result.init_s:.2f} s"),
+        ("data synthesis (before init)", f"{result.synthesis_s:.2f} s"),
+        (f"epochs to target ({result.metric_key} {'<=' if result.metric_key == 'eval_error' else '>='} "
+         f"{result.target})", f"{result.epochs}"),
+        (f"final {result.metric_key}", "n/a" if result.metric_value is None else f"{result.metric_value:.4f}"),
+        ("mean epoch time", f"{result.mean_epoch_s:.2f} s"),
+        ("training throughput", f"{result.samples_per_s:.1f} samples/s"),
+        ("evaluation time (total)", f"{result.eval_s:.2f} s"),
+        ("residual (time to train - epochs - evals)", f"{result.residual_s:.2f} s"),
+        ("global batch size / ranks / nodes",
+         f"{result.global_batch_size} / {result.world_size} / {result.num_nodes}"),
+        ("result log", str(result.result_file)),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console = Console()
+    console.print(table)
+    if result.departs_from_reference:
+        console.print("departs from the reference: " + "; ".join(result.departs_from_reference),
+                      highlight=False)
+
+
+@main.command("run")
+@click.argument("config_path", type=click.Path(path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
+@_friendly
+def run_command(config_path: Path, overrides: tuple[str, ...]) -> None:
+    """Train CONFIG's workload to its quality target and write a compliant result log."""
+    from mlhpc import config as cfg
+    from mlhpc import train
+
+    config = cfg.load(config_path, overrides)
+    result = train.run(config, on_progress=_Progress())
+    if result.result_file:
+        _print_summary(result)
+    sys.exit(0 if result.status == "success" else 1)
+
+
+@main.command("stage")
+@click.argument("config_path", type=click.Path(path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
+@_friendly
+def stage_command(config_path: Path, overrides: tuple[str, ...]) -> None:
+    """Copy CONFIG's dataset to node-local storage, timed and verified."""
+    from mlhpc import config as cfg
+    from mlhpc import runtime, staging
+
+    config = cfg.load(config_path, overrides)
+    rt = runtime.detect(device="cpu")
+    runtime.init_process_group(rt)
+    try:
+        result = staging.stage_dataset(config, rt)
+    finally:
+        runtime.destroy_process_group()
+    if rt.is_main:
+        click.echo(json.dumps(result.to_dict(), indent=2, default=str))
+
+
+@main.group("data")
+def data_group() -> None:
+    """Embedded datasets."""
+
+
+@data_group.command("synth")
+@click.argument("workload_name")
+@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path),
+              help="Dataset folder to write (train/ and validation/ inside).")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
+              help="Take the synth section from this config.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a synth value, e.g. --set synth.cube_size=32.")
+@_friendly
+def synth_command(workload_name: str, out_dir: Path, config_path: Path | None, seed: int,
+                  overrides: tuple[str, ...]) -> None:
+    """Write WORKLOAD's embedded synthetic dataset in the official on-disk layout."""
+    from mlhpc import config as cfg
+
+    tree = cfg.read_yaml(config_path) if config_path else {"train": {"global_batch_size": 1, "max_epochs": 1}}
+    tree["workload"] = workload_name
+    config = cfg.from_dict(tree, source=str(config_path or "<defaults>"), overrides=overrides)
+    from workloads import get
+
+    get(workload_name).synthesize(out_dir, config.synth, seed)
+    click.echo(f"wrote {workload_name} data to {out_dir}")
+
+
+def _register_optional() -> None:
+    try:
+        from mlhpc.report.cli import report_command
+    except ImportError:  # the report package is optional at import time only while it is built
+        return
+    main.add_command(report_command)
+
+
+_register_optional()
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,151 @@
+"""Compliance logging on top of `mlperf_logging.mllog` (MLPerf HPC rules, hpc 3.0.0 ruleset).
+
+Only global rank 0 writes. Each run writes a fresh ``result_N.txt``: the file is created with
+``O_EXCL`` (mode ``"x"``), so no run ever overwrites or appends to an existing result, and two
+runs started at once into one folder get distinct files. Every line is flushed as it is written,
+so a crash leaves a readable log.
+
+Keys come from `mlperf_logging.mllog.constants` where a constant exists; the HPC keys without one
+are named once, here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from mlperf_logging.mllog import constants
+from mlperf_logging.mllog.mllog import MLLogger
+
+# HPC keys with no constant in mlperf_logging.mllog.constants.
+EVAL_ERROR = "eval_error"
+NUMBER_OF_NODES = "number_of_nodes"
+ACCELERATORS_PER_NODE = "accelerators_per_node"
+GRADIENT_ACCUMULATION_FREQUENCY = "gradient_accumulation_frequency"
+DROPOUT = "dropout"
+BATCHNORM_GROUP_SIZE = "batchnorm_group_size"
+TRACKED_STATS = "tracked_stats"
+
+RESULT_PATTERN = "result_{}.txt"
+_counter = itertools.count()
+
+
+def open_next_result(out_dir: Path) -> tuple[Path, IO[str]]:
+    """Create the first free ``result_N.txt`` in ``out_dir`` exclusively (N = 0, 1, ...).
+
+    Returns the path and a line-buffered text handle. Never overwrites or appends.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count():
+        path = out_dir / RESULT_PATTERN.format(n)
+        try:
+            handle = open(path, "x", buffering=1, encoding="utf-8")
+        except FileExistsError:
+            continue
+        return path, handle
+    raise AssertionError("unreachable")
+
+
+class _FlushingHandler(logging.StreamHandler):
+    def emit(self, record: logging.LogRecord) -> None:
+        super().emit(record)
+        self.flush()
+        try:
+            os.fsync(self.stream.fileno())
+        except (OSError, ValueError):
+            pass
+
+
+@dataclass
+class Event:
+    """One logged event, as kept in memory for the run summary."""
+
+    key: str
+    time_ms: int
+    value: Any = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class ComplianceLog:
+    """An MLLOG writer for one run.
+
+    Args:
+        path: the result file (already created) or None on ranks that do not write.
+        handle: its open text handle.
+        instance: instance id for throughput (weak-scaling) runs, added to every event's metadata.
+    """
+
+    def __init__(self, path: Path | None, handle: IO[str] | None, instance: int | None = None):
+        self.path = path
+        self.events: list[Event] = []
+        self._instance = instance
+        self._lock = threading.Lock()
+        logger = logging.getLogger(f"mlhpc.mllog.{os.getpid()}.{next(_counter)}")
+        logger.propagate = False
+        logger.setLevel(logging.INFO)
+        self._handler: logging.Handler | None = None
+        if handle is not None:
+            self._handler = _FlushingHandler(handle)
+            logger.addHandler(self._handler)
+        else:
+            logger.addHandler(logging.NullHandler())
+        self._logger = logger
+        self._mllogger = MLLogger(logger=logger, default_stack_offset=3,
+                                  root_dir=str(Path(__file__).resolve().parents[1]))
+
+    @classmethod
+    def create(cls, out_dir: Path, is_main: bool, instance: int | None = None) -> "ComplianceLog":
+        """A log writing ``out_dir/result_N.txt`` on the main rank, nothing elsewhere."""
+        if not is_main:
+            return cls(None, None, instance)
+        path, handle = open_next_result(out_dir)
+        return cls(path, handle, instance)
+
+    def _meta(self, metadata: dict[str, Any] | None) -> dict[str, Any]:
+        meta = dict(metadata or {})
+        if self._instance is not None:
+            meta.setdefault("instance", self._instance)
+        return meta
+
+    def _record(self, kind: str, key: str, value: Any, metadata: dict[str, Any] | None) -> None:
+        meta = self._meta(metadata)
+        now_ms = int(time.time() * 1e3)
+        with self._lock:
+            self.events.append(Event(key, now_ms, value, meta))
+            getattr(self._mllogger, kind)(key=key, value=value, metadata=meta or None,
+                                          time_ms=now_ms)
+
+    def event(self, key: str, value: Any = None, metadata: dict[str, Any] | None = None) -> None:
+        """A POINT_IN_TIME event."""
+        self._record("event", key, value, metadata)
+
+    def start(self, key: str, value: Any = None, metadata: dict[str, Any] | None = None) -> None:
+        """An INTERVAL_START event (``init_start``, ``run_start``, ``epoch_start`` ...)."""
+        self._record("start", key, value, metadata)
+
+    def end(self, key: str, value: Any = None, metadata: dict[str, Any] | None = None) -> None:
+        """An INTERVAL_END event (``init_stop``, ``run_stop``, ``epoch_stop`` ...)."""
+        self._record("end", key, value, metadata)
+
+    def first(self, key: str) -> Event | None:
+        return next((e for e in self.events if e.key == key), None)
+
+    def all(self, key: str) -> list[Event]:
+        return [e for e in self.events if e.key == key]
+
+    def close(self) -> None:
+        if self._handler is not None:
+            self._handler.close()
+            self._logger.removeHandler(self._handler)
+            self._handler = None
+
+
+__all__ = ["ComplianceLog", "Event", "open_next_result", "constants", "EVAL_ERROR",
+           "NUMBER_OF_NODES", "ACCELERATORS_PER_NODE", "GRADIENT_ACCUMULATION_FREQUENCY",
+           "DROPOUT", "BATCHNORM_GROUP_SIZE", "TRACKED_STATS"]

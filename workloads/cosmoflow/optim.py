@@ -1,0 +1,85 @@
+"""CosmoFlow optimizer and learning-rate schedule, as in the MLPerf HPC reference
+(mlcommons/hpc cosmoflow/utils/optimizers.py and configs/cosmo.yaml).
+
+SGD with momentum 0.9. The peak rate is the base rate scaled with the global batch size
+(``linear``: x global/base batch size, ``sqrt``: x its square root); the first
+``warmup_epochs`` epochs ramp linearly from the base rate to the peak; after that the rate is the
+peak times the factor of the latest decay boundary epoch passed. The schedule is per epoch, as in
+the reference; the harness steps the scheduler per optimizer step, so the step is mapped to its
+epoch here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from mlhpc.config import Section
+
+
+class OptimizerConfig(Section):
+    """Defaults: the reference closed-division CosmoFlow settings (configs/cosmo.yaml)."""
+
+    name: Literal["sgd"] = "sgd"
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    base_learning_rate: float = Field(0.001, gt=0.0)
+    base_batch_size: int = Field(64, ge=1)
+    scaling: Literal["linear", "sqrt", "none"] = "linear"
+    warmup_epochs: int = Field(4, ge=0)
+    decay_schedule: dict[int, float] = Field(default_factory=lambda: {32: 0.25, 64: 0.125})
+    weight_decay: float = Field(0.0, ge=0.0)
+
+
+def scale_factor(cfg: OptimizerConfig, global_batch_size: int) -> float:
+    """How much the peak learning rate exceeds the base rate for ``global_batch_size``."""
+    if cfg.scaling == "linear":
+        return global_batch_size / cfg.base_batch_size
+    if cfg.scaling == "sqrt":
+        return math.sqrt(global_batch_size / cfg.base_batch_size)
+    return 1.0
+
+
+def learning_rate(cfg: OptimizerConfig, global_batch_size: int, epoch: int) -> float:
+    """Learning rate for the 0-based ``epoch`` (reference ``_lr_schedule``)."""
+    peak = cfg.base_learning_rate * scale_factor(cfg, global_batch_size)
+    if epoch < cfg.warmup_epochs:
+        return cfg.base_learning_rate + epoch * (peak - cfg.base_learning_rate) / cfg.warmup_epochs
+    factor, latest = 1.0, -1
+    for boundary, decay in cfg.decay_schedule.items():
+        if latest <= boundary < epoch:
+            latest, factor = boundary, decay
+    return peak * factor
+
+
+def build_optimizer(model: torch.nn.Module, config, steps_per_epoch: int):
+    """SGD with momentum and the per-epoch schedule above, as a per-step `LambdaLR`."""
+    cfg: OptimizerConfig = config.optimizer
+    gbs = config.train.global_batch_size
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.base_learning_rate,
+                                momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    steps = max(1, steps_per_epoch)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: learning_rate(cfg, gbs, step // steps) / cfg.base_learning_rate)
+    return optimizer, scheduler
+
+
+def hyperparameters(config) -> dict:
+    """The CosmoFlow keys of the hpc 3.0.0 closed rules (closed_cosmoflow.yaml), with the values
+    the reference logs: ``opt_base_learning_rate`` is the batch-scaled peak rate,
+    ``opt_learning_rate_warmup_factor`` the scale factor, and the decay factor the largest one."""
+    cfg: OptimizerConfig = config.optimizer
+    gbs = config.train.global_batch_size
+    factor = scale_factor(cfg, gbs)
+    return {
+        "opt_name": cfg.name,
+        "opt_base_learning_rate": cfg.base_learning_rate * factor,
+        "opt_learning_rate_warmup_epochs": cfg.warmup_epochs,
+        "opt_learning_rate_warmup_factor": factor,
+        "opt_learning_rate_decay_boundary_epochs": sorted(cfg.decay_schedule),
+        "opt_learning_rate_decay_factor": max(cfg.decay_schedule.values(), default=1.0),
+        "opt_weight_decay": cfg.weight_decay,
+        "dropout": config.model.dropout,
+    }
