@@ -1,0 +1,135 @@
+"""Counting the work and measuring the machine.
+
+- FLOPs per sample, forward and forward+backward, counted by PyTorch itself with
+  `torch.utils.flop_counter.FlopCounterMode` on the workload's model (no hand-written formulas;
+  a multiply-add counts as 2 FLOPs, as in the MLPerf / AIPerf convention).
+- Achieved FLOP/s = training FLOPs per sample x samples/s, and model FLOP utilisation (MFU)
+  against the device's peak: a small table of published dense peaks for known GPUs, or, on a CPU
+  or an unknown device, a peak measured here with a large matrix product (``peak_source`` says which).
+- Memory: parameters, gradients, optimizer state (bytes) and activations saved for backward
+  (bytes, counted with `torch.autograd.graph.saved_tensors_hooks`), plus the CUDA peak.
+- Communication: bytes all-reduced per optimizer step by DistributedDataParallel (every gradient).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+# Dense peak FLOP/s per device, from the vendors' data sheets (no sparsity).
+KNOWN_PEAKS_FLOP_PER_S: dict[tuple[str, str], float] = {
+    ("H100", "bf16"): 989.4e12, ("H100", "fp32"): 66.9e12,
+    ("H200", "bf16"): 989.4e12, ("H200", "fp32"): 66.9e12,
+    ("A100", "bf16"): 312e12, ("A100", "fp32"): 19.5e12,
+}
+
+
+@dataclass
+class FlopCount:
+    """FLOPs for one sample (float), counted on a batch and divided by its size."""
+
+    forward_flops: float
+    train_flops: float  # forward + backward
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def count_flops(model: torch.nn.Module, sample: torch.Tensor, loss_fn: Any, target: torch.Tensor) -> FlopCount:
+    """FLOPs per sample of ``model`` on ``sample`` (N, ...) with targets ``target`` (N, ...).
+
+    The model is left unchanged (gradients are cleared afterwards).
+    """
+    n = sample.shape[0]
+    was_training = model.training
+    model.train()
+    with FlopCounterMode(display=False) as forward_counter:
+        with torch.no_grad():
+            model(sample)
+    with FlopCounterMode(display=False) as train_counter:
+        loss_fn(model(sample), target).backward()
+    model.zero_grad(set_to_none=True)
+    model.train(was_training)
+    return FlopCount(forward_counter.get_total_flops() / n, train_counter.get_total_flops() / n)
+
+
+def measure_matmul_peak(device: torch.device, dtype: torch.dtype = torch.float32, size: int = 2048,
+                        seconds: float = 0.5) -> float:
+    """Achieved FLOP/s of a ``size`` x ``size`` matrix product on ``device`` (best of a
+    ``seconds``-long loop): the practical peak for a device with no table entry."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    torch.matmul(a, b)
+    best, deadline = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = max(best, 2 * size ** 3 / (time.perf_counter() - t0))
+    return best
+
+
+def device_peak(device: torch.device, precision: str) -> tuple[float, str]:
+    """(peak FLOP/s, source) for ``device`` at ``precision`` (``"bf16"`` or ``"fp32"``)."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for (key, prec), peak in KNOWN_PEAKS_FLOP_PER_S.items():
+            if key in name and prec == precision:
+                return peak, f"data sheet: {key} {prec} dense"
+    dtype = torch.bfloat16 if precision == "bf16" and device.type == "cuda" else torch.float32
+    return measure_matmul_peak(device, dtype), f"measured: {dtype} matmul on {device.type}"
+
+
+@dataclass
+class MemoryBreakdown:
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int
+    saved_activations_bytes: int  # per training step at the given batch
+    cuda_peak_bytes: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def memory_breakdown(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sample: torch.Tensor,
+                     loss_fn: Any, target: torch.Tensor) -> MemoryBreakdown:
+    """Bytes of parameters, gradients, optimizer state and saved activations for one step on
+    ``sample``. Takes one real optimizer step, so call it on a throw-away copy of the model."""
+    saved = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal saved
+        saved += _tensor_bytes(t)
+        return t
+
+    if sample.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(sample.device)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = loss_fn(model(sample), target)
+    loss.backward()
+    optimizer.step()
+    params = sum(_tensor_bytes(p) for p in model.parameters())
+    grads = sum(_tensor_bytes(p.grad) for p in model.parameters() if p.grad is not None)
+    state = sum(_tensor_bytes(v) for s in optimizer.state.values() for v in s.values()
+                if isinstance(v, torch.Tensor))
+    peak = torch.cuda.max_memory_allocated(sample.device) if sample.device.type == "cuda" else None
+    optimizer.zero_grad(set_to_none=True)
+    return MemoryBreakdown(params, grads, state, saved, peak)
+
+
+def allreduce_bytes_per_step(model: torch.nn.Module) -> int:
+    """Bytes of gradients DistributedDataParallel all-reduces per optimizer step (every trainable
+    parameter's gradient, in its dtype)."""
+    return sum(_tensor_bytes(p) for p in model.parameters() if p.requires_grad)

@@ -1,0 +1,43 @@
+import torch
+
+from workloads.cosmoflow import mae_stats
+from workloads.cosmoflow.model import ModelConfig, build_model
+from workloads.cosmoflow.optim import OptimizerConfig, learning_rate
+
+
+def test_reference_parameter_count():
+    model = build_model(ModelConfig())
+    assert sum(p.numel() for p in model.parameters()) == 8_907_556
+
+
+def test_mini_forward_shape_and_range():
+    model = build_model(ModelConfig(input_size=16, conv_channels=2, n_conv_layers=4))
+    out = model(torch.randn(3, 4, 16, 16, 16) * 10)
+    assert out.shape == (3, 4)
+    assert out.abs().max() <= 1.2
+
+
+def test_init_is_xavier_with_zero_bias():
+    model = build_model(ModelConfig(input_size=16, conv_channels=2, n_conv_layers=4))
+    conv = model.features[0]
+    assert torch.count_nonzero(conv.bias) == 0
+    fan_in, fan_out = 4 * 27, 2 * 27
+    bound = (6 / (fan_in + fan_out)) ** 0.5
+    assert conv.weight.abs().max() <= bound
+    assert conv.weight.abs().max() > 0.8 * bound
+
+
+def test_reference_schedule():
+    cfg = OptimizerConfig()  # base 0.001 at batch 64, linear, 4 warm-up epochs, decays 32/64
+    peak = 0.001 * 256 / 64
+    assert learning_rate(cfg, 256, 0) == 0.001
+    assert abs(learning_rate(cfg, 256, 2) - (0.001 + 2 * (peak - 0.001) / 4)) < 1e-12
+    assert learning_rate(cfg, 256, 4) == peak
+    assert learning_rate(cfg, 256, 32) == peak  # decay applies after the boundary epoch
+    assert learning_rate(cfg, 256, 33) == peak * 0.25
+    assert learning_rate(cfg, 256, 65) == peak * 0.125
+
+
+def test_mae_stats_sum_and_count():
+    s, n = mae_stats(torch.zeros(2, 4), torch.ones(2, 4) * 0.5)
+    assert s.item() == 4.0 and n.item() == 8.0

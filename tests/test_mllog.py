@@ -1,0 +1,49 @@
+import json
+import threading
+
+from mlhpc.mllog import ComplianceLog, open_next_result
+
+
+def test_result_files_are_never_reused(tmp_path):
+    (tmp_path / "result_0.txt").write_text("precious\n")
+    path, handle = open_next_result(tmp_path)
+    handle.close()
+    assert path.name == "result_1.txt"
+    assert (tmp_path / "result_0.txt").read_text() == "precious\n"
+
+
+def test_concurrent_runs_get_distinct_files(tmp_path):
+    paths = []
+
+    def grab():
+        path, handle = open_next_result(tmp_path)
+        handle.close()
+        paths.append(path.name)
+
+    threads = [threading.Thread(target=grab) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(paths) == sorted(f"result_{i}.txt" for i in range(8))
+
+
+def test_lines_are_mllog_json_and_flushed(tmp_path):
+    log = ComplianceLog.create(tmp_path, is_main=True, instance=3)
+    log.start("run_start")
+    log.event("eval_error", 0.5, metadata={"epoch_num": 1})
+    # flushed as written: readable before close
+    lines = log.path.read_text().splitlines()
+    assert len(lines) == 2
+    record = json.loads(lines[1].split(":::MLLOG ", 1)[1])
+    assert record["key"] == "eval_error" and record["value"] == 0.5
+    assert record["metadata"]["epoch_num"] == 1 and record["metadata"]["instance"] == 3
+    assert record["metadata"]["file"].endswith("test_mllog.py")  # caller, not the wrapper
+    log.close()
+
+
+def test_non_main_rank_writes_nothing(tmp_path):
+    log = ComplianceLog.create(tmp_path, is_main=False)
+    log.event("seed", 1)
+    assert log.path is None and list(tmp_path.iterdir()) == []
+    assert log.first("seed").value == 1

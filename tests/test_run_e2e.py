@@ -1,0 +1,109 @@
+"""End to end: `mlhpc run` through the CLI, with MLCommons' compliance checker on the log."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import compliance_check
+
+ONCE_ONLY = ["init_stop", "run_start", "run_stop", "submission_benchmark", "submission_org",
+             "submission_division", "submission_status", "submission_platform", "global_batch_size",
+             "train_samples", "eval_samples", "number_of_nodes", "accelerators_per_node",
+             "opt_name", "opt_base_learning_rate", "staging_start", "staging_stop", "seed"]
+
+# A tiny CosmoFlow: 16^3 cubes, few samples; the target is relaxed so it is reached in seconds.
+TINY = ["--set", "synth.cube_size=16", "--set", "synth.train_samples=64",
+        "--set", "synth.eval_samples=32", "--set", "model.input_size=16",
+        "--set", "model.conv_channels=4", "--set", "model.n_conv_layers=3",
+        "--set", "model.dropout=0.0", "--set", "train.global_batch_size=8",
+        "--set", "train.max_epochs=2", "--set", "train.threads=1"]
+
+
+def events(log: Path) -> list[dict]:
+    return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()
+            if ":::MLLOG " in line]
+
+
+def run_cli(args: list[str], cwd: Path, launcher: list[str] | None = None, timeout: int = 600):
+    cmd = (launcher or [sys.executable, "-m", "mlhpc"]) + args
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory, repo):
+    data = tmp_path_factory.mktemp("tiny") / "data"
+    proc = subprocess.run([sys.executable, "-m", "mlhpc", "data", "synth", "cosmoflow", "--out",
+                           str(data), "--config", str(repo / "configs" / "cosmoflow-mini.yaml"),
+                           *TINY], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return data
+
+
+def tiny_args(repo: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    return ["run", str(repo / "configs" / "cosmoflow-mini.yaml"), *TINY,
+            "--set", f"data.path={data}", "--set", f"output.dir={out}",
+            "--set", "data.synthesize_if_missing=false", *extra]
+
+
+def test_tiny_run_writes_result_files(tmp_path, repo, tiny_data):
+    out = tmp_path / "out"
+    proc = run_cli(tiny_args(repo, tiny_data, out, "--set", "train.target=10.0"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert (out / "result_0.txt").is_file()
+    summary = json.loads((out / "summary_0.json").read_text())
+    assert summary["status"] == "success" and summary["epochs"] == 1
+    assert summary["time_to_train_s"] >= sum(summary["epoch_times_s"]) + sum(summary["eval_times_s"])
+    assert abs(summary["residual_s"] - (summary["time_to_train_s"] - sum(summary["epoch_times_s"])
+                                        - sum(summary["eval_times_s"]))) < 1e-6
+    env = json.loads((out / "env_0.json").read_text())
+    assert env["versions"]["torch"] and env["hostname"]
+    assert "model" in (out / "config_0.yaml").read_text()
+    keys = [e["key"] for e in events(out / "result_0.txt")]
+    for key in ONCE_ONLY:
+        assert keys.count(key) == 1, key
+    # a second run never touches the first result
+    before = (out / "result_0.txt").read_bytes()
+    proc = run_cli(tiny_args(repo, tiny_data, out, "--set", "train.target=10.0"), cwd=tmp_path)
+    assert proc.returncode == 0
+    assert (out / "result_0.txt").read_bytes() == before and (out / "result_1.txt").is_file()
+
+
+def test_unreached_target_is_aborted(tmp_path, repo, tiny_data):
+    out = tmp_path / "out"
+    proc = run_cli(tiny_args(repo, tiny_data, out, "--set", "train.max_epochs=1",
+                             "--set", "train.target=0.0"), cwd=tmp_path)
+    assert proc.returncode == 1
+    stop = [e for e in events(out / "result_0.txt") if e["key"] == "run_stop"][0]
+    assert stop["metadata"]["status"] == "aborted"
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["run", "nope.yaml"], "nope.yaml: config file not found"),
+    (["run", "CFG", "--set", "train.bogus=1"], "--set train.bogus: names no config key"),
+    (["run", "CFG", "--set", "data.path=/nonexistent/dir", "--set", "data.synthesize_if_missing=false"],
+     "/nonexistent/dir"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path, repo, args, fragment):
+    args = [str(repo / "configs" / "cosmoflow-mini.yaml") if a == "CFG" else a for a in args]
+    proc = run_cli(args + ["--set", f"output.dir={tmp_path / 'out'}"], cwd=tmp_path)
+    assert proc.returncode == 2
+    assert fragment in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in proc.stderr
+
+
+def test_empty_data_folder_is_one_line_exit_2(tmp_path, repo):
+    data = tmp_path / "empty"
+    (data / "train").mkdir(parents=True)
+    (data / "validation").mkdir()
+    proc = run_cli(tiny_args(repo, data, tmp_path / "out"), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert str(data) in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
