@@ -1,0 +1,188 @@
+"""Read MLPerf compliance logs (``:::MLLOG {json}`` lines) into events.
+
+The line format is the one written by ``mlperf_logging.mllog`` and read by MLCommons'
+``mlperf_logging.compliance_checker.mlp_parser``: anything may precede the token (a rank prefix
+such as ``"  0: "``, a launcher's timestamp), the JSON object follows it, and lines without the
+token are ordinary program output. As in ``mlp_parser``, the *last* token on a line starts the
+record, lines are split the way Python's text files split them (``\\n``, ``\\r\\n``, ``\\r``), and
+a record needs ``time_ms`` (a number of milliseconds since the epoch) and ``key``. Unlike
+``mlp_parser``, a record without ``value`` or ``metadata`` is kept (``None`` and ``{}``) and a
+broken line never stops the parse: it is listed in `ParsedLog.malformed` with its file and line.
+Every key set from MLPerf HPC v0.7 to v3.0 parses the same way; meaning is given to keys later
+(`mlhpc.report.runs`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlhpc.errors import LogFormatError
+
+TOKEN = ":::MLLOG "
+
+
+@dataclass(frozen=True)
+class Event:
+    """One compliance-log record.
+
+    Attributes:
+        time_ms: the record's ``time_ms`` (milliseconds since the Unix epoch, float64).
+        key: the MLLOG key, e.g. ``"run_start"``, ``"eval_error"``.
+        value: the decoded JSON ``value`` (``None`` when absent).
+        metadata: the decoded JSON ``metadata`` object (``{}`` when absent).
+        lineno: 1-based physical line number in the file.
+        record_index: 0-based index among the lines that carry the token (the line number that
+            MLCommons' ``mlp_parser`` reports).
+        event_type: ``"POINT_IN_TIME"``, ``"INTERVAL_START"``, ``"INTERVAL_END"`` or ``""``.
+    """
+
+    time_ms: float
+    key: str
+    value: Any
+    metadata: dict[str, Any]
+    lineno: int
+    record_index: int
+    event_type: str = ""
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A line that carries the token but is not a readable record.
+
+    ``message`` is one line: ``"<file>:<line>: <what is wrong>"``.
+    """
+
+    path: str
+    lineno: int
+    reason: str
+
+    @property
+    def message(self) -> str:
+        return f"{self.path}:{self.lineno}: {self.reason}"
+
+
+@dataclass
+class ParsedLog:
+    """Everything read from one log file.
+
+    Attributes:
+        path: the file read (as given).
+        events: records in file order.
+        malformed: lines with the token that could not be read (file and line in each).
+        n_lines: physical lines in the file.
+        n_records: lines that carry the token (``len(events) + len(malformed)``).
+    """
+
+    path: str
+    events: list[Event] = field(default_factory=list)
+    malformed: list[Malformed] = field(default_factory=list)
+    n_lines: int = 0
+
+    @property
+    def n_records(self) -> int:
+        return len(self.events) + len(self.malformed)
+
+    def first(self, key: str) -> Event | None:
+        """The first event with ``key``, or ``None``."""
+        for event in self.events:
+            if event.key == key:
+                return event
+        return None
+
+    def all(self, key: str) -> list[Event]:
+        """Every event with ``key``, in file order."""
+        return [event for event in self.events if event.key == key]
+
+
+def _split_lines(text: str) -> list[str]:
+    # Python's universal-newline splitting, as iterating a text-mode file does (mlp_parser).
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
+def _read_record(payload: str) -> tuple[dict[str, Any] | None, str]:
+    try:
+        record = json.loads(payload)
+    except ValueError as exc:
+        return None, f"not valid JSON after {TOKEN.strip()} ({exc.msg} at column {exc.colno})"
+    except RecursionError:
+        return None, f"JSON after {TOKEN.strip()} is nested too deeply"
+    if not isinstance(record, dict):
+        return None, f"expected a JSON object after {TOKEN.strip()}, got {type(record).__name__}"
+    if "key" not in record or not isinstance(record["key"], str):
+        return None, "record has no string 'key'"
+    if "time_ms" not in record:
+        return None, f"record {record['key']!r} has no 'time_ms'"
+    try:
+        time_ms = float(record["time_ms"])
+    except (TypeError, ValueError, OverflowError):
+        return None, f"record {record['key']!r}: time_ms {record['time_ms']!r} is not a number"
+    if not math.isfinite(time_ms):
+        return None, f"record {record['key']!r}: time_ms {record['time_ms']!r} is not finite"
+    metadata = record.get("metadata")
+    if metadata is None:
+        record["metadata"] = {}
+    elif not isinstance(metadata, dict):
+        return None, f"record {record['key']!r}: metadata is not a JSON object"
+    record["time_ms"] = time_ms
+    return record, ""
+
+
+def parse_text(text: str, path: str = "<text>") -> ParsedLog:
+    """Parse the text of one log.
+
+    Args:
+        text: the whole log (any mix of MLLOG records and other output).
+        path: the name used in messages.
+
+    Returns:
+        a `ParsedLog`; never raises for bad content (bad lines go to ``malformed``).
+    """
+    parsed = ParsedLog(path=path)
+    lines = _split_lines(text)
+    if lines and lines[-1] == "":
+        lines.pop()
+    parsed.n_lines = len(lines)
+    record_index = 0
+    for lineno, line in enumerate(lines, start=1):
+        at = line.rfind(TOKEN)
+        if at < 0:
+            continue
+        record, reason = _read_record(line[at + len(TOKEN):].strip())
+        if record is None:
+            parsed.malformed.append(Malformed(path, lineno, reason))
+        else:
+            event_type = record.get("event_type")
+            parsed.events.append(Event(
+                time_ms=record["time_ms"], key=record["key"], value=record.get("value"),
+                metadata=record["metadata"], lineno=lineno, record_index=record_index,
+                event_type=event_type if isinstance(event_type, str) else ""))
+        record_index += 1
+    return parsed
+
+
+def parse_log(path: Path | str) -> ParsedLog:
+    """Read and parse one log file (UTF-8, falling back to Latin-1 as ``mlp_parser`` reads it).
+
+    Args:
+        path: a ``result_N.txt`` or any file of MLLOG lines.
+
+    Returns:
+        a `ParsedLog` (malformed lines are listed in it, never raised).
+
+    Raises:
+        LogFormatError: the file cannot be read (missing, a folder, no permission), naming it.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise LogFormatError(f"{path}: cannot read result log ({reason})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("latin-1")
+    return parse_text(text, str(path))

@@ -1,0 +1,299 @@
+"""One run, from its log alone: time to train, staging, init, epochs, evaluation, residual.
+
+Definitions follow the MLPerf HPC rules (v3.0, "Timing") and MLCommons' result_summarizer:
+time to train is ``run_stop - run_start``; staging (``staging_start .. staging_stop``) happens
+before ``run_start`` and is reported on its own; convergence is counted as the rcp_checker
+counts it (``epoch_num`` of the last quality-metric record before a successful ``run_stop``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlhpc.report.parse import Event, ParsedLog
+
+METRIC_KEYS = ("eval_error", "eval_accuracy")
+
+# Quality targets of the closed division and their direction, as checked by MLCommons'
+# compliance rules (mlperf_logging/compliance_checker/hpc_3.0.0/closed_<benchmark>.yaml).
+REFERENCE_TARGETS: dict[str, tuple[str, float, str]] = {
+    "cosmoflow": ("eval_error", 0.124, "min"),
+    "deepcam": ("eval_accuracy", 0.82, "max"),
+    "oc20": ("eval_error", 0.036, "min"),
+    "openfold": ("eval_accuracy", 0.8, "max"),
+}
+
+# Benchmarks whose ``epoch_num`` counts training samples, not passes over the data (OpenFold).
+SAMPLE_COUNTED_EPOCHS = frozenset({"openfold"})
+
+RESUME_KEY = "resume"
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A ``*_start .. *_stop`` pair. Times in ms since the Unix epoch; ``epoch_num`` if logged."""
+
+    start_ms: float
+    stop_ms: float
+    epoch_num: float | None = None
+
+    @property
+    def duration_s(self) -> float:
+        return (self.stop_ms - self.start_ms) / 1000.0
+
+
+@dataclass
+class RunSummary:
+    """What one ``result_N.txt`` says about its run. Times in seconds unless named otherwise.
+
+    Attributes:
+        path: the log file.
+        benchmark / org / division / platform / status_submission: the ``submission_*`` values.
+        status: ``"success"``, ``"aborted"`` (run_stop with another status) or ``"incomplete"``
+            (no run_stop, or no run_start).
+        run_start_ms / run_stop_ms: first ``run_start`` and first ``run_stop`` (ms since epoch).
+        time_to_train_s: ``run_stop_ms - run_start_ms`` in seconds (``None`` if either is missing).
+        staging_s / init_s: ``staging_start..staging_stop`` and ``init_start..init_stop``.
+        train_epochs: per-epoch training intervals (evaluation nested in an epoch is subtracted
+            from ``train_epoch_s``).
+        train_epoch_s / eval_s: training time per epoch and evaluation time per evaluation.
+        epochs_to_target: ``epoch_num`` of the last metric record before a successful run_stop
+            (as rcp_checker counts it), else ``None``; samples for OpenFold (``epoch_unit``).
+        samples_per_s: ``train_samples`` x epochs / training time, where train_samples is known.
+        residual_s: time to train - sum(train_epoch_s) - sum(eval_s): set-up inside the timed
+            region, checkpoints, logging, anything not in an epoch or an evaluation.
+        metric_key / metric_series / target: the quality metric, ``[(epoch_num, value)]`` and
+            the target (from the log's ``summary.json`` or the closed-division reference).
+        global_batch_size / number_of_nodes / accelerators_per_node / instance_id: as logged.
+        resumed: a ``resume`` event or ``"resumed": true`` metadata appears in the log.
+        malformed: ``"file:line: reason"`` for every unreadable record line.
+    """
+
+    path: str
+    benchmark: str | None = None
+    org: str | None = None
+    division: str | None = None
+    platform: str | None = None
+    status_submission: str | None = None
+    status: str = "incomplete"
+    run_start_ms: float | None = None
+    run_stop_ms: float | None = None
+    time_to_train_s: float | None = None
+    staging_s: float | None = None
+    init_s: float | None = None
+    train_epoch_s: list[float] = field(default_factory=list)
+    eval_s: list[float] = field(default_factory=list)
+    n_epochs: int = 0
+    epochs_to_target: float | None = None
+    epoch_unit: str = "epochs"
+    train_samples: int | None = None
+    samples_per_s: float | None = None
+    residual_s: float | None = None
+    metric_key: str | None = None
+    metric_series: list[tuple[float, float]] = field(default_factory=list)
+    target: float | None = None
+    target_direction: str | None = None
+    global_batch_size: int | None = None
+    number_of_nodes: int | None = None
+    accelerators_per_node: int | None = None
+    instance_id: Any = None
+    resumed: bool = False
+    malformed: list[str] = field(default_factory=list)
+    compliant: bool | None = None
+    compliance_messages: list[str] = field(default_factory=list)
+
+    @property
+    def time_to_train_min(self) -> float | None:
+        return None if self.time_to_train_s is None else self.time_to_train_s / 60.0
+
+    @property
+    def mean_epoch_s(self) -> float | None:
+        return sum(self.train_epoch_s) / len(self.train_epoch_s) if self.train_epoch_s else None
+
+    @property
+    def total_eval_s(self) -> float:
+        return sum(self.eval_s)
+
+    @property
+    def total_train_s(self) -> float:
+        return sum(self.train_epoch_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict of every field plus the derived ``*_min``/mean/total values."""
+        out = {k: v for k, v in self.__dict__.items()}
+        out["metric_series"] = [list(p) for p in self.metric_series]
+        out.update(time_to_train_min=self.time_to_train_min, mean_epoch_s=self.mean_epoch_s,
+                   total_train_s=self.total_train_s, total_eval_s=self.total_eval_s)
+        return out
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _int(value: Any) -> int | None:
+    number = _number(value)
+    return None if number is None or number != number else int(number)
+
+
+def official_start_stop(events: list[Event]) -> tuple[float | None, float | None]:
+    """``(run_start, run_stop)`` in ms exactly as result_summarizer's ``_query_run_start_stop``.
+
+    Walks the records in order, remembering the latest of each key, and stops as soon as both
+    have been seen (so a repeated ``run_start`` before the first ``run_stop`` wins).
+    """
+    start = stop = None
+    for event in events:
+        if event.key == "run_start":
+            start = event.time_ms
+        elif event.key == "run_stop":
+            stop = event.time_ms
+        if start is not None and stop is not None:
+            break
+    return start, stop
+
+
+def official_instance_scale(events: list[Event]) -> int | None:
+    """number_of_nodes x max(accelerators_per_node, 1), as result_summarizer's
+    ``_query_instance_scale`` reads them; ``None`` if either key is missing or not a number."""
+    nodes = accels = None
+    for event in events:
+        if event.key == "number_of_nodes":
+            nodes = event.value
+        elif event.key == "accelerators_per_node":
+            accels = event.value
+        if nodes is not None and accels is not None:
+            break
+    try:
+        return int(nodes) * max(int(accels), 1)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def _pair(events: list[Event], start_key: str, stop_key: str) -> list[Interval]:
+    """Match starts and stops in order (by epoch_num where both carry one)."""
+    open_: list[Event] = []
+    out: list[Interval] = []
+    for event in events:
+        if event.key == start_key:
+            open_.append(event)
+        elif event.key == stop_key and open_:
+            num = event.metadata.get("epoch_num")
+            match = 0
+            if num is not None:
+                for i, cand in enumerate(open_):
+                    if cand.metadata.get("epoch_num") == num:
+                        match = i
+                        break
+            start = open_.pop(match)
+            out.append(Interval(start.time_ms, event.time_ms, _number(num)))
+    return out
+
+
+def _span_s(parsed: ParsedLog, start_key: str, stop_key: str) -> float | None:
+    start, stop = parsed.first(start_key), parsed.first(stop_key)
+    if start is None or stop is None:
+        return None
+    return (stop.time_ms - start.time_ms) / 1000.0
+
+
+def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
+    """Summarize one parsed log.
+
+    Args:
+        parsed: from `mlhpc.report.parse.parse_log`.
+        target: the quality target to show (default: the closed-division reference target of the
+            logged benchmark, if known).
+
+    Returns:
+        a `RunSummary`; a log missing keys yields ``None`` fields and status ``"incomplete"``,
+        never an exception.
+    """
+    run = RunSummary(path=parsed.path, malformed=[m.message for m in parsed.malformed])
+    events = parsed.events
+    first_values: dict[str, Any] = {}
+    for event in events:
+        first_values.setdefault(event.key, event.value)
+        if event.key == RESUME_KEY or event.metadata.get("resumed") is True:
+            run.resumed = True
+    text = lambda key: first_values[key] if isinstance(first_values.get(key), str) else None  # noqa: E731
+    run.benchmark = text("submission_benchmark")
+    run.org, run.division = text("submission_org"), text("submission_division")
+    run.platform, run.status_submission = text("submission_platform"), text("submission_status")
+    run.global_batch_size = _int(first_values.get("global_batch_size"))
+    run.number_of_nodes = _int(first_values.get("number_of_nodes"))
+    run.accelerators_per_node = _int(first_values.get("accelerators_per_node"))
+    run.train_samples = _int(first_values.get("train_samples"))
+    run.instance_id = first_values.get("instance_id")
+    if run.instance_id is None:
+        for event in events[:50]:
+            if "instance" in event.metadata:
+                run.instance_id = event.metadata["instance"]
+                break
+
+    start, stop = parsed.first("run_start"), parsed.first("run_stop")
+    run.run_start_ms = start.time_ms if start else None
+    run.run_stop_ms = stop.time_ms if stop else None
+    if start and stop:
+        run.time_to_train_s = (stop.time_ms - start.time_ms) / 1000.0
+        status = stop.metadata.get("status")
+        run.status = "success" if status == "success" else "aborted"
+    run.staging_s = _span_s(parsed, "staging_start", "staging_stop")
+    run.init_s = _span_s(parsed, "init_start", "init_stop")
+
+    if run.benchmark in SAMPLE_COUNTED_EPOCHS:
+        run.epoch_unit = "samples"
+    epochs = _pair(events, "epoch_start", "epoch_stop")
+    evals = _pair(events, "eval_start", "eval_stop")
+    epoch_stops = [e for e in events if e.key == "epoch_stop"]
+    if epochs:
+        nested_ms = [0.0] * len(epochs)
+        for ev in evals:
+            for i, ep in enumerate(epochs):
+                if ep.start_ms <= ev.start_ms and ev.stop_ms <= ep.stop_ms:
+                    nested_ms[i] += ev.stop_ms - ev.start_ms
+                    break
+        run.train_epoch_s = [(ep.stop_ms - ep.start_ms - n) / 1000.0 for ep, n in zip(epochs, nested_ms)]
+    elif any("training_epoch_latency" in e.metadata for e in epoch_stops):
+        run.train_epoch_s = [float(e.metadata["training_epoch_latency"]) / 1000.0 for e in epoch_stops
+                             if _number(e.metadata.get("training_epoch_latency")) is not None]
+    if evals:
+        run.eval_s = [ev.duration_s for ev in evals]
+    elif any("eval_epoch_latency" in e.metadata for e in epoch_stops):
+        run.eval_s = [float(e.metadata["eval_epoch_latency"]) / 1000.0 for e in epoch_stops
+                      if _number(e.metadata.get("eval_epoch_latency")) is not None]
+    run.n_epochs = len(run.train_epoch_s)
+    if run.time_to_train_s is not None and (run.train_epoch_s or run.eval_s):
+        run.residual_s = run.time_to_train_s - run.total_train_s - run.total_eval_s
+    if run.train_samples and run.train_epoch_s and run.epoch_unit == "epochs" and run.total_train_s > 0:
+        run.samples_per_s = run.train_samples * len(run.train_epoch_s) / run.total_train_s
+
+    last_metric_epoch = None
+    for event in events:
+        if event.key in METRIC_KEYS:
+            value = _number(event.value)
+            epoch = _number(event.metadata.get("epoch_num"))
+            if run.metric_key is None:
+                run.metric_key = event.key
+            if value is not None and event.key == run.metric_key:
+                run.metric_series.append((epoch if epoch is not None else float(len(run.metric_series) + 1), value))
+            if epoch is not None:
+                last_metric_epoch = round(epoch, 3)
+        elif event.key == "run_stop":
+            if event.metadata.get("status") == "success" and last_metric_epoch is not None:
+                run.epochs_to_target = last_metric_epoch
+            break
+
+    reference = REFERENCE_TARGETS.get(run.benchmark or "")
+    if target is not None:
+        run.target = target
+    elif reference and (run.metric_key in (None, reference[0])):
+        run.target = reference[1]
+    if reference and run.metric_key in (None, reference[0]):
+        run.target_direction = reference[2]
+    elif run.metric_key:
+        run.target_direction = "min" if run.metric_key == "eval_error" else "max"
+    return run
