@@ -1,0 +1,309 @@
+"""Node-local staging (`mlhpc.staging`): copy, manifest, resume, corruption, failures, ranks."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from mlhpc import staging
+from mlhpc.errors import StagingError
+from mlhpc.runtime import Runtime
+from mlhpc.staging import MANIFEST_NAME, StagingResult, default_dest, rank_files, read_manifest, stage
+
+SIZES = {  # relative path -> bytes: empty, small, one buffer and a bit, nested folders
+    "train/a.bin": 3 * staging.BUFFER_BYTES + 17,
+    "train/b.bin": 1000,
+    "train/c.bin": 0,
+    "train/sub/d.bin": staging.BUFFER_BYTES,
+    "train/sub/e.bin": 12345,
+    "validation/v0.bin": 777,
+    "validation/v1.bin": 2 * staging.BUFFER_BYTES - 1,
+    "README": 5,
+}
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _snapshot(root: Path) -> dict[str, tuple[str, int, int]]:
+    """relative path -> (sha256, size, mtime_ns) of every file under root."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            st = path.stat()
+            out[path.relative_to(root).as_posix()] = (_sha256(path), st.st_size, st.st_mtime_ns)
+    return out
+
+
+@pytest.fixture()
+def source(tmp_path: Path) -> Path:
+    root = tmp_path / "src"
+    for i, (rel, size) in enumerate(sorted(SIZES.items())):
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(bytes((i * 31 + j) % 251 for j in range(size)) if size < 5000
+                         else os.urandom(size))
+    return root
+
+
+def _assert_staged(source: Path, dest: Path) -> None:
+    """dest holds exactly source's files, and a manifest whose sizes and checksums are right."""
+    src, dst = _snapshot(source), _snapshot(dest)
+    assert {rel: v[:2] for rel, v in dst.items() if not rel.startswith(".mlhpc")} == \
+        {rel: v[:2] for rel, v in src.items()}
+    leftovers = [p.name for p in dest.rglob("*") if p.name.endswith(staging.PART_SUFFIX)
+                 or p.name.startswith(staging.JOURNAL_PREFIX)]
+    assert leftovers == []
+    manifest = read_manifest(dest)
+    assert sorted(manifest) == sorted(src)
+    for rel, (digest, size, _) in src.items():
+        assert manifest[rel]["size_bytes"] == size
+        assert manifest[rel]["checksum"] == f"sha256:{digest}"
+
+
+def test_stage_copies_tree_writes_manifest_and_leaves_source_alone(source: Path, tmp_path: Path) -> None:
+    before = _snapshot(source)
+    dest = tmp_path / "node" / "dst"
+    result = stage(source, dest, Runtime(), workers=3)
+
+    _assert_staged(source, dest)
+    assert _snapshot(source) == before  # bytes, sizes and modification times
+    assert (result.files, result.bytes) == (len(SIZES), sum(SIZES.values()))
+    assert (result.copied_files, result.copied_bytes, result.skipped_files) == \
+        (len(SIZES), sum(SIZES.values()), 0)
+    assert result.manifest == dest / MANIFEST_NAME and result.dest == dest
+    assert result.seconds > 0 and result.gb_per_s == pytest.approx(result.copied_bytes / result.seconds / 1e9)
+    assert [n["hostname"] for n in result.per_node] == [socket.gethostname()]
+    assert json.loads(json.dumps(result.to_dict()))["dest"] == str(dest)
+    doc = json.loads((dest / MANIFEST_NAME).read_text())
+    assert doc["algorithm"] == "sha256" and doc["source"] == str(source.resolve())
+
+    again = stage(source, dest, Runtime(), workers=2)  # everything present and verified
+    assert (again.copied_files, again.skipped_files, again.gb_per_s) == (0, len(SIZES), 0.0)
+    assert _snapshot(source) == before
+
+
+def test_interrupted_staging_resumes_copying_only_the_rest(source: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    dest = tmp_path / "dst"
+    real_copy = staging._copy_file
+    calls: list[str] = []
+
+    def dies_on_fourth(src: Path, dst: Path, host: str):
+        if len(calls) == 3:
+            raise KeyboardInterrupt("killed half way")
+        calls.append(src.name)
+        return real_copy(src, dst, host)
+
+    monkeypatch.setattr(staging, "_copy_file", dies_on_fourth)
+    with pytest.raises(KeyboardInterrupt):
+        stage(source, dest, Runtime(), workers=1)
+    assert not (dest / MANIFEST_NAME).exists()
+    assert list(dest.glob(staging.JOURNAL_PREFIX + "*"))  # the finished files are on record
+    assert not [p for p in dest.rglob("*") if p.name.endswith(staging.PART_SUFFIX)]
+
+    monkeypatch.setattr(staging, "_copy_file", real_copy)
+    copied: list[str] = []
+    monkeypatch.setattr(staging, "_copy_file",
+                        lambda s, d, h: (copied.append(s.name), real_copy(s, d, h))[1])
+    result = stage(source, dest, Runtime(), workers=2)
+    assert result.skipped_files == 3 and result.copied_files == len(SIZES) - 3
+    assert sorted(copied + calls) == sorted(Path(rel).name for rel in SIZES)
+    _assert_staged(source, dest)
+
+
+def test_part_file_left_by_a_kill_is_not_trusted(source: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "dst"
+    stage(source, dest, Runtime())
+    (dest / MANIFEST_NAME).unlink()  # as if killed before the manifest was written
+    (dest / "train/b.bin").unlink()
+    (dest / "train" / f".b.bin.{socket.gethostname()}{staging.PART_SUFFIX}").write_bytes(b"half")
+    result = stage(source, dest, Runtime())
+    assert result.copied_files == len(SIZES)  # no manifest, no journal: nothing is trusted
+    _assert_staged(source, dest)
+
+
+@pytest.mark.parametrize("damage", ["flip_byte", "truncate", "delete"])
+def test_corrupted_destination_file_is_copied_again(source: Path, tmp_path: Path, damage: str) -> None:
+    dest = tmp_path / "dst"
+    stage(source, dest, Runtime())
+    victim = dest / "train/a.bin"
+    data = bytearray(victim.read_bytes())
+    if damage == "flip_byte":
+        data[len(data) // 2] ^= 0xFF
+        victim.write_bytes(bytes(data))
+    elif damage == "truncate":
+        victim.write_bytes(bytes(data[:100]))
+    else:
+        victim.unlink()
+    result = stage(source, dest, Runtime())
+    assert (result.copied_files, result.copied_bytes) == (1, SIZES["train/a.bin"])
+    assert result.skipped_files == len(SIZES) - 1
+    _assert_staged(source, dest)
+
+
+def test_changed_source_file_is_copied_again(source: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "dst"
+    stage(source, dest, Runtime())
+    (source / "README").write_bytes(b"new text, new size")
+    result = stage(source, dest, Runtime(), verify=False)
+    assert result.copied_files == 1 and (dest / "README").read_bytes() == b"new text, new size"
+    _assert_staged(source, dest)
+
+
+def test_enospc_names_the_file(source: Path, tmp_path: Path) -> None:
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    dest = tmp_path / "dst"
+    (dest / "train").mkdir(parents=True)
+    # The copy's temporary name points at /dev/full: the kernel answers the write with ENOSPC.
+    os.symlink("/dev/full", dest / "train" / f".b.bin.{socket.gethostname()}{staging.PART_SUFFIX}")
+    with pytest.raises(StagingError, match=r"b\.bin.*destination full.*copying .*src/train/b\.bin"):
+        stage(source, dest, Runtime(), workers=2)
+    assert not (dest / MANIFEST_NAME).exists()
+
+
+def test_unreadable_source_file_names_it(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    locked = source / "train/sub/e.bin"
+    real_open = open
+
+    def guarded_open(path, *args, **kwargs):  # root ignores mode bits, so refuse like the kernel
+        if Path(path) == locked:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(staging, "open", guarded_open, raising=False)
+    with pytest.raises(StagingError, match=r"src/train/sub/e\.bin: cannot read source file \(permission denied\)"):
+        stage(source, tmp_path / "dst", Runtime())
+
+
+def test_read_error_in_the_middle_of_a_source_file_names_it(source: Path, tmp_path: Path) -> None:
+    if not os.path.exists("/proc/self/mem"):
+        pytest.skip("no /proc/self/mem")
+    (source / "broken.bin").symlink_to("/proc/self/mem")  # opens fine; reading offset 0 -> EIO
+    with pytest.raises(StagingError, match=r"src/broken\.bin: cannot read source file"):
+        stage(source, tmp_path / "dst", Runtime(), workers=1)
+
+
+def test_source_missing_or_empty(tmp_path: Path) -> None:
+    with pytest.raises(StagingError, match=r"nowhere: staging source folder not found"):
+        stage(tmp_path / "nowhere", tmp_path / "dst", Runtime())
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    with pytest.raises(StagingError, match=r"empty: staging source folder holds no files"):
+        stage(tmp_path / "empty", tmp_path / "dst", Runtime())
+
+
+def test_destination_not_writable_or_inside_source(source: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    with pytest.raises(StagingError, match=r"a_file/dst: cannot write staged file"):
+        stage(source, blocker / "dst", Runtime())
+    with pytest.raises(StagingError, match=r"destination lies inside the source"):
+        stage(source, source / "staged", Runtime())
+
+
+def test_file_subset_and_bad_entries(source: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "dst"
+    result = stage(source, dest, Runtime(), files=[Path("README"), source / "validation/v0.bin"])
+    assert result.files == 2 and sorted(read_manifest(dest)) == ["README", "validation/v0.bin"]
+    with pytest.raises(StagingError, match=r"\.\./x: staging file list: expected a path inside"):
+        stage(source, dest, Runtime(), files=[Path("../x")])
+    with pytest.raises(StagingError, match=r"nope\.bin: staging file list: source file not found"):
+        stage(source, dest, Runtime(), files=[Path("train/nope.bin")])
+
+
+def test_default_dest_is_stable_and_distinct(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    rt = Runtime(rank=3, world_size=4, local_rank=1, local_world_size=2, launcher="slurm")
+    a = default_dest(Path("/data/cosmo"), rt)
+    assert a == default_dest(Path("/data/cosmo"), Runtime(launcher="slurm"))  # ranks agree
+    assert a.parent == tmp_path and "-4242-" in a.name
+    assert a != default_dest(Path("/data/deepcam"), rt)
+    monkeypatch.delenv("SLURM_JOB_ID")
+    assert "4242" not in default_dest(Path("/data/cosmo"), rt).name
+
+
+def test_rank_files_shards_train_by_global_rank(source: Path) -> None:
+    train = sorted(rel for rel in SIZES if rel.startswith("train/"))
+    other = sorted(rel for rel in SIZES if not rel.startswith("train/"))
+    node1 = Runtime(rank=2, world_size=4, local_rank=0, local_world_size=2, node_rank=1, num_nodes=2)
+    got = [p.as_posix() for p in rank_files(source, node1)]
+    assert got == sorted([train[i] for i in range(len(train)) if i % 4 in (2, 3)] + other)
+
+
+def test_stage_dataset_follows_the_config(source: Path, tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from mlhpc.config import StagingConfig
+
+    dest = tmp_path / "cfgdst"
+    config = SimpleNamespace(data=SimpleNamespace(path=source, staging=StagingConfig(dest=dest, workers=2)))
+    result = staging.stage_dataset(config, Runtime())
+    assert isinstance(result, StagingResult) and result.dest == dest
+    _assert_staged(source, dest)
+    off = SimpleNamespace(data=SimpleNamespace(path=source, staging=StagingConfig(enabled=False)))
+    assert staging.stage_dataset(off, Runtime()) is None
+
+
+# ------------------------------------------------------------------------------------------
+# two ranks on one node, coordinated by a Gloo process group
+
+
+def _two_rank_worker(rank: int, port: int, source: str, tmp: str) -> None:
+    """Stage twice: into ``tmp/ok`` cleanly, then into ``tmp/bad`` with v0.bin failing."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    rt = Runtime(rank=rank, world_size=2, local_rank=rank, local_world_size=2, launcher="torchrun")
+    real_copy = staging._copy_file
+    reports = []
+    for name, fail_name in (("ok", ""), ("bad", "v0.bin")):
+        calls: list[str] = []
+
+        def recording(src, dst, host, calls=calls, fail_name=fail_name):
+            calls.append(Path(src).name)
+            if Path(src).name == fail_name:
+                raise StagingError(f"{src}: injected failure")
+            return real_copy(src, dst, host)
+
+        staging._copy_file = recording
+        report: dict = {"calls": calls}
+        try:
+            report["result"] = stage(Path(source), Path(tmp, name), rt, workers=2).to_dict()
+        except StagingError as exc:
+            report["error"] = str(exc)
+        reports.append(report)
+    Path(tmp, f"rank{rank}.json").write_text(json.dumps(reports))
+    dist.destroy_process_group()
+
+
+def test_two_ranks_split_the_copy_agree_on_totals_and_share_errors(source: Path, tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_two_rank_worker, args=(port, str(source), str(tmp_path)), nprocs=2,
+                       join=True, start_method="spawn")
+    (ok0, bad0), (ok1, bad1) = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+    assert ok0["result"] == ok1["result"]  # same totals on every rank
+    res = ok0["result"]
+    assert (res["files"], res["copied_files"], res["skipped_files"]) == (len(SIZES), len(SIZES), 0)
+    assert res["per_node"][0]["ranks"] == [0, 1]
+    assert ok0["calls"] and ok1["calls"] and not set(ok0["calls"]) & set(ok1["calls"])  # a real split
+    _assert_staged(source, tmp_path / "ok")
+
+    # the rank owning v0.bin fails; the other rank hears of it and raises too, naming the file
+    assert "v0.bin: injected failure" in bad0["error"] and "v0.bin: injected failure" in bad1["error"]
+    assert not (tmp_path / "bad" / MANIFEST_NAME).exists()
