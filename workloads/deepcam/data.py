@@ -1,0 +1,203 @@
+"""DeepCAM data in the official on-disk format, and its reader.
+
+Layout (mlcommons/hpc deepcam README and ``data/cam_hdf5_dataset.py``)::
+
+    <data_dir>/stats.h5             climate/minval, climate/maxval: float (16,) per-channel extrema
+                                    over the training set (also climate/mean, climate/sqmean,
+                                    climate/count, as ``src/utils/summarize_data.py`` writes them)
+    <data_dir>/train/data-*.h5      one sample per file:
+    <data_dir>/validation/data-*.h5   climate/data      float32 (H, W, 16), channels in CHANNELS order
+                                      climate/labels_0  int32 (H, W): 0 background,
+                                                        1 tropical cyclone, 2 atmospheric river
+
+The reference grid is 768 x 1152 (CAM5 at 0.25 degrees). The label dtype is int32: NVIDIA's
+readers of the same files (mlcommons/hpc_results_v3.0, ``cam_recordio_dali_dataset.py``)
+reinterpret the raw label bytes as INT32, 768 * 1152 * 4 bytes per sample; the reference reader
+casts whatever it finds to int64, so any integer dtype is accepted here.
+
+Normalisation is the reference's min-max scaling with the training-set statistics:
+``x = (data - minval) / (maxval - minval)`` per channel, then HWC -> CHW.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import h5py
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from mlhpc.errors import DataError
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from mlhpc.config import Config
+    from mlhpc.runtime import Runtime
+
+#: The 16 CAM5 variables of the DeepCAM dataset, in channel order (dataset README,
+#: portal.nersc.gov/project/dasrepo/deepcam/segm_h5_v3_reformat/gb_data_readme).
+CHANNELS: tuple[str, ...] = ("TMQ", "U850", "V850", "UBOT", "VBOT", "QREFHT", "PS", "PSL", "T200",
+                             "T500", "PRECT", "TS", "TREFHT", "Z1000", "Z200", "ZBOT")
+CLASSES: tuple[str, ...] = ("background", "tropical_cyclone", "atmospheric_river")
+DATA_KEY = "climate/data"
+LABEL_KEY = "climate/labels_0"
+STATS_FILE = "stats.h5"
+TRAIN_DIR = "train"
+VALIDATION_DIR = "validation"
+SAMPLE_GLOB = "data-*.h5"
+
+
+def list_samples(folder: Path, limit: int | None = None) -> list[Path]:
+    """Sorted ``data-*.h5`` files of a split folder, the first ``limit`` of them if given.
+
+    Raises:
+        DataError: the folder is missing, holds no ``data-*.h5`` file, or fewer than ``limit``.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise DataError(f"{folder}: dataset folder not found (expected {SAMPLE_GLOB} files)")
+    files = sorted(folder.glob(SAMPLE_GLOB))
+    if not files:
+        raise DataError(f"{folder}: no {SAMPLE_GLOB} files in dataset folder")
+    if limit is not None:
+        if len(files) < limit:
+            raise DataError(f"{folder}: {len(files)} samples found, the config asks for {limit}")
+        files = files[:limit]
+    return files
+
+
+def read_stats(path: Path, channels: int = len(CHANNELS)) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel ``(shift, scale)`` for normalisation from a ``stats.h5``.
+
+    Returns:
+        two float32 (channels,) arrays: ``shift = minval``, ``scale = 1 / (maxval - minval)``, as
+        the reference reader computes them.
+
+    Raises:
+        DataError: the file is missing or not HDF5, lacks ``climate/minval``/``climate/maxval``,
+            has the wrong shape, or a channel with ``maxval <= minval``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: statistics file not found (expected climate/minval, climate/maxval)")
+    try:
+        with h5py.File(path, "r") as f:
+            arrays = {}
+            for key in ("climate/minval", "climate/maxval"):
+                if key not in f:
+                    raise DataError(f"{path}: dataset {key} missing")
+                arrays[key] = np.asarray(f[key][...], dtype=np.float64)
+    except OSError as exc:
+        raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
+    lo, hi = arrays["climate/minval"], arrays["climate/maxval"]
+    for key, arr in arrays.items():
+        if arr.shape != (channels,):
+            raise DataError(f"{path}: {key} has shape {arr.shape}, expected ({channels},)")
+    bad = np.flatnonzero(~(hi > lo))
+    if bad.size:
+        raise DataError(f"{path}: channel {int(bad[0])} has maxval <= minval; cannot normalise")
+    return lo.astype(np.float32), (1.0 / (hi - lo)).astype(np.float32)
+
+
+class CamDataset(Dataset):
+    """Map-style dataset over ``data-*.h5`` sample files.
+
+    ``dataset[i]`` -> ``(x, y)``: x float32 (C, H, W) normalised with ``(data - minval) /
+    (maxval - minval)``, y int64 (H, W) with values in ``[0, num_classes)``.
+
+    Every read opens the sample file on its own and closes it, so each DataLoader worker holds
+    its own handle and no HDF5 handle crosses a fork (h5py handles must not be shared between
+    processes); the statistics are read once, in the constructor.
+
+    Raises (from ``__getitem__``):
+        DataError: naming the file, when it is not HDF5 or truncated, lacks ``climate/data`` or
+            ``climate/labels_0``, has shapes or dtypes other than those of the first sample, or a
+            label value outside ``[0, num_classes)``.
+    """
+
+    def __init__(self, files: list[Path], stats_file: Path, num_classes: int = len(CLASSES),
+                 channels: int = len(CHANNELS)) -> None:
+        if not files:
+            raise DataError("no sample files given")
+        self.files = [Path(f) for f in files]
+        self.num_classes = num_classes
+        self.channels = channels
+        shift, scale = read_stats(stats_file, channels)
+        self.shift = shift.reshape(1, 1, channels)
+        self.scale = scale.reshape(1, 1, channels)
+        data_shape, _ = self._peek(self.files[0])
+        self.data_shape = data_shape
+        self.label_shape = data_shape[:2]
+
+    def _peek(self, path: Path) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        try:
+            with h5py.File(path, "r") as f:
+                data, label = self._datasets(f, path)
+                return tuple(data.shape), tuple(label.shape)
+        except OSError as exc:
+            raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
+
+    def _datasets(self, f: h5py.File, path: Path) -> tuple[h5py.Dataset, h5py.Dataset]:
+        for key in (DATA_KEY, LABEL_KEY):
+            if key not in f or not isinstance(f[key], h5py.Dataset):
+                raise DataError(f"{path}: dataset {key} missing")
+        data, label = f[DATA_KEY], f[LABEL_KEY]
+        if data.ndim != 3 or data.shape[2] != self.channels:
+            raise DataError(f"{path}: {DATA_KEY} has shape {data.shape}, expected (H, W, {self.channels})")
+        if data.dtype != np.float32:
+            raise DataError(f"{path}: {DATA_KEY} has dtype {data.dtype}, expected float32")
+        if label.shape != data.shape[:2]:
+            raise DataError(f"{path}: {LABEL_KEY} has shape {label.shape}, expected {data.shape[:2]}")
+        if label.dtype.kind not in "iu":
+            raise DataError(f"{path}: {LABEL_KEY} has dtype {label.dtype}, expected an integer (int32)")
+        return data, label
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        path = self.files[index]
+        try:
+            with h5py.File(path, "r") as f:
+                data_ds, label_ds = self._datasets(f, path)
+                if data_ds.shape != self.data_shape:
+                    raise DataError(f"{path}: {DATA_KEY} has shape {data_ds.shape}, "
+                                    f"expected {self.data_shape} like {self.files[0].name}")
+                data = data_ds[...]
+                label = label_ds[...]
+        except OSError as exc:
+            raise DataError(f"{path}: cannot read sample ({exc})") from None
+        lo, hi = int(label.min()), int(label.max())
+        if lo < 0 or hi >= self.num_classes:
+            bad = lo if lo < 0 else hi
+            raise DataError(f"{path}: {LABEL_KEY} holds class {bad}, expected 0..{self.num_classes - 1}")
+        x = np.ascontiguousarray(((data - self.shift) * self.scale).transpose(2, 0, 1))
+        return torch.from_numpy(x), torch.from_numpy(label.astype(np.int64))
+
+
+def build_datasets(config: "Config", runtime: "Runtime", data_dir: Path) -> tuple[CamDataset, CamDataset]:
+    """Training and validation datasets read from the official layout under ``data_dir``.
+
+    Uses the first ``config.data.train_samples`` / ``config.data.eval_samples`` files (sorted by
+    name) of ``train/`` and ``validation/`` (every file when ``None``); ``stats.h5`` at
+    ``data_dir``. The datasets are global: sharding over ranks is the harness's sampler's job.
+    ``runtime`` is accepted for the `Workload` signature.
+
+    Raises:
+        DataError: a missing or empty folder, fewer files than asked for, a bad ``stats.h5``, or
+            a first sample without the expected datasets, shapes and dtypes (see `CamDataset`).
+    """
+    del runtime
+    data_dir = Path(data_dir)
+    stats = data_dir / STATS_FILE
+    classes = getattr(config.model, "num_classes", len(CLASSES))
+    channels = getattr(config.model, "in_channels", len(CHANNELS))
+    train_files = list_samples(data_dir / TRAIN_DIR, config.data.train_samples)
+    val_files = list_samples(data_dir / VALIDATION_DIR, config.data.eval_samples)
+    train = CamDataset(train_files, stats, num_classes=classes, channels=channels)
+    val = CamDataset(val_files, stats, num_classes=classes, channels=channels)
+    if val.data_shape != train.data_shape:
+        raise DataError(f"{val.files[0]}: {DATA_KEY} has shape {val.data_shape}, "
+                        f"expected {train.data_shape} like the training samples")
+    return train, val
