@@ -247,11 +247,14 @@ def _train(config: Config, workload: Workload, rt: Runtime, log: ComplianceLog, 
 
     runtime.barrier(rt)
     log.start(constants.STAGING_START)
-    staged = staging.stage_dataset(config, rt)
+    staged = staging.stage_dataset(config, rt)  # None: staging disabled, read in place
     runtime.barrier(rt)
+    staged_info = staged.to_dict() if staged is not None else {}
+    staging_s = staged.seconds if staged is not None else 0.0
     log.end(constants.STAGING_STOP, metadata={
-        "staging_duration": staged.seconds, "staged_bytes": staged.bytes, "staged_files": staged.files})
-    data_dir = Path(staged.dest)
+        "staging_duration": staging_s, "staged_bytes": staged_info.get("bytes", 0),
+        "staged_files": staged_info.get("files", 0)})
+    data_dir = Path(staged.dest) if staged is not None else Path(config.data.path)
 
     train_ds, eval_ds = workload.build_datasets(config, rt, data_dir)
     train_n, eval_n = len(train_ds), len(eval_ds)
@@ -401,12 +404,12 @@ def _train(config: Config, workload: Workload, rt: Runtime, log: ComplianceLog, 
         status=status, reason=reason, workload=workload.name,
         result_file=str(log.path) if log.path else None, metric_key=metric.key, target=target,
         metric_value=value, epochs=epoch, time_to_train_s=time_to_train_s,
-        staging_s=staged.seconds, init_s=interval(constants.INIT_START, constants.INIT_STOP),
+        staging_s=staging_s, init_s=interval(constants.INIT_START, constants.INIT_STOP),
         synthesis_s=synthesis_s, epoch_times_s=epoch_times, eval_times_s=eval_times,
         residual_s=time_to_train_s - train_time - sum(eval_times), train_samples=train_n,
         eval_samples=eval_n, global_batch_size=tcfg.global_batch_size, world_size=rt.world_size,
         num_nodes=rt.num_nodes, samples_per_s=samples_seen / train_time if train_time else 0.0,
-        metric_history=history, staging=staged.to_dict(),
+        metric_history=history, staging=staged_info,
         departs_from_reference=_departures(config, workload, train_n, eval_n))
     if rt.is_main and index is not None:
         _write_json(out_dir / f"summary_{index}.json", result.to_dict())

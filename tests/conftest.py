@@ -20,7 +20,7 @@ def compliance_check(log: Path) -> subprocess.CompletedProcess:
          "--ruleset", "3.0.0", str(log)], capture_output=True, text=True, timeout=300)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
 
