@@ -76,7 +76,7 @@ def reference_point(benchmark: str | None, global_batch_size: int | None,
         return None
     try:
         checker = _checker(benchmark, ruleset)
-    except (OSError, KeyError, ValueError, Exception):  # no RCP file / unknown benchmark
+    except Exception:  # RCP_Checker raises bare Exception, KeyError or OSError for no RCP data
         return None
     record = checker._find_rcp(global_batch_size, "pruned_rcps")
     kind = "exact"

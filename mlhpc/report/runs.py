@@ -55,6 +55,8 @@ class RunSummary:
         run_start_ms / run_stop_ms: first ``run_start`` and first ``run_stop`` (ms since epoch).
         time_to_train_s: ``run_stop_ms - run_start_ms`` in seconds (``None`` if either is missing).
         staging_s / init_s: ``staging_start..staging_stop`` and ``init_start..init_stop``.
+        staging_in_run: staging began after run_start, so it is inside time to train (rules
+            before HPC v3.0) and part of the residual.
         train_epochs: per-epoch training intervals (evaluation nested in an epoch is subtracted
             from ``train_epoch_s``).
         train_epoch_s / eval_s: training time per epoch and evaluation time per evaluation.
@@ -81,6 +83,7 @@ class RunSummary:
     run_stop_ms: float | None = None
     time_to_train_s: float | None = None
     staging_s: float | None = None
+    staging_in_run: bool = False
     init_s: float | None = None
     train_epoch_s: list[float] = field(default_factory=list)
     eval_s: list[float] = field(default_factory=list)
@@ -242,21 +245,27 @@ def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
         status = stop.metadata.get("status")
         run.status = "success" if status == "success" else "aborted"
     run.staging_s = _span_s(parsed, "staging_start", "staging_stop")
+    staging_start = parsed.first("staging_start")
+    run.staging_in_run = bool(start and staging_start and staging_start.time_ms >= start.time_ms)
     run.init_s = _span_s(parsed, "init_start", "init_stop")
 
     if run.benchmark in SAMPLE_COUNTED_EPOCHS:
         run.epoch_unit = "samples"
-    epochs = _pair(events, "epoch_start", "epoch_stop")
-    evals = _pair(events, "eval_start", "eval_stop")
-    epoch_stops = [e for e in events if e.key == "epoch_stop"]
+    # Only what happens between run_start and the first run_stop is part of time to train (some
+    # logs go on training after run_stop).
+    begin = next((i for i, e in enumerate(events) if e.key == "run_start"), -1)
+    end = next((i for i, e in enumerate(events) if e.key == "run_stop"), len(events))
+    timed = events[begin + 1:end] if begin < end else []
+    epochs = _pair(timed, "epoch_start", "epoch_stop")
+    evals = _pair(timed, "eval_start", "eval_stop")
+    epoch_stops = [e for e in timed if e.key == "epoch_stop"]
     if epochs:
-        nested_ms = [0.0] * len(epochs)
-        for ev in evals:
-            for i, ep in enumerate(epochs):
-                if ep.start_ms <= ev.start_ms and ev.stop_ms <= ep.stop_ms:
-                    nested_ms[i] += ev.stop_ms - ev.start_ms
-                    break
-        run.train_epoch_s = [(ep.stop_ms - ep.start_ms - n) / 1000.0 for ep, n in zip(epochs, nested_ms)]
+        # Evaluation inside an epoch is subtracted from it (overlap, so clock skew of a few ms
+        # between eval_start and epoch_start does not matter).
+        run.train_epoch_s = []
+        for ep in epochs:
+            inside = sum(max(0.0, min(ep.stop_ms, ev.stop_ms) - max(ep.start_ms, ev.start_ms)) for ev in evals)
+            run.train_epoch_s.append((ep.stop_ms - ep.start_ms - inside) / 1000.0)
     elif any("training_epoch_latency" in e.metadata for e in epoch_stops):
         run.train_epoch_s = [float(e.metadata["training_epoch_latency"]) / 1000.0 for e in epoch_stops
                              if _number(e.metadata.get("training_epoch_latency")) is not None]

@@ -1,0 +1,59 @@
+"""``mlhpc report``: score MLPerf HPC result logs and mlhpc run folders; package runs for submission."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from mlhpc.report.render import FORMATS, LEVELS
+
+
+@click.command("report")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+              help="Output format.")
+@click.option("--level", type=click.Choice(LEVELS), default="auto", show_default=True,
+              help="One row per result folder (scores) or per run (phases); auto: runs for mlhpc run folders.")
+@click.option("--compliance/--no-compliance", default=True, show_default=True,
+              help="Check every log with MLCommons' compliance checker (needed for official scores).")
+@click.option("--ruleset", type=click.Choice(["1.0.0", "2.0.0", "3.0.0"]), default=None,
+              help="hpc ruleset for compliance and RCPs (default: from the path's round, else 3.0.0).")
+@click.option("--plots", "plots_dir", type=click.Path(path_type=Path), default=None,
+              help="Write report-time-split.png, report-convergence.png, report-scaling.png here.")
+@click.option("--package", "package_dir", type=click.Path(path_type=Path), default=None,
+              help="Lay the run folders out as an MLPerf HPC submission under this folder.")
+@click.option("--org", default=None, help="Submitter name for --package (default: the logs' submission_org).")
+@click.option("--system", "system_name", default=None,
+              help="System name for --package (default: the logs' submission_platform).")
+@click.option("--check/--no-check", "check_package", default=True, show_default=True,
+              help="With --package: run mlperf_logging's package checker on a scratch copy.")
+def report_command(paths: tuple[Path, ...], fmt: str, level: str, compliance: bool, ruleset: str | None,
+                   plots_dir: Path | None, package_dir: Path | None, org: str | None,
+                   system_name: str | None, check_package: bool) -> None:
+    """Score result logs under PATHS: round trees, result folders, mlhpc run folders or logs."""
+    from mlhpc.report import run_report
+
+    outcome = run_report(list(paths), fmt=fmt, level=level, compliance=compliance, ruleset=ruleset,
+                         plots_dir=plots_dir, package_dir=package_dir, org=org, system=system_name,
+                         check_package=check_package)
+    if fmt == "table":
+        from rich.console import Console
+
+        from mlhpc.report.render import tables
+
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=200)
+        console.print(tables(outcome.report, level))
+    else:
+        click.echo(outcome.text, nl=not outcome.text.endswith("\n"))
+    for path in outcome.plots:
+        click.echo(f"wrote {path}", err=True)
+    if outcome.package is not None:
+        click.echo(f"packaged {len(outcome.package.result_files)} runs into {outcome.package.root}", err=True)
+        if outcome.package.checker_ok is not None:
+            verdict = "accepted" if outcome.package.checker_ok else "REJECTED"
+            click.echo(f"package_checker: {verdict}", err=True)
+            for line in outcome.package.checker_messages:
+                click.echo(f"  {line}", err=True)

@@ -1,0 +1,233 @@
+"""Lay mlhpc run folders out as an MLPerf HPC submission package.
+
+Layout and fields follow MLCommons' submission rules as their checkers read them
+(``mlperf_logging/package_checker/package_checker.py``, ``system_desc_checker.py``)::
+
+    ORG/results/SYSTEM/strong/<benchmark>/result_<i>.txt     i = 0, 1, ... per benchmark
+    ORG/systems/SYSTEM.json                                   every required system field
+
+The system description is filled from the runs' ``env_N.json`` (or ``env.json``): CPU model
+and count, GPU names and count, OS, Python/torch versions, git commit; and from their
+``config_N.yaml`` (or ``config.yaml``): ``submission: {org, platform, division, status}``.
+Fields nothing in a run folder tells (interconnect, cooling, ...) are left empty, as published
+submissions do. `check_package` runs ``python -m mlperf_logging.package_checker ORG hpc 3.0.0
+--rcp-bypass`` on a scratch copy (the checker writes ``scaling.json`` into what it checks).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mlhpc.errors import ConfigError, LogFormatError
+from mlhpc.report.parse import parse_log
+from mlhpc.report.runs import summarize_run
+from mlhpc.report.score import RESULT_RE, _natural
+
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+\-]*$")
+SUCCESS_LINE = "PACKAGE CHECKER FOUND NO ERRORS, SUCCESS"
+SYSTEM_FIELDS = (
+    "submitter", "division", "status", "system_name", "number_of_nodes", "host_processors_per_node",
+    "host_processor_model_name", "host_processor_core_count", "host_processor_vcpu_count",
+    "host_processor_frequency", "host_processor_caches", "host_processor_interconnect",
+    "host_memory_capacity", "host_storage_type", "host_storage_capacity", "host_networking",
+    "host_networking_topology", "host_memory_configuration", "accelerators_per_node",
+    "accelerator_model_name", "accelerator_host_interconnect", "accelerator_frequency",
+    "accelerator_on-chip_memories", "accelerator_memory_configuration",
+    "accelerator_memory_capacity", "accelerator_interconnect", "accelerator_interconnect_topology",
+    "cooling", "hw_notes", "framework", "other_software_stack", "operating_system", "sw_notes",
+)
+
+
+@dataclass
+class PackageResult:
+    """What `package_runs` wrote, and the package checker's verdict when it was run.
+
+    Attributes:
+        root: ``OUT/ORG``.
+        result_files: the ``result_<i>.txt`` written, in order.
+        system_file: ``OUT/ORG/systems/SYSTEM.json``.
+        checker_ok: True/False from package_checker, ``None`` when not run.
+        checker_messages: its ERROR lines (and the last line when it fails without one).
+    """
+
+    root: Path
+    result_files: list[Path] = field(default_factory=list)
+    system_file: Path | None = None
+    checker_ok: bool | None = None
+    checker_messages: list[str] = field(default_factory=list)
+
+
+def _sidecar(log: Path, stem: str, suffix: str) -> Path | None:
+    """``<stem>_<N><suffix>`` beside ``result_<N>.txt``, else ``<stem><suffix>`` in the folder."""
+    match = re.match(r"^result_(.+)\.txt$", log.name)
+    for candidate in ([log.parent / f"{stem}_{match.group(1)}{suffix}"] if match else []) + [log.parent / f"{stem}{suffix}"]:
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _read_mapping(path: Path | None, kind: str) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        text = path.read_text()
+        data = json.loads(text) if kind == "json" else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError):
+        raise ConfigError(f"{path}: cannot read this run's {kind} file") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def system_description(org: str, system: str, env: dict[str, Any], config: dict[str, Any],
+                       nodes: int | None, accelerators_per_node: int | None) -> dict[str, Any]:
+    """The ``systems/<system>.json`` of a submission, every field system_desc_checker requires.
+
+    Args:
+        org / system: submitter and system name.
+        env: a run's env.json (keys ``cpu_model``, ``cpu_count``, ``gpu_names``, ``gpu_count``,
+            ``os``, ``python``, ``memory_bytes``, ``versions``, ``git_commit``; all optional).
+        config: the run's resolved config (``submission.division``/``status`` used).
+        nodes / accelerators_per_node: from the log (``number_of_nodes``, ``accelerators_per_node``).
+    """
+    submission = config.get("submission") if isinstance(config.get("submission"), dict) else {}
+    versions = env.get("versions") if isinstance(env.get("versions"), dict) else {}
+    gpus = env.get("gpu_names") if isinstance(env.get("gpu_names"), list) else []
+    gpu_count = env.get("gpu_count") if isinstance(env.get("gpu_count"), int) else len(gpus)
+    memory = env.get("memory_bytes")
+    desc: dict[str, Any] = {name: "" for name in SYSTEM_FIELDS}
+    desc.update({
+        "submitter": org,
+        "division": _text(submission.get("division") or "open"),
+        "status": _text(submission.get("status") or "research"),
+        "system_name": system,
+        "number_of_nodes": _text(nodes or 1),
+        "host_processors_per_node": "1",
+        "host_processor_model_name": _text(env.get("cpu_model")),
+        "host_processor_core_count": _text(env.get("cpu_count")),
+        "host_memory_capacity": f"{memory / 2**30:.0f} GiB" if isinstance(memory, (int, float)) else "",
+        "accelerators_per_node": _text(accelerators_per_node if accelerators_per_node is not None else gpu_count),
+        "accelerator_model_name": _text(gpus[0] if gpus else "none (CPU)"),
+        "framework": f"PyTorch {versions.get('torch') or ''}".strip(),
+        "other_software_stack": {k: _text(v) for k, v in
+                                 {"python": env.get("python"), "cuda": env.get("cuda"), **versions}.items()
+                                 if v is not None},
+        "operating_system": _text(env.get("os")),
+        "sw_notes": f"mlhpc git commit {env.get('git_commit')}" if env.get("git_commit") else "",
+    })
+    return desc
+
+
+def package_runs(run_dirs: list[Path | str], out: Path | str, org: str | None = None,
+                 system: str | None = None) -> PackageResult:
+    """Copy the runs' ``result_*.txt`` into ``out/ORG/results/SYSTEM/strong/<benchmark>/`` and
+    write ``out/ORG/systems/SYSTEM.json``.
+
+    Args:
+        run_dirs: mlhpc run folders (``result_N.txt`` with ``config_N.yaml``/``env_N.json``), or
+            single result logs.
+        out: the folder the package goes in; created if missing.
+        org / system: submitter and system name (default: the logs' ``submission_org`` and
+            ``submission_platform``).
+
+    Returns:
+        a `PackageResult` (not yet checked: see `check_package`).
+
+    Raises:
+        ConfigError: no run found, a name that is not a safe folder name, runs disagreeing on
+            org/division or node count, or a destination benchmark folder that already holds results.
+        LogFormatError: a log cannot be read.
+    """
+    logs: list[Path] = []
+    for raw in run_dirs:
+        path = Path(raw)
+        if path.is_file():
+            logs.append(path)
+        elif path.is_dir():
+            logs.extend(sorted((p for p in path.iterdir() if RESULT_RE.match(p.name)), key=_natural))
+        else:
+            raise ConfigError(f"--package: run folder {path} does not exist")
+    if not logs:
+        raise ConfigError("--package: no result_*.txt in the given run folders")
+    runs = [(log, summarize_run(parse_log(log))) for log in logs]
+    first_log, first = runs[0]
+    config = _read_mapping(_sidecar(first_log, "config", ".yaml"), "yaml")
+    env = _read_mapping(_sidecar(first_log, "env", ".json"), "json")
+    submission = config.get("submission") if isinstance(config.get("submission"), dict) else {}
+    org = org or first.org or submission.get("org")
+    system = system or first.platform or submission.get("platform")
+    for label, name in (("--org", org), ("--system", system)):
+        if not name or not SAFE_NAME.match(str(name)):
+            raise ConfigError(f"--package: {label} {name!r} must be a folder name (letters, digits, _ . + -)")
+    for log, run in runs:
+        if run.benchmark is None:
+            raise LogFormatError(f"{log}: no submission_benchmark record; cannot place it in a package")
+        if first.division and run.division and run.division != first.division:
+            raise ConfigError(f"--package: {log} is {run.division} division, {first_log} is {first.division}")
+        if run.number_of_nodes != first.number_of_nodes:
+            raise ConfigError(f"--package: {log} ran on {run.number_of_nodes} nodes, {first_log} on "
+                              f"{first.number_of_nodes}; one system name per node count")
+    root = Path(out) / str(org)
+    result = PackageResult(root=root)
+    counters: dict[str, int] = {}
+    for log, run in runs:
+        folder = root / "results" / str(system) / "strong" / str(run.benchmark)
+        if run.benchmark not in counters:
+            if folder.exists() and any(folder.iterdir()):
+                raise ConfigError(f"--package: {folder} already holds results; choose an empty OUT")
+            folder.mkdir(parents=True, exist_ok=True)
+            counters[run.benchmark] = 0  # type: ignore[index]
+        dest = folder / f"result_{counters[run.benchmark]}.txt"  # type: ignore[index]
+        counters[run.benchmark] += 1  # type: ignore[index]
+        shutil.copyfile(log, dest)
+        result.result_files.append(dest)
+    if first.division and not submission.get("division"):
+        submission = {**submission, "division": first.division}
+    if first.status_submission and not submission.get("status"):
+        submission = {**submission, "status": first.status_submission}
+    desc = system_description(str(org), str(system), env, {**config, "submission": submission},
+                              first.number_of_nodes, first.accelerators_per_node)
+    (root / "systems").mkdir(parents=True, exist_ok=True)
+    result.system_file = root / "systems" / f"{system}.json"
+    result.system_file.write_text(json.dumps(desc, indent=4) + "\n")
+    return result
+
+
+def check_package(result: PackageResult, ruleset: str = "3.0.0", timeout_s: float = 300.0) -> PackageResult:
+    """Run ``python -m mlperf_logging.package_checker ORG hpc <ruleset> --rcp-bypass`` on a
+    scratch copy of the package and record its verdict in ``result`` (returned).
+
+    The verdict is the checker's own final line (``PACKAGE CHECKER FOUND NO ERRORS, SUCCESS``);
+    its ERROR lines become ``checker_messages``.
+    """
+    with tempfile.TemporaryDirectory(prefix="mlhpc-package-check-") as scratch:
+        copy = Path(scratch) / result.root.name
+        shutil.copytree(result.root, copy)
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "mlperf_logging.package_checker", copy.name, "hpc", ruleset,
+                 "--rcp-bypass", "--log_output", str(Path(scratch) / "package_checker.log")],
+                cwd=scratch, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            result.checker_ok = False
+            result.checker_messages = [f"package_checker did not finish in {timeout_s:.0f} s"]
+            return result
+    output = (proc.stdout + "\n" + proc.stderr).splitlines()
+    result.checker_ok = proc.returncode == 0 and any(SUCCESS_LINE in line for line in output)
+    result.checker_messages = [line.strip() for line in output if line.startswith("ERROR")]
+    if not result.checker_ok and not result.checker_messages:
+        tail = [line for line in output if line.strip()]
+        result.checker_messages = tail[-1:] or [f"package_checker exited with status {proc.returncode}"]
+    return result

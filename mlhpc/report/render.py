@@ -1,0 +1,273 @@
+"""A `Report` as rich tables, JSON, CSV or Markdown.
+
+Two views: ``folders`` (one row per result folder: the MLCommons results table, systems x
+benchmarks for strong scaling, models/min for weak scaling) and ``runs`` (one row per run: the
+phases of time to train). Rendering functions return text or rich renderables; they never print.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from typing import Any, Iterable
+
+from rich.console import Console, Group
+from rich.table import Table
+
+from mlhpc.errors import ConfigError
+from mlhpc.report.score import FolderResult, Report
+
+FORMATS = ("table", "json", "csv", "markdown")
+LEVELS = ("auto", "folders", "runs")
+
+FOLDER_COLUMNS = ("round", "submitter", "system", "mode", "benchmark", "n_files", "dropped",
+                  "scaling_factor", "olympic_min", "ttta_min", "number_of_models", "models_per_min",
+                  "instance_scale", "global_batch_size", "rcp_mean_epochs", "mean_epochs", "rcp_pass",
+                  "notes")
+RUN_COLUMNS = ("folder", "file", "benchmark", "status", "compliant", "resumed", "time_to_train_s",
+               "staging_s", "init_s", "epochs", "epochs_to_target", "mean_epoch_s", "samples_per_s",
+               "eval_s", "residual_s", "nodes", "accelerators_per_node", "global_batch_size",
+               "metric", "final_metric", "target", "malformed_lines")
+
+
+def folder_rows(report: Report) -> list[dict[str, Any]]:
+    """One dict per result folder, keys `FOLDER_COLUMNS` (scores in minutes, as MLCommons)."""
+    rows = []
+    for f in report.folders:
+        gbs = f.reference.global_batch_size if f.reference else next(
+            (r.global_batch_size for r in f.runs if r.global_batch_size), None)
+        rows.append({
+            "round": f.round, "submitter": f.submitter, "system": f.system,
+            "mode": f.kind, "benchmark": f.benchmark, "n_files": f.n_files,
+            "dropped": len(f.dropped), "scaling_factor": f.scaling_factor,
+            "olympic_min": f.olympic_min, "ttta_min": f.ttta_min,
+            "number_of_models": f.number_of_models, "models_per_min": f.models_per_min,
+            "instance_scale": f.instance_scale, "global_batch_size": gbs,
+            "rcp_mean_epochs": f.reference.mean_epochs if f.reference else None,
+            "mean_epochs": f.convergence.mean_epochs if f.convergence else None,
+            "rcp_pass": f.convergence.passed if f.convergence else None,
+            "notes": "; ".join(f.notes + [f"{k.rsplit('/', 1)[-1]}: {v}" for k, v in f.dropped.items()]),
+        })
+    return rows
+
+
+def run_rows(report: Report) -> list[dict[str, Any]]:
+    """One dict per run, keys `RUN_COLUMNS` (times in seconds)."""
+    rows = []
+    for f in report.folders:
+        for r in f.runs:
+            rows.append({
+                "folder": f.path, "file": r.path.rsplit("/", 1)[-1], "benchmark": r.benchmark,
+                "status": r.status, "compliant": r.compliant, "resumed": r.resumed,
+                "time_to_train_s": r.time_to_train_s, "staging_s": r.staging_s, "init_s": r.init_s,
+                "epochs": r.n_epochs, "epochs_to_target": r.epochs_to_target,
+                "mean_epoch_s": r.mean_epoch_s, "samples_per_s": r.samples_per_s,
+                "eval_s": r.total_eval_s if r.eval_s else None, "residual_s": r.residual_s,
+                "nodes": r.number_of_nodes, "accelerators_per_node": r.accelerators_per_node,
+                "global_batch_size": r.global_batch_size, "metric": r.metric_key,
+                "final_metric": r.metric_series[-1][1] if r.metric_series else None,
+                "target": r.target, "malformed_lines": len(r.malformed),
+            })
+    return rows
+
+
+def resolve_level(report: Report, level: str) -> str:
+    """``auto`` -> ``runs`` when every folder is an mlhpc run folder, else ``folders``."""
+    if level not in LEVELS:
+        raise ConfigError(f"--level {level}: expected one of {', '.join(LEVELS)}")
+    if level != "auto":
+        return level
+    return "runs" if report.folders and all(f.kind == "runs" for f in report.folders) else "folders"
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf"
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def _benchmarks(folders: Iterable[FolderResult]) -> list[str]:
+    return sorted({f.benchmark or "?" for f in folders})
+
+
+def _system_key(f: FolderResult) -> tuple[str, str, str]:
+    return (f.round or "", f.submitter or "", f.system or "")
+
+
+def _matrix(folders: list[FolderResult], cell) -> tuple[list[str], list[list[str]]]:  # type: ignore[no-untyped-def]
+    benches = _benchmarks(folders)
+    systems: dict[tuple[str, str, str], dict[str, FolderResult]] = {}
+    for f in folders:
+        systems.setdefault(_system_key(f), {})[f.benchmark or "?"] = f
+    multi_round = len({k[0] for k in systems}) > 1
+    header = (["round"] if multi_round else []) + ["submitter", "system", "nodes x accelerators"] + benches
+    body = []
+    for key in sorted(systems):
+        cells = systems[key]
+        any_f = next(iter(cells.values()))
+        desc = any_f.system_desc
+        if desc.get("number_of_nodes") not in (None, "") and desc.get("accelerators_per_node") not in (None, ""):
+            scale = f"{desc['number_of_nodes']} x {desc['accelerators_per_node']}"
+        else:
+            acc = next((r.accelerators_per_node for r in any_f.runs if r.accelerators_per_node is not None), None)
+            scale = f"{any_f.nodes or '?'} x {'?' if acc is None else acc}"
+        row = ([key[0]] if multi_round else []) + [key[1], key[2], scale]
+        row += [cell(cells[b]) if b in cells else "" for b in benches]
+        body.append(row)
+    return header, body
+
+
+def _strong_cell(f: FolderResult) -> str:
+    if f.olympic_min is None:
+        return "invalid" if any(n.startswith("invalid") for n in f.notes) else "-"
+    mark = "" if not f.dropped else "*"
+    return f"{f.olympic_min:.2f}{mark}"
+
+
+def _weak_cell(f: FolderResult) -> str:
+    if f.models_per_min is None:
+        return "-"
+    return f"{f.models_per_min:.3f} ({f.number_of_models} x {f.instance_scale})"
+
+
+def _run_table_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    header = ["run", "status", "compliant", "time to train s", "staging s", "init s", "epochs",
+              "to target", "mean epoch s", "samples/s", "eval s", "residual s", "resumed"]
+    body = []
+    for row in run_rows(report):
+        body.append([row["file"], row["status"], _fmt(row["compliant"]), _fmt(row["time_to_train_s"]),
+                     _fmt(row["staging_s"]), _fmt(row["init_s"]), _fmt(row["epochs"]),
+                     _fmt(row["epochs_to_target"], 0), _fmt(row["mean_epoch_s"]),
+                     _fmt(row["samples_per_s"], 1), _fmt(row["eval_s"]), _fmt(row["residual_s"]),
+                     _fmt(row["resumed"])])
+    return header, body
+
+
+def _views(report: Report, level: str) -> list[tuple[str, list[str], list[list[str]]]]:
+    level = resolve_level(report, level)
+    views = []
+    if level == "runs":
+        for f in report.folders:
+            sub = Report([f], report.compliance_checked)
+            header, body = _run_table_rows(sub)
+            title = f"{f.path}: {f.benchmark or '?'}, {len(f.runs)} runs"
+            if f.olympic_min is not None:
+                title += f", olympic mean {f.olympic_min:.3f} min"
+            if f.convergence is not None:
+                title += (f", epochs {f.convergence.mean_epochs:.2f} vs reference "
+                          f"{f.reference.mean_epochs:.2f} ({'pass' if f.convergence.passed else 'FAIL'})")
+            views.append((title, header, body))
+        return views
+    strong = [f for f in report.folders if f.kind in ("strong", "runs")]
+    weak = [f for f in report.folders if f.kind == "weak"]
+    if strong:
+        header, body = _matrix(strong, _strong_cell)
+        views.append(("Strong scaling: time to train, olympic mean (minutes; * one run dropped)", header, body))
+    if weak:
+        header, body = _matrix(weak, _weak_cell)
+        views.append(("Weak scaling: throughput, models/min (M models x accelerators each)", header, body))
+    return views
+
+
+def _notes(report: Report) -> list[str]:
+    notes = []
+    for f in report.folders:
+        where = "/".join(x for x in (f.submitter, f.system, f.kind, f.benchmark) if x) or f.path
+        notes += [f"{where}: {n}" for n in f.notes]
+        notes += [f"{where}: dropped {p.rsplit('/', 1)[-1]}: {r}" for p, r in f.dropped.items()]
+    notes += [f"malformed line {m}" for m in report.malformed]
+    if not report.compliance_checked:
+        notes.append("compliance not checked (--no-compliance): scores assume every log complies")
+    return notes
+
+
+def tables(report: Report, level: str = "auto") -> Group:
+    """The report as rich tables (and notes), for a console to print."""
+    parts: list[Any] = []
+    for title, header, body in _views(report, level):
+        table = Table(title=title, title_justify="left", header_style="bold")
+        for i, name in enumerate(header):
+            left = name in ("run", "status", "submitter", "system", "round")
+            table.add_column(name, justify="left" if left else "right", no_wrap=left)
+        for row in body:
+            table.add_row(*row)
+        parts.append(table)
+    for note in _notes(report):
+        parts.append(f"[yellow]note[/]: {note}")
+    return Group(*parts)
+
+
+def to_text(report: Report, level: str = "auto", width: int = 200) -> str:
+    """The rich tables as plain text (no colour), ``width`` columns wide."""
+    buffer = io.StringIO()
+    Console(file=buffer, width=width, color_system=None, force_terminal=False).print(tables(report, level))
+    return buffer.getvalue()
+
+
+def to_markdown(report: Report, level: str = "auto") -> str:
+    """GitHub-flavoured Markdown: one pipe table per view, then the notes as a list."""
+    out = []
+    for title, header, body in _views(report, level):
+        out.append(f"**{title}**\n")
+        out.append("| " + " | ".join(header) + " |")
+        out.append("|" + "|".join("---" if i < 2 else "---:" for i in range(len(header))) + "|")
+        for row in body:
+            out.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+        out.append("")
+    notes = _notes(report)
+    if notes:
+        out += [f"- {n}" for n in notes] + [""]
+    return "\n".join(out)
+
+
+def to_csv(report: Report, level: str = "auto") -> str:
+    """CSV with a header row: `FOLDER_COLUMNS` per folder, or `RUN_COLUMNS` per run."""
+    level = resolve_level(report, level)
+    columns, rows = (RUN_COLUMNS, run_rows(report)) if level == "runs" else (FOLDER_COLUMNS, folder_rows(report))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if v is None else repr(v) if isinstance(v, float) else v) for k, v in row.items()})
+    return buffer.getvalue()
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def to_json(report: Report) -> str:
+    """The whole report (every folder and run, with metric series) as indented JSON; infinite
+    or NaN numbers become ``null``."""
+    return json.dumps(_finite(report.to_dict()), indent=2, default=str, allow_nan=False)
+
+
+def render(report: Report, fmt: str = "table", level: str = "auto") -> str:
+    """The report as text in ``fmt`` (``table``, ``json``, ``csv`` or ``markdown``).
+
+    Raises:
+        ConfigError: an unknown format or level.
+    """
+    if fmt == "table":
+        return to_text(report, level)
+    if fmt == "json":
+        return to_json(report)
+    if fmt == "csv":
+        return to_csv(report, level)
+    if fmt == "markdown":
+        return to_markdown(report, level)
+    raise ConfigError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
