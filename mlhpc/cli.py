@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import click
 
-from mlhpc.errors import MlhpcError
+from mlhpc.errors import ConfigError, MlhpcError
 
 SET_HELP = "Override a config value, e.g. --set train.max_epochs=5 (repeatable)."
 
@@ -53,9 +53,9 @@ class _Progress:
             self.console.print(f"[bold]mlhpc run[/bold] {event['workload']}: logging to "
                                f"{event['result_file']}", highlight=False)
         elif kind == "epoch":
-            reached = "  target reached" if (
-                (event["metric_key"] == "eval_error" and event["metric"] <= event["target"]) or
-                (event["metric_key"] != "eval_error" and event["metric"] >= event["target"])) else ""
+            reached = "  target reached" if event["reached"] else ""
+            if event.get("instance") is not None:
+                reached += f"  [instance {event['instance']}]"
             line = (f"epoch {event['epoch']:>3}/{event['max_epochs']}  {event['metric_key']} "
                     f"{event['metric']:.4f} (target {event['target']})  loss {event['train_loss']:.4f}  "
                     f"{event['samples_per_s']:.1f} samples/s  epoch {event['epoch_s']:.1f} s  "
@@ -82,8 +82,9 @@ def _print_summary(result: Any) -> None:
         ("staging", f"{result.staging_s:.2f} s ({result.staging.get('bytes', 0) / 1e6:.1f} MB)"),
         ("init", f"{result.init_s:.2f} s"),
         ("data synthesis (before init)", f"{result.synthesis_s:.2f} s"),
-        (f"epochs to target ({result.metric_key} {'<=' if result.metric_key == 'eval_error' else '>='} "
-         f"{result.target})", f"{result.epochs}"),
+        ((f"epochs to target ({result.metric_key} {'<=' if result.metric_key == 'eval_error' else '>='} "
+          f"{result.target})" if result.status == "success" else "epochs run (target not reached)"),
+         f"{result.epochs}"),
         (f"final {result.metric_key}", "n/a" if result.metric_value is None else f"{result.metric_value:.4f}"),
         ("mean epoch time", f"{result.mean_epoch_s:.2f} s"),
         ("training throughput", f"{result.samples_per_s:.1f} samples/s"),
@@ -92,6 +93,8 @@ def _print_summary(result: Any) -> None:
         ("global batch size / ranks / nodes",
          f"{result.global_batch_size} / {result.world_size} / {result.num_nodes}"),
         ("result log", str(result.result_file)),
+        *([("resumed from", result.resumed_from)] if result.resumed_from else []),
+        *([("checkpoint", result.checkpoint)] if result.checkpoint else []),
     ]
     for name, value in rows:
         table.add_row(name, value)
@@ -103,16 +106,31 @@ def _print_summary(result: Any) -> None:
 
 
 @main.command("run")
-@click.argument("config_path", type=click.Path(path_type=Path))
+@click.argument("config_path", type=click.Path(path_type=Path), required=False)
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
+@click.option("--instances", type=int, default=None,
+              help="Throughput mode: train K independent models at once, each on its share of "
+                   "the ranks, each with its own seed and log (same as --set train.instances=K).")
+@click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None,
+              help="Continue the run stopped in this run folder from its last checkpoint.")
 @_friendly
-def run_command(config_path: Path, overrides: tuple[str, ...]) -> None:
+def run_command(config_path: Path | None, overrides: tuple[str, ...], instances: int | None,
+                resume_dir: Path | None) -> None:
     """Train CONFIG's workload to its quality target and write a compliant result log."""
     from mlhpc import config as cfg
     from mlhpc import train
 
-    config = cfg.load(config_path, overrides)
-    result = train.run(config, on_progress=_Progress())
+    if instances is not None:
+        overrides = overrides + (f"train.instances={instances}",)
+    if resume_dir is not None:
+        if config_path is not None or overrides:
+            raise ConfigError("--resume: give the run folder alone (its checkpoint holds the config)")
+        result = train.run(None, on_progress=_Progress(), resume_dir=resume_dir)
+    else:
+        if config_path is None:
+            raise ConfigError("run: give a CONFIG file (or --resume RUN_FOLDER)")
+        config = cfg.load(config_path, overrides)
+        result = train.run(config, on_progress=_Progress())
     if result.result_file:
         _print_summary(result)
     sys.exit(0 if result.status == "success" else 1)

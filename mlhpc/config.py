@@ -70,7 +70,9 @@ class TrainConfig(Section):
     amp: bool = False  # bf16 autocast on CUDA
     threads: Optional[int] = Field(None, ge=1)  # torch intra-op threads; None: torch's default
     log_every_steps: int = Field(0, ge=0)  # progress lines; 0: once per epoch
+    check_every_steps: int = Field(10, ge=1)  # how often ranks agree on stop (SIGTERM, NaN loss)
     checkpoint_every_epochs: int = Field(0, ge=0)  # 0: only on SIGTERM
+    instances: int = Field(1, ge=1)  # throughput (weak scaling) mode: K independent models
 
 
 class OutputConfig(Section):

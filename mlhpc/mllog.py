@@ -31,6 +31,7 @@ GRADIENT_ACCUMULATION_FREQUENCY = "gradient_accumulation_frequency"
 DROPOUT = "dropout"
 BATCHNORM_GROUP_SIZE = "batchnorm_group_size"
 TRACKED_STATS = "tracked_stats"
+RESUME = "resume"  # mlhpc: this run continues a stopped one (value: where from)
 
 RESULT_PATTERN = "result_{}.txt"
 _counter = itertools.count()

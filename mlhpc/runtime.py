@@ -23,7 +23,7 @@ import socket
 import subprocess
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -54,6 +54,8 @@ class Runtime:
     master_addr: str = "127.0.0.1"
     master_port: int = DEFAULT_PORT
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    group: Any = None  # torch.distributed process group of this instance (None: the world)
+    instance: int | None = None  # instance id in throughput mode
 
     @property
     def is_main(self) -> bool:
@@ -174,9 +176,35 @@ def init_process_group(rt: Runtime, timeout_s: float = 600.0) -> None:
 
 
 def barrier(rt: Runtime) -> None:
-    """Wait for every rank (no-op for one process)."""
+    """Wait for every rank of ``rt``'s group (no-op for one process)."""
     if rt.distributed and torch.distributed.is_initialized():
-        torch.distributed.barrier()
+        torch.distributed.barrier(group=rt.group)
+
+
+def split_instances(rt: Runtime, instances: int) -> Runtime:
+    """The `Runtime` of this rank's instance when the job trains ``instances`` independent models
+    (MLPerf HPC throughput / weak-scaling mode): ranks ``[i*n, (i+1)*n)`` form instance ``i``,
+    with ``n = world_size / instances`` and a process group of their own.
+
+    Raises:
+        ConfigError: the world size is not a multiple of ``instances``.
+    """
+    from mlhpc.errors import ConfigError
+
+    if instances == 1:
+        return rt
+    if rt.world_size % instances:
+        raise ConfigError(f"train.instances: {instances} does not divide the {rt.world_size} ranks "
+                          "of this job")
+    size = rt.world_size // instances
+    groups = [torch.distributed.new_group(list(range(i * size, (i + 1) * size)))
+              if rt.distributed else None for i in range(instances)]
+    instance = rt.rank // size
+    local = min(rt.local_world_size, size)
+    return Runtime(**{**rt.__dict__, "rank": rt.rank % size, "world_size": size,
+                      "local_world_size": local, "num_nodes": max(1, -(-size // max(local, 1))),
+                      "node_rank": (rt.rank % size) // max(local, 1),
+                      "group": groups[instance], "instance": instance})
 
 
 def destroy_process_group() -> None:

@@ -15,6 +15,7 @@ as 1 rank x R*b), and the metric is reduced as (sum, count) across ranks.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -73,6 +74,9 @@ class RunResult:
     metric_history: list[tuple[int, float]] = field(default_factory=list)
     staging: dict[str, Any] = field(default_factory=dict)
     departs_from_reference: list[str] = field(default_factory=list)
+    instance: int | None = None
+    resumed_from: str | None = None
+    checkpoint: str | None = None
 
     @property
     def mean_epoch_s(self) -> float:
@@ -126,7 +130,7 @@ def _all_reduce(values: list[float], rt: Runtime, op: str = "sum") -> list[float
         return values
     tensor = torch.tensor(values, dtype=torch.float64, device=rt.device)
     red = torch.distributed.ReduceOp.SUM if op == "sum" else torch.distributed.ReduceOp.MAX
-    torch.distributed.all_reduce(tensor, op=red)
+    torch.distributed.all_reduce(tensor, op=red, group=rt.group)
     return tensor.tolist()
 
 
@@ -185,48 +189,135 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def run(config: Config, *, on_progress: ProgressFn | None = None) -> RunResult:
+CHECKPOINT_PATTERN = "checkpoint_{}.pt"
+
+
+@dataclass
+class _Resume:
+    """Where a resumed run starts: the state saved by a stopped run."""
+
+    state: dict[str, Any]
+    source: Path  # the checkpoint file
+
+    @property
+    def epoch(self) -> int:  # the epoch to (re)enter, 1-based
+        return int(self.state["epoch"])
+
+    @property
+    def step(self) -> int:  # micro-steps of that epoch already done
+        return int(self.state["step"])
+
+
+def find_checkpoint(run_dir: Path) -> Path:
+    """The newest ``checkpoint_N.pt`` in ``run_dir``.
+
+    Raises:
+        ConfigError: the folder or a checkpoint in it does not exist.
+    """
+    if not run_dir.is_dir():
+        raise ConfigError(f"--resume {run_dir}: not a run folder")
+    found = sorted(run_dir.glob("checkpoint_*.pt"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise ConfigError(f"--resume {run_dir}: no checkpoint_N.pt in this folder (a run writes one "
+                          "when stopped by SIGTERM or every train.checkpoint_every_epochs)")
+    return found[-1]
+
+
+def load_resume(run_dir: Path) -> tuple[Config, _Resume]:
+    """The config and saved state to continue the run stopped in ``run_dir``.
+
+    The checkpoint is loaded with ``weights_only=True`` (tensors and plain containers only).
+
+    Raises:
+        ConfigError: no checkpoint, or one that cannot be read.
+    """
+    from mlhpc import config as cfg
+
+    path = find_checkpoint(run_dir)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for a damaged or foreign file
+        raise ConfigError(f"--resume {path}: cannot read checkpoint ({type(exc).__name__})") from None
+    config = cfg.from_dict(state["config"], source=f"{path} (config)")
+    return config, _Resume(state, path)
+
+
+def run(config: Config, *, on_progress: ProgressFn | None = None,
+        resume_dir: Path | None = None) -> RunResult:
     """Train ``config``'s workload to its quality target; write the result files on rank 0.
 
-    Returns the `RunResult` (identical on every rank).
+    With ``resume_dir``, continue the run stopped there (``config`` is then taken from its
+    checkpoint and may be None). Returns this rank's instance's `RunResult`.
 
     Raises:
         ConfigError, DataError, StagingError: bad input, before any training starts.
     """
     from workloads import get as get_workload
 
+    resume = None
+    if resume_dir is not None:
+        config, resume = load_resume(Path(resume_dir))
     workload = get_workload(config.workload)
     rt = runtime.detect(device=config.train.device)
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
     runtime.init_process_group(rt)
     try:
-        return _run(config, workload, rt, on_progress or (lambda event: None))
+        return _run(config, workload, rt, on_progress or (lambda event: None), resume)
     finally:
         runtime.destroy_process_group()
 
 
-def _run(config: Config, workload: Workload, rt: Runtime, progress: ProgressFn) -> RunResult:
-    tcfg = config.train
+def _run(config: Config, workload: Workload, world: Runtime, progress: ProgressFn,
+         resume: _Resume | None) -> RunResult:
+    rt = runtime.split_instances(world, config.train.instances)
     lbs = local_batch_size(config, rt)
     out_dir = Path(config.output.dir)
-    synthesis_s = ensure_data(config, workload, rt)
+    synthesis_s = ensure_data(config, workload, world)
 
-    log = ComplianceLog.create(out_dir, rt.is_main)
+    log = ComplianceLog.create(out_dir, rt.is_main, rt.instance)
     index = log.path.name[len("result_"):-len(".txt")] if log.path else None
     if rt.is_main:
-        progress({"kind": "start", "result_file": str(log.path), "workload": workload.name})
+        progress({"kind": "start", "result_file": str(log.path), "workload": workload.name,
+                  "instance": rt.instance})
     try:
-        return _train(config, workload, rt, log, lbs, synthesis_s, index, progress)
+        return _train(config, workload, world, rt, log, lbs, synthesis_s, index, progress, resume)
     finally:
         log.close()
 
 
-def _train(config: Config, workload: Workload, rt: Runtime, log: ComplianceLog, lbs: int,
-           synthesis_s: float, index: str | None, progress: ProgressFn) -> RunResult:
+def _save_checkpoint(path: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any,
+                     config: Config, epoch: int, step: int, history: list[tuple[int, float]],
+                     result_file: str | None, elapsed_s: float) -> None:
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "scheduler": scheduler.state_dict(), "config": config.to_dict(), "epoch": epoch,
+             "step": step, "history": [list(h) for h in history], "result_file": result_file,
+             "elapsed_s": elapsed_s, "torch_rng": torch.get_rng_state()}
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+class _SkipSampler(Sampler[int]):
+    """The indices of ``base`` for this epoch after the first ``skip`` (resume inside an epoch)."""
+
+    def __init__(self, base: Sampler[int], skip: int):
+        self.base, self.skip = base, skip
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(iter(self.base), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(0, len(self.base) - self.skip)  # type: ignore[arg-type]
+
+
+def _train(config: Config, workload: Workload, world: Runtime, rt: Runtime, log: ComplianceLog,
+           lbs: int, synthesis_s: float, index: str | None, progress: ProgressFn,
+           resume: _Resume | None) -> RunResult:
     tcfg = config.train
     out_dir = Path(config.output.dir)
     sub = config.submission
+    seed = tcfg.seed + (rt.instance or 0)
 
     # ---- init: everything before run_start ------------------------------------------------
     runtime.barrier(rt)
@@ -243,11 +334,16 @@ def _train(config: Config, workload: Workload, rt: Runtime, log: ComplianceLog, 
     log.event(constants.CACHE_CLEAR, True)
     log.event(mllog.NUMBER_OF_NODES, rt.num_nodes)
     log.event(mllog.ACCELERATORS_PER_NODE, rt.accelerators_per_node)
-    log.event(constants.SEED, tcfg.seed)
+    log.event(constants.SEED, seed)
+    if resume is not None:
+        log.event(mllog.RESUME, {"checkpoint": str(resume.source),
+                                 "from_result_file": resume.state.get("result_file"),
+                                 "epoch": resume.epoch, "step": resume.step,
+                                 "elapsed_before_s": resume.state.get("elapsed_s", 0.0)},
+                  metadata={"resumed": True})
 
-    runtime.barrier(rt)
     log.start(constants.STAGING_START)
-    staged = staging.stage_dataset(config, rt)  # None: staging disabled, read in place
+    staged = staging.stage_dataset(config, world)  # every rank of the job; None: read in place
     runtime.barrier(rt)
     staged_info = staged.to_dict() if staged is not None else {}
     staging_s = staged.seconds if staged is not None else 0.0
@@ -261,17 +357,16 @@ def _train(config: Config, workload: Workload, rt: Runtime, log: ComplianceLog, 
     if train_n == 0 or eval_n == 0:
         raise DataError(f"{data_dir}: no training or validation samples found")
 
-    _seed_everything(tcfg.seed)
+    _seed_everything(seed)
     model = workload.build_model(config.model).to(rt.device)
-    if getattr(config.model, "channels_last", False):
-        model = model.to(memory_format=torch.channels_last_3d)
     ddp_model = model
     if rt.distributed:
         ddp_model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
+            model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
+            process_group=rt.group)
 
     train_sampler = DistributedSampler(train_ds, num_replicas=rt.world_size, rank=rt.rank,
-                                       shuffle=True, seed=tcfg.seed, drop_last=False)
+                                       shuffle=True, seed=seed, drop_last=False)
     loader_args = dict(num_workers=config.data.num_workers, pin_memory=rt.device.type == "cuda",
                        persistent_workers=config.data.num_workers > 0)
     train_loader = DataLoader(train_ds, batch_size=lbs, sampler=train_sampler, drop_last=False,
@@ -284,6 +379,14 @@ def _train(config: Config, workload: Workload, rt: Runtime, log: ComplianceLog, 
     loss_fn = workload.build_loss(config)
     metric = workload.metric
     target = metric.target if tcfg.target is None else tcfg.target
+    first_epoch, skip_steps, history = 1, 0, []
+    if resume is not None:
+        model.load_state_dict(resume.state["model"])
+        optimizer.load_state_dict(resume.state["optimizer"])
+        scheduler.load_state_dict(resume.state["scheduler"])
+        torch.set_rng_state(resume.state["torch_rng"])
+        first_epoch, skip_steps = resume.epoch, resume.step
+        history = [(int(e), float(v)) for e, v in resume.state.get("history", [])]
 
     log.event(constants.GLOBAL_BATCH_SIZE, tcfg.global_batch_size)
     log.event(mllog.GRADIENT_ACCUMULATION_FREQUENCY, tcfg.gradient_accumulation_steps)
@@ -298,6 +401,7 @@ def _train(config: Config, workload: Workload, rt: Runtime, log: ComplianceLog, 
     previous = signal.signal(signal.SIGTERM, stop) if _in_main_thread() else None
     amp = (torch.autocast(device_type="cuda", dtype=torch.bfloat16)
            if tcfg.amp and rt.device.type == "cuda" else nullcontext())
+    checkpoint = out_dir / CHECKPOINT_PATTERN.format(index if index is not None else "x")
 
     # ---- the timed run ----------------------------------------------------------------------
     runtime.barrier(rt)
@@ -306,20 +410,23 @@ def _train(config: Config, workload: Workload, rt: Runtime, log: ComplianceLog, 
     status, reason = constants.ABORTED, f"max_epochs {tcfg.max_epochs} reached before the target"
     epoch_times: list[float] = []
     eval_times: list[float] = []
-    history: list[tuple[int, float]] = []
-    value: float | None = None
-    epoch = 0
+    value: float | None = history[-1][1] if history else None
+    epoch = first_epoch - 1
     samples_seen = 0
     try:
-        for epoch in range(1, tcfg.max_epochs + 1):
+        for epoch in range(first_epoch, tcfg.max_epochs + 1):
             train_sampler.set_epoch(epoch - 1)
+            skip = skip_steps if epoch == first_epoch else 0
+            loader = train_loader if skip == 0 else DataLoader(
+                train_ds, batch_size=lbs, sampler=_SkipSampler(train_sampler, skip * lbs),
+                drop_last=False, **loader_args)
             runtime.barrier(rt)
             log.start(constants.EPOCH_START, metadata={constants.EPOCH_NUM: epoch})
             t0 = time.perf_counter()
             ddp_model.train()
             loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
-            epoch_samples = 0
-            for step, (x, y) in enumerate(train_loader):
+            epoch_samples, stopped = 0, None
+            for step, (x, y) in enumerate(loader, start=skip):
                 x = x.to(rt.device, non_blocking=True)
                 y = y.to(rt.device, non_blocking=True)
                 last_micro = (step + 1) % tcfg.gradient_accumulation_steps == 0 or step + 1 == micro_steps
@@ -337,21 +444,36 @@ def _train(config: Config, workload: Workload, rt: Runtime, log: ComplianceLog, 
                 if tcfg.log_every_steps and (step + 1) % tcfg.log_every_steps == 0 and rt.is_main:
                     progress({"kind": "step", "epoch": epoch, "step": step + 1, "steps": micro_steps,
                               "loss": float(loss)})
-                if stop.signal is not None and not rt.distributed:
-                    break
-            flags = _all_reduce([float(stop.signal is not None), loss_sum.item(), epoch_samples], rt,
-                                op="sum")
+                if (step + 1) % tcfg.check_every_steps == 0 and last_micro:
+                    flags = _all_reduce([float(stop.signal is not None),
+                                         float(not math.isfinite(loss_sum.item()))], rt, op="max")
+                    if flags[1]:
+                        stopped = f"non-finite training loss in epoch {epoch} by step {step + 1}"
+                        break
+                    if flags[0]:
+                        stopped = f"SIGTERM in epoch {epoch} after step {step + 1}"
+                        if rt.is_main:
+                            _save_checkpoint(checkpoint, model, optimizer, scheduler, config, epoch,
+                                             step + 1, history, log.path and log.path.name,
+                                             time.perf_counter() - run_start)
+                        break
+            totals = _all_reduce([float(stop.signal is not None), loss_sum.item(), epoch_samples], rt)
             runtime.barrier(rt)
             epoch_s = time.perf_counter() - t0
             log.end(constants.EPOCH_STOP, metadata={constants.EPOCH_NUM: epoch})
             epoch_times.append(epoch_s)
-            samples_seen += int(flags[2])
-            train_loss = flags[1] / max(flags[2], 1)
-            if flags[0] > 0:
-                reason = f"stopped by {stop.signal or 'SIGTERM'} on a rank during epoch {epoch}"
-                break
-            if not math.isfinite(train_loss):
-                reason = f"non-finite training loss ({train_loss}) in epoch {epoch}"
+            samples_seen += int(totals[2])
+            train_loss = totals[1] / max(totals[2], 1)
+            if stopped is None and not math.isfinite(train_loss):
+                stopped = f"non-finite training loss ({train_loss}) in epoch {epoch}"
+            if stopped is None and totals[0] > 0:  # signal arrived after the last check
+                stopped = f"SIGTERM at the end of epoch {epoch}"
+                if rt.is_main:
+                    _save_checkpoint(checkpoint, model, optimizer, scheduler, config, epoch,
+                                     micro_steps, history, log.path and log.path.name,
+                                     time.perf_counter() - run_start)
+            if stopped is not None:
+                reason = stopped
                 break
 
             log.start(constants.EVAL_START, metadata={constants.EPOCH_NUM: epoch})
@@ -377,14 +499,18 @@ def _train(config: Config, workload: Workload, rt: Runtime, log: ComplianceLog, 
             if rt.is_main:
                 progress({"kind": "epoch", "epoch": epoch, "max_epochs": tcfg.max_epochs,
                           "metric_key": metric.key, "metric": value, "target": target,
-                          "train_loss": train_loss, "epoch_s": epoch_s, "eval_s": eval_s,
-                          "samples_per_s": flags[2] / epoch_s if epoch_s > 0 else 0.0})
+                          "reached": metric.reached(value, target), "train_loss": train_loss,
+                          "epoch_s": epoch_s, "eval_s": eval_s, "instance": rt.instance,
+                          "samples_per_s": totals[2] / epoch_s if epoch_s > 0 else 0.0})
             if not math.isfinite(value):
                 reason = f"non-finite {metric.key} ({value}) at epoch {epoch}"
                 break
             if metric.reached(value, target):
                 status, reason = constants.SUCCESS, None
                 break
+            if tcfg.checkpoint_every_epochs and epoch % tcfg.checkpoint_every_epochs == 0 and rt.is_main:
+                _save_checkpoint(checkpoint, model, optimizer, scheduler, config, epoch + 1, 0,
+                                 history, log.path and log.path.name, time.perf_counter() - run_start)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -409,14 +535,17 @@ def _train(config: Config, workload: Workload, rt: Runtime, log: ComplianceLog, 
         residual_s=time_to_train_s - train_time - sum(eval_times), train_samples=train_n,
         eval_samples=eval_n, global_batch_size=tcfg.global_batch_size, world_size=rt.world_size,
         num_nodes=rt.num_nodes, samples_per_s=samples_seen / train_time if train_time else 0.0,
-        metric_history=history, staging=staged_info,
+        metric_history=history, staging=staged_info, instance=rt.instance,
+        resumed_from=str(resume.source) if resume else None,
+        checkpoint=str(checkpoint) if checkpoint.exists() else None,
         departs_from_reference=_departures(config, workload, train_n, eval_n))
     if rt.is_main and index is not None:
         _write_json(out_dir / f"summary_{index}.json", result.to_dict())
         save(config, out_dir / f"config_{index}.yaml")
         _write_json(out_dir / f"env_{index}.json", {**envinfo.collect(), "runtime": {
-            "launcher": rt.launcher, "world_size": rt.world_size, "num_nodes": rt.num_nodes,
-            "local_world_size": rt.local_world_size, "device": str(rt.device)}})
+            "launcher": world.launcher, "world_size": world.world_size, "num_nodes": world.num_nodes,
+            "local_world_size": world.local_world_size, "device": str(rt.device),
+            "instances": tcfg.instances}})
     return result
 
 
