@@ -156,6 +156,43 @@ def stage_command(config_path: Path, overrides: tuple[str, ...]) -> None:
         click.echo(json.dumps(result.to_dict(), indent=2, default=str))
 
 
+@main.command("submit")
+@click.argument("config_path", type=click.Path(path_type=Path))
+@click.option("--nodes", type=int, default=1, show_default=True, help="Nodes to allocate.")
+@click.option("--gpus-per-node", type=int, default=0, show_default=True,
+              help="GPUs per node; one task per GPU (0: CPU job).")
+@click.option("--tasks-per-node", type=int, default=None,
+              help="Tasks per node on a CPU job (default: 1, or one per GPU).")
+@click.option("--runs", type=int, default=1, show_default=True,
+              help="Runs in one results folder (MLPerf HPC scores need 10 for CosmoFlow, 5 for DeepCAM).")
+@click.option("--instances", type=int, default=1, show_default=True,
+              help="Throughput mode: concurrent model instances per run.")
+@click.option("--time", "time_limit", default="01:00:00", show_default=True, help="Wall time.")
+@click.option("--partition", default=None)
+@click.option("--account", default=None)
+@click.option("--job-name", default="mlhpc", show_default=True)
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
+@click.option("--dry-run", is_flag=True, help="Print the sbatch script; submit nothing.")
+@_friendly
+def submit_command(config_path: Path, nodes: int, gpus_per_node: int, tasks_per_node: int | None,
+                   runs: int, instances: int, time_limit: str, partition: str | None,
+                   account: str | None, job_name: str, overrides: tuple[str, ...], dry_run: bool) -> None:
+    """Render an sbatch script running CONFIG R times under srun, and submit it."""
+    from mlhpc import config as cfg
+    from mlhpc import slurm
+
+    config = cfg.load(config_path, overrides)  # validate everything before anything is queued
+    script = slurm.render_sbatch(
+        config_path, nodes=nodes, gpus_per_node=gpus_per_node, tasks_per_node=tasks_per_node,
+        runs=runs, time=time_limit, partition=partition, account=account, job_name=job_name,
+        output_dir=Path(config.output.dir).resolve(), overrides=overrides, instances=instances)
+    if dry_run:
+        click.echo(script, nl=False)
+        return
+    for job_id in slurm.submit(script, dry_run=False):
+        click.echo(job_id)
+
+
 @main.group("data")
 def data_group() -> None:
     """Embedded datasets."""
