@@ -222,15 +222,9 @@ def synth_command(workload_name: str, out_dir: Path, config_path: Path | None, s
     click.echo(f"wrote {workload_name} data to {out_dir}")
 
 
-def _register_optional() -> None:
-    try:
-        from mlhpc.report.cli import report_command
-    except ImportError:  # the report package is optional at import time only while it is built
-        return
-    main.add_command(report_command)
+from mlhpc.report.cli import report_command  # noqa: E402 (the report command lives with its package)
 
-
-_register_optional()
+main.add_command(report_command)
 
 if __name__ == "__main__":  # pragma: no cover
     main()
