@@ -90,6 +90,10 @@ def _print_summary(result: Any) -> None:
         ("training throughput", f"{result.samples_per_s:.1f} samples/s"),
         ("evaluation time (total)", f"{result.eval_s:.2f} s"),
         ("residual (time to train - epochs - evals)", f"{result.residual_s:.2f} s"),
+        ("training FLOPs per sample (FlopCounterMode)",
+         f"{result.perf.get('train_flops_per_sample', 0) / 1e9:.3f} GFLOP"),
+        ("achieved FLOP/s (MFU)", f"{result.perf.get('achieved_flop_per_s', 0) / 1e9:.2f} GFLOP/s "
+         f"({100 * (result.perf.get('mfu') or 0):.1f}% of {result.perf.get('peak_source', '?')})"),
         ("global batch size / ranks / nodes",
          f"{result.global_batch_size} / {result.world_size} / {result.num_nodes}"),
         ("result log", str(result.result_file)),

@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from mlhpc import env as envinfo
-from mlhpc import mllog, runtime, staging
+from mlhpc import mllog, perf, runtime, staging
 from mlhpc.config import Config, save
 from mlhpc.errors import ConfigError, DataError
 from mlhpc.mllog import ComplianceLog, constants
@@ -74,6 +74,7 @@ class RunResult:
     metric_history: list[tuple[int, float]] = field(default_factory=list)
     staging: dict[str, Any] = field(default_factory=dict)
     departs_from_reference: list[str] = field(default_factory=list)
+    perf: dict[str, Any] = field(default_factory=dict)
     instance: int | None = None
     resumed_from: str | None = None
     checkpoint: str | None = None
@@ -181,6 +182,16 @@ def _departures(config: Config, workload: Workload, train_n: int, eval_n: int) -
     if config.train.target is not None and config.train.target != workload.metric.target:
         notes.append(f"target {config.train.target} (reference {workload.metric.target})")
     return notes
+
+
+def _count_flops(model: torch.nn.Module, dataset: Dataset, loss_fn: Any) -> "perf.FlopCount":
+    """FLOPs per sample of one training step, counted on a meta-device copy (no compute)."""
+    import copy
+
+    x, y = dataset[0]
+    meta = copy.deepcopy(model).to("meta")
+    return perf.count_flops(meta, torch.as_tensor(x)[None].to("meta"), loss_fn,
+                            torch.as_tensor(y)[None].to("meta"))
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -388,6 +399,7 @@ def _train(config: Config, workload: Workload, world: Runtime, rt: Runtime, log:
         first_epoch, skip_steps = resume.epoch, resume.step
         history = [(int(e), float(v)) for e, v in resume.state.get("history", [])]
 
+    flops = _count_flops(model, train_ds, loss_fn)
     log.event(constants.GLOBAL_BATCH_SIZE, tcfg.global_batch_size)
     log.event(mllog.GRADIENT_ACCUMULATION_FREQUENCY, tcfg.gradient_accumulation_steps)
     for key, value in workload.hyperparameters(config).items():
@@ -526,6 +538,22 @@ def _train(config: Config, workload: Workload, world: Runtime, rt: Runtime, log:
         return (b.time_ms - a.time_ms) / 1e3 if a and b else 0.0
 
     train_time = sum(epoch_times)
+    samples_per_s = samples_seen / train_time if train_time else 0.0
+    precision = "bf16" if tcfg.amp and rt.device.type == "cuda" else "fp32"
+    peak, peak_source = perf.device_peak(rt.device, precision)
+    achieved = flops.train_flops * samples_per_s
+    total_samples = train_n + eval_n
+    perf_info = {
+        "forward_flops_per_sample": flops.forward_flops, "train_flops_per_sample": flops.train_flops,
+        "achieved_flop_per_s": achieved, "achieved_flop_per_s_per_rank": achieved / rt.world_size,
+        "peak_flop_per_s_per_rank": peak, "peak_source": peak_source, "precision": precision,
+        "mfu": achieved / (peak * rt.world_size) if peak else None,
+        "allreduce_bytes_per_step": perf.allreduce_bytes_per_step(model) if rt.distributed else 0,
+        "dataset_bytes_per_sample": staged_info.get("bytes", 0) / total_samples if staged_info else None,
+        "read_bytes_per_s": (staged_info.get("bytes", 0) / total_samples * samples_per_s
+                             if staged_info else None),
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
     result = RunResult(
         status=status, reason=reason, workload=workload.name,
         result_file=str(log.path) if log.path else None, metric_key=metric.key, target=target,
@@ -534,7 +562,7 @@ def _train(config: Config, workload: Workload, world: Runtime, rt: Runtime, log:
         synthesis_s=synthesis_s, epoch_times_s=epoch_times, eval_times_s=eval_times,
         residual_s=time_to_train_s - train_time - sum(eval_times), train_samples=train_n,
         eval_samples=eval_n, global_batch_size=tcfg.global_batch_size, world_size=rt.world_size,
-        num_nodes=rt.num_nodes, samples_per_s=samples_seen / train_time if train_time else 0.0,
+        num_nodes=rt.num_nodes, samples_per_s=samples_per_s, perf=perf_info,
         metric_history=history, staging=staged_info, instance=rt.instance,
         resumed_from=str(resume.source) if resume else None,
         checkpoint=str(checkpoint) if checkpoint.exists() else None,
