@@ -109,6 +109,7 @@ def _cached_rules() -> Iterator[Any]:
 
     with _lock:
         saved = mlp_compliance.yaml
+        mlp_compliance.enqueued_configs.clear()
         mlp_compliance.yaml = _CACHED_YAML
         mlp_compliance.eval, mlp_compliance.exec = _cached_eval, _cached_exec
         try:

@@ -214,11 +214,17 @@ def _system_desc(folder: Path, kind: str, system: str | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _run_target(folder: Path) -> float | None:
-    try:
-        data = json.loads((folder / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
+def _run_target(log: Path) -> float | None:
+    """The target an mlhpc run trained to: ``summary_<N>.json`` (or ``summary.json``) beside it."""
+    n = re.match(r"^result_(.+)\.txt$", log.name)
+    candidates = ([log.parent / f"summary_{n.group(1)}.json"] if n else []) + [log.parent / "summary.json"]
+    data = None
+    for candidate in candidates:
+        try:
+            data = json.loads(candidate.read_text())
+            break
+        except (OSError, ValueError):
+            continue
     value = data.get("target") if isinstance(data, dict) else None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -240,12 +246,11 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
     kind, round_, submitter, system, benchmark = _layout(folder)
     result = FolderResult(path=str(folder), kind=kind, round=round_, submitter=submitter,
                           system=system, benchmark=benchmark, ruleset=ruleset_for(folder, ruleset))
-    target = _run_target(folder) if kind == "runs" else None
     scored: list[tuple[RunSummary, float, float]] = []
     scale_seen: int | None = None
     for path in files:
         parsed = parse_log(path)
-        run = summarize_run(parsed, target=target)
+        run = summarize_run(parsed, target=_run_target(path) if kind == "runs" else None)
         result.runs.append(run)
         reason = None
         if compliance:

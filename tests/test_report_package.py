@@ -1,0 +1,79 @@
+"""mlhpc report --package: run folders -> an MLPerf HPC submission that MLCommons'
+package_checker accepts (checked on a scratch copy)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from mlhpc.errors import ConfigError
+from mlhpc.report.cli import report_command
+from mlhpc.report.package import SYSTEM_FIELDS, check_package, package_runs
+
+FIXTURES = Path(__file__).parents[1].parent / "shared" / "fixtures" / "mlperf-hpc-results"
+MINI_RUNS = Path(__file__).parent / "data" / "report" / "cosmoflow-mini-runs"
+PUBLISHED = "hpc_results_v3.0/HPE+LBNL/results/perlmutter_128x4/strong/cosmoflow"
+
+
+def _run_folders(tmp_path: Path) -> list[Path]:
+    """Ten published, compliant closed-division CosmoFlow logs dressed as two mlhpc run folders."""
+    source = FIXTURES / PUBLISHED
+    if not source.is_dir():
+        pytest.fail(f"MLPerf HPC fixtures missing at {FIXTURES}")
+    logs = sorted(source.glob("result_*.txt"))
+    assert len(logs) == 10
+    env = json.loads((MINI_RUNS / "env_0.json").read_text())
+    env.update(gpu_names=["NVIDIA A100-SXM4-40GB"] * 4, gpu_count=4)
+    folders = []
+    for half in (0, 1):
+        folder = tmp_path / f"run{half}"
+        folder.mkdir()
+        for i, log in enumerate(logs[half * 5:(half + 1) * 5]):
+            shutil.copyfile(log, folder / f"result_{i}.txt")
+            (folder / f"env_{i}.json").write_text(json.dumps(env))
+            (folder / f"config_{i}.yaml").write_text(yaml.safe_dump(
+                {"workload": "cosmoflow", "submission": {"org": "HPE+LBNL", "platform": "perlmutter",
+                                                         "division": "closed", "status": "onprem"},
+                 "train": {"global_batch_size": 512}}))
+        folders.append(folder)
+    return folders
+
+
+def test_package_is_accepted_by_the_official_package_checker(tmp_path):
+    folders = _run_folders(tmp_path)
+    out = tmp_path / "submission"
+    result = package_runs(folders, out, org="TestOrg", system="perlmutter_128x4")
+    bench = out / "TestOrg" / "results" / "perlmutter_128x4" / "strong" / "cosmoflow"
+    assert sorted(p.name for p in bench.iterdir()) == sorted(f"result_{i}.txt" for i in range(10))
+    desc = json.loads((out / "TestOrg" / "systems" / "perlmutter_128x4.json").read_text())
+    assert set(SYSTEM_FIELDS) <= set(desc)
+    assert desc["division"] == "closed" and desc["number_of_nodes"] == "128"
+    assert desc["accelerators_per_node"] == "4" and desc["accelerator_model_name"].startswith("NVIDIA A100")
+    assert desc["framework"].startswith("PyTorch 2.")
+    check_package(result)
+    assert result.checker_ok, result.checker_messages
+    assert not (out / "TestOrg" / "results" / "perlmutter_128x4" / "strong" / "cosmoflow" / "scaling.json").exists()
+
+
+def test_mini_run_package_layout_and_an_honest_rejection(tmp_path):
+    """Our mini runs stop before the target: the layout is right, and the checker says no."""
+    out = tmp_path / "pkg"
+    runner = CliRunner()
+    outcome = runner.invoke(report_command, [str(MINI_RUNS), "--format", "csv", "--package", str(out)])
+    assert outcome.exit_code == 0, outcome.output
+    root = out / "mlhpc"
+    logs = sorted((root / "results" / "1xCPU" / "strong" / "cosmoflow").glob("result_*.txt"))
+    assert len(logs) == len(list(MINI_RUNS.glob("result_*.txt")))
+    desc = json.loads((root / "systems" / "1xCPU.json").read_text())
+    assert desc["submitter"] == "mlhpc" and desc["division"] == "open" and desc["status"] == "research"
+    assert desc["host_processor_model_name"] and desc["accelerator_model_name"] == "none (CPU)"
+    assert "package_checker: REJECTED" in outcome.stderr
+    with pytest.raises(ConfigError, match="already holds results"):
+        package_runs([MINI_RUNS], out)
+    with pytest.raises(ConfigError, match="folder name"):
+        package_runs([MINI_RUNS], tmp_path / "other", system="bad/name")
