@@ -1,0 +1,303 @@
+"""Embedded CosmoFlow data: log-normal dark-matter universes written in the official HDF5 layout.
+
+The MLPerf HPC CosmoFlow dataset (``cosmoUniverse_2019_05_4parE``, ExaLearn / NERSC) holds N-body
+simulations of (512 Mpc/h)^3 with 512^3 dark-matter particles, histogrammed on a 512^3 grid at four
+redshifts; the files store ``full`` = int16 particle counts ``(512, 512, 512, 4)`` and
+``unitPar`` = the four cosmological parameters (Omega_m, sigma_8, n_s, H0) mapped to [-1, 1]. The
+benchmark trains on 128^3 x 4 sub-cubes cut from them (mlcommons/hpc ``cosmoflow/prepare.py``).
+
+Running an N-body code is out of reach here, so each sample is an approximation with the same
+statistics to first order (Coles & Jones 1991, MNRAS 248, 1):
+
+1. draw (Omega_m, sigma_8, n_s, H0) uniformly from the configured ranges;
+2. the linear matter power spectrum P(k) at z = 0 from colossus (Eisenstein & Hu 1998 transfer
+   function, normalised to sigma_8), for a flat LambdaCDM cosmology with that draw;
+3. per redshift channel the linear power D(z)^2 P(k), D = colossus' linear growth factor
+   (D(0) = 1), turned into a log-normal over-density field 1 + delta on an S^3 grid of side
+   ``box_size_mpc_h`` with powerbox; the four channels share one set of random phases, like the
+   snapshots of one simulation;
+4. particle counts ~ Poisson(mean_particles_per_cell * (1 + delta)), stored as int16.
+
+Reproducibility: every sample's random numbers come from ``numpy.random.SeedSequence((seed,
+split, index))`` alone, so a sample does not depend on how many samples, files or worker processes
+there are, and the files are bit-identical for one seed (h5py writes no timestamps here). Files
+are written under a temporary name and renamed, so an interrupted run leaves no half file that
+looks complete; a re-run writes only the missing files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Optional
+
+import h5py
+import numpy as np
+from pydantic import Field, model_validator
+
+from mlhpc.config import Section
+from mlhpc.errors import DataError
+
+#: The four targets, in ``unitPar`` / ``physPar`` order.
+PARAMETER_NAMES = ("Omega_m", "sigma_8", "n_s", "H0")
+PARAMETER_UNITS = ("1", "1", "1", "km/s/Mpc")
+SPLITS = ("train", "validation")
+FILE_PATTERN = "univ_{index:06d}.h5"
+FINGERPRINT_NAME = "synth.json"
+_INT16_MAX = np.iinfo(np.int16).max
+
+
+class SynthConfig(Section):
+    """How the embedded CosmoFlow dataset is synthesised (config section ``synth``).
+
+    Parameter ranges: Omega_m, sigma_8 and n_s follow the ranges of the CosmoFlow simulations
+    (Mathuriya et al. 2018, "CosmoFlow: Using Deep Learning to Learn the Universe at Scale",
+    SC18); the H0 range and the redshifts (0, 0.5, 1.5, 3) are those of the four-parameter
+    ExaLearn set used by MLPerf HPC (Farrell et al. 2021, MLPerf HPC, arXiv:2110.11466).
+    The particle density of that set (512^3 particles in (512 Mpc/h)^3, one per (Mpc/h)^3) on
+    8 Mpc/h cells gives the default 512 particles per cell.
+    """
+
+    cube_size: int = Field(32, ge=4, le=512)  # S: cells per side
+    train_samples: int = Field(1024, ge=1)
+    eval_samples: int = Field(256, ge=1)
+    samples_per_file: int = Field(1, ge=1)  # 1: one file per sample; >1: leading sample axis
+    box_size_mpc_h: float = Field(256.0, gt=0)  # comoving side of one cube, Mpc/h
+    redshifts: tuple[float, float, float, float] = (0.0, 0.5, 1.5, 3.0)
+    mean_particles_per_cell: float = Field(512.0, gt=0)
+    omega_m_range: tuple[float, float] = (0.25, 0.35)
+    sigma_8_range: tuple[float, float] = (0.78, 0.95)
+    n_s_range: tuple[float, float] = (0.90, 1.00)
+    h0_range_km_per_s_per_mpc: tuple[float, float] = (60.0, 80.0)
+    omega_b: float = Field(0.049, gt=0, lt=0.25)  # baryon density, fixed (Planck 2018)
+    # None: every sample has its own initial phases (as in the reference simulations).
+    # n: samples cycle through n phase realisations shared by both splits, a phase-matched suite
+    # (cf. Garrison et al. 2018, Abacus Cosmos) that removes sample variance from the targets.
+    phase_realizations: Optional[int] = Field(None, ge=1)
+    workers: int = Field(0, ge=0, le=256)  # synthesis processes; 0: one per usable CPU
+
+    @model_validator(mode="after")
+    def _check_ranges(self) -> "SynthConfig":
+        for name in ("omega_m_range", "sigma_8_range", "n_s_range", "h0_range_km_per_s_per_mpc"):
+            low, high = getattr(self, name)
+            if not 0 < low < high:
+                raise ValueError(f"{name} must be (low, high) with 0 < low < high, got {(low, high)}")
+        if self.omega_m_range[0] <= self.omega_b:
+            raise ValueError("omega_m_range must lie above omega_b")
+        if any(z < 0 for z in self.redshifts):
+            raise ValueError("redshifts must be >= 0")
+        return self
+
+    def ranges(self) -> np.ndarray:
+        """``(4, 2)`` float64 array of (low, high) per parameter, in `PARAMETER_NAMES` order."""
+        return np.array([self.omega_m_range, self.sigma_8_range, self.n_s_range,
+                         self.h0_range_km_per_s_per_mpc], dtype=np.float64)
+
+
+def normalise(phys: np.ndarray, ranges: np.ndarray) -> np.ndarray:
+    """Physical parameters ``(..., 4)`` -> ``unitPar`` in [-1, 1] (float32), linear in each range."""
+    low, high = ranges[:, 0], ranges[:, 1]
+    return (2.0 * (np.asarray(phys, np.float64) - low) / (high - low) - 1.0).astype(np.float32)
+
+
+def _sample_seed(seed: int, split: str, index: int) -> np.random.SeedSequence:
+    return np.random.SeedSequence((seed, SPLITS.index(split), index))
+
+
+def draw_parameters(cfg: SynthConfig, seed: int, split: str, index: int) -> np.ndarray:
+    """The physical parameters of one sample: float64 ``(4,)`` = (Omega_m, sigma_8, n_s, H0)."""
+    rng = np.random.default_rng(_sample_seed(seed, split, index).spawn(1)[0])
+    ranges = cfg.ranges()
+    return rng.uniform(ranges[:, 0], ranges[:, 1])
+
+
+def synthesize_sample(cfg: SynthConfig, seed: int, split: str, index: int
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One universe: ``(full, unitPar, physPar)``.
+
+    Returns:
+        full: int16 ``(S, S, S, 4)`` particle counts, channel c at redshift ``cfg.redshifts[c]``
+            (counts above 32767 are clipped; the defaults stay far below).
+        unitPar: float32 ``(4,)`` in [-1, 1].
+        physPar: float32 ``(4,)`` (Omega_m, sigma_8, n_s, H0 [km/s/Mpc]).
+    Deterministic in ``(cfg, seed, split, index)``.
+    """
+    import powerbox
+    from colossus.cosmology import cosmology
+
+    phys = draw_parameters(cfg, seed, split, index)
+    omega_m, sigma_8, n_s, h0 = (float(v) for v in phys)
+    cosmo = cosmology.Cosmology(name="mlhpc-synth", flat=True, Om0=omega_m, Ob0=cfg.omega_b,
+                                H0=h0, sigma8=sigma_8, ns=n_s, interpolation=False,
+                                persistence="", print_warnings=False)
+    size = cfg.cube_size
+    # Tabulate P(k) [(Mpc/h)^3] over the grid's k range [h/Mpc] once, interpolate in log-log.
+    k_min = 2 * math.pi / cfg.box_size_mpc_h
+    k_table = np.geomspace(0.5 * k_min, 2.0 * math.sqrt(3) * math.pi * size / cfg.box_size_mpc_h, 256)
+    log_p_table = np.log(cosmo.matterPowerSpectrum(k_table, z=0.0, model="eisenstein98"))
+    log_k_table = np.log(k_table)
+    growth = np.asarray(cosmo.growthFactor(np.asarray(cfg.redshifts, dtype=np.float64)))
+
+    sequence = _sample_seed(seed, split, index)
+    if cfg.phase_realizations is None:
+        phase_seed = int(sequence.generate_state(1)[0])
+    else:
+        phase_seed = int(np.random.SeedSequence((seed, 2, index % cfg.phase_realizations))
+                         .generate_state(1)[0])
+    poisson = np.random.default_rng(sequence.spawn(2)[1])
+
+    full = np.empty((size, size, size, len(cfg.redshifts)), dtype=np.int16)
+    for channel, d_z in enumerate(growth):
+        def power(k: np.ndarray, d2: float = float(d_z) ** 2) -> np.ndarray:
+            safe_k = np.maximum(k, k_table[0])
+            return d2 * np.exp(np.interp(np.log(safe_k), log_k_table, log_p_table))
+
+        box = powerbox.LogNormalPowerBox(shape=(size,) * 3, size=(cfg.box_size_mpc_h,) * 3,
+                                         pk=power, seed=phase_seed)
+        with warnings.catch_warnings():
+            # Discretising a realistic P(k) leaves a few slightly negative Gaussian modes, which
+            # powerbox zeroes and reports; that is expected here.
+            warnings.simplefilter("ignore", UserWarning)
+            density = 1.0 + box.delta_x()
+        rate = cfg.mean_particles_per_cell * np.clip(density, 0.0, None)
+        counts = poisson.poisson(rate)
+        full[..., channel] = np.minimum(counts, _INT16_MAX)
+    ranges = cfg.ranges()
+    return full, normalise(phys, ranges), phys.astype(np.float32)
+
+
+def _fingerprint(cfg: SynthConfig, seed: int) -> dict:
+    keep = cfg.model_dump(mode="json", exclude={"train_samples", "eval_samples", "workers"})
+    return {"seed": seed, **keep}
+
+
+def _file_plan(cfg: SynthConfig, split: str) -> list[tuple[int, int]]:
+    """``[(first_sample, n_samples), ...]`` per file of ``split``."""
+    total = cfg.train_samples if split == "train" else cfg.eval_samples
+    step = cfg.samples_per_file
+    return [(first, min(step, total - first)) for first in range(0, total, step)]
+
+
+def _write_file(path: Path, cfg: SynthConfig, seed: int, split: str, first: int, count: int) -> None:
+    samples = [synthesize_sample(cfg, seed, split, first + i) for i in range(count)]
+    full = np.stack([s[0] for s in samples])
+    unit = np.stack([s[1] for s in samples])
+    phys = np.stack([s[2] for s in samples])
+    if cfg.samples_per_file == 1:
+        full, unit, phys = full[0], unit[0], phys[0]
+    partial = path.with_name(f".{path.name}.{os.getpid()}.part")
+    with h5py.File(partial, "w", track_order=False) as f:
+        f.create_dataset("full", data=full, track_times=False)
+        f.create_dataset("unitPar", data=unit, track_times=False)
+        f.create_dataset("physPar", data=phys, track_times=False)
+        f.attrs["parameter_names"] = list(PARAMETER_NAMES)
+        f.attrs["physPar_units"] = list(PARAMETER_UNITS)
+        f.attrs["parameter_ranges"] = cfg.ranges()
+        f.attrs["unitPar_definition"] = "2 * (physPar - low) / (high - low) - 1"
+        f.attrs["full_definition"] = "dark-matter particle counts per cell, axes (x, y, z, redshift)"
+        f.attrs["redshifts"] = np.asarray(cfg.redshifts, dtype=np.float64)
+        f.attrs["box_size_mpc_h"] = cfg.box_size_mpc_h
+        f.attrs["cell_size_mpc_h"] = cfg.box_size_mpc_h / cfg.cube_size
+        f.attrs["mean_particles_per_cell"] = cfg.mean_particles_per_cell
+        f.attrs["omega_b"] = cfg.omega_b
+        f.attrs["first_sample"] = first
+        f.attrs["seed"] = seed
+        f.attrs["split"] = split
+        f.attrs["generator"] = ("mlhpc log-normal (powerbox) on colossus Eisenstein-Hu linear "
+                                "P(k), D(z) growth, Poisson counts")
+    os.replace(partial, path)
+
+
+def _needs_writing(path: Path, count: int, sharded: bool) -> bool:
+    if not path.exists():
+        return True
+    if not sharded:
+        return False
+    try:  # a last, partial shard from a smaller earlier run must grow
+        with h5py.File(path, "r") as f:
+            return f["full"].shape[0] != count
+    except (OSError, KeyError):
+        return True
+
+
+def _run_task(task: tuple[Path, SynthConfig, int, str, int, int]) -> None:
+    _write_file(*task)
+
+
+def synthesize(out_dir: Path, cfg: SynthConfig, seed: int) -> None:
+    """Write the embedded CosmoFlow dataset under ``out_dir`` in the official layout.
+
+    Layout: ``out_dir/train/univ_NNNNNN.h5`` and ``out_dir/validation/univ_NNNNNN.h5``
+    (NNNNNN = index of the file's first sample), each holding ``full`` int16 ``(S, S, S, 4)``,
+    ``unitPar`` float32 ``(4,)`` and ``physPar`` float32 ``(4,)``, or with a leading sample axis
+    ``(n, ...)`` when ``cfg.samples_per_file > 1``; attributes document units and ranges.
+    ``out_dir/synth.json`` records the seed and generator settings. Files already present are
+    kept, so a re-run (or a larger ``train_samples``) writes only what is missing. Work is
+    spread over a process pool; the bytes written do not depend on it.
+
+    Raises:
+        DataError: ``out_dir`` holds a dataset synthesised with another seed or other settings
+            (the message names the first differing key), or it cannot be written.
+    """
+    out_dir = Path(out_dir)
+    fingerprint = _fingerprint(cfg, seed)
+    record = out_dir / FINGERPRINT_NAME
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if record.exists():
+            try:
+                previous = json.loads(record.read_text())
+            except (ValueError, OSError):
+                raise DataError(f"{record}: not a readable synthesis record; delete the folder "
+                                f"or choose another data.path") from None
+            for key, value in fingerprint.items():
+                if previous.get(key) != value:
+                    raise DataError(
+                        f"{record}: data were synthesised with {key}={previous.get(key)!r}, the "
+                        f"config asks for {value!r}; delete {out_dir} or choose another data.path")
+        else:
+            partial = record.with_name(f".{record.name}.{os.getpid()}.part")
+            partial.write_text(json.dumps(fingerprint, indent=1, sort_keys=True) + "\n")
+            os.replace(partial, record)
+        tasks = []
+        for split in SPLITS:
+            folder = out_dir / split
+            folder.mkdir(exist_ok=True)
+            for first, count in _file_plan(cfg, split):
+                path = folder / FILE_PATTERN.format(index=first)
+                if _needs_writing(path, count, cfg.samples_per_file > 1):
+                    tasks.append((path, cfg, seed, split, first, count))
+    except OSError as exc:
+        raise DataError(f"{out_dir}: cannot write the synthetic dataset ({exc.strerror or exc})") from None
+    _execute(tasks, cfg.workers)
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _execute(tasks: list, workers: int) -> None:
+    workers = min(workers or _usable_cpus(), len(tasks))
+    try:
+        if workers <= 1 or len(tasks) < 4:
+            for task in tasks:
+                _run_task(task)
+            return
+        import multiprocessing
+
+        # spawn: the parent may hold torch / OpenMP threads that fork would copy half-started.
+        context = multiprocessing.get_context("spawn")
+        chunk = max(1, len(tasks) // (8 * workers))
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            for _ in pool.map(_run_task, tasks, chunksize=chunk):
+                pass
+    except OSError as exc:
+        raise DataError(f"{tasks[0][0].parent}: cannot write the synthetic dataset "
+                        f"({exc.strerror or exc})") from None
