@@ -197,6 +197,48 @@ def submit_command(config_path: Path, nodes: int, gpus_per_node: int, tasks_per_
         click.echo(job_id)
 
 
+@main.command("profile")
+@click.argument("config_path", type=click.Path(path_type=Path))
+@click.option("--steps", type=int, default=5, show_default=True, help="Profiled training steps.")
+@click.option("--warmup", type=int, default=2, show_default=True, help="Untimed steps first.")
+@click.option("--trace", "trace_path", type=click.Path(path_type=Path), default=None,
+              help="Chrome/Perfetto trace file (default: profile-<workload>.json).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
+@_friendly
+def profile_command(config_path: Path, steps: int, warmup: int, trace_path: Path | None,
+                    overrides: tuple[str, ...]) -> None:
+    """A few training steps under torch.profiler: time per phase and operator, memory, trace."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from mlhpc import config as cfg
+    from mlhpc.profile import profile
+
+    result = profile(cfg.load(config_path, overrides), steps=steps, warmup=warmup,
+                     trace_path=trace_path)
+    console = Console()
+    phases = Table(title=f"time per step phase (ms, local batch {result.local_batch_size}, "
+                   f"{result.samples_per_s:.1f} samples/s)")
+    for name in result.phase_ms:
+        phases.add_column(name, justify="right")
+    phases.add_row(*(f"{v:.2f}" for v in result.phase_ms.values()))
+    console.print(phases)
+    ops = Table(title="operators by self CPU time per step")
+    for col in ("operator", "calls", "self CPU ms", "share"):
+        ops.add_column(col, justify="left" if col == "operator" else "right")
+    for row in result.operators:
+        ops.add_row(row["name"], str(row["calls"]), f"{row['self_cpu_ms']:.2f}", f"{100 * row['share']:.1f}%")
+    console.print(ops)
+    mem = Table(title="memory (MB)")
+    for key, value in result.memory.items():
+        mem.add_column(key.replace("_bytes", ""), justify="right")
+    mem.add_row(*("n/a" if v is None else f"{v / 1e6:.2f}" for v in result.memory.values()))
+    console.print(mem)
+    console.print(f"FLOPs per sample: forward {result.flops['forward_flops'] / 1e9:.3f} GFLOP, "
+                  f"forward+backward {result.flops['train_flops'] / 1e9:.3f} GFLOP", highlight=False)
+    console.print(f"trace: {result.trace} (open in chrome://tracing or ui.perfetto.dev)", highlight=False)
+
+
 @main.group("data")
 def data_group() -> None:
     """Embedded datasets."""
