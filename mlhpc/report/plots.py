@@ -47,7 +47,8 @@ def _phases_min(runs: list[RunSummary]) -> tuple[float, float, float, float] | N
 
 
 def time_split_figure(report: Report) -> Figure:
-    """Stacked horizontal bars of staging / epochs / evaluation / residual, in minutes."""
+    """Stacked bars of staging / epochs / evaluation / residual: minutes (seconds for runs under
+    5 minutes) on the left, shares of the total on the right."""
     labels: list[str] = []
     values: list[tuple[float, float, float, float]] = []
     for f in report.folders:
@@ -71,6 +72,10 @@ def time_split_figure(report: Report) -> Figure:
         share.set_axis_off()
         return fig
     rows = list(range(len(values)))
+    unit = "minutes"
+    if max(sum(max(x, 0.0) for x in v) for v in values) < 5.0:  # short runs read better in seconds
+        values = [tuple(60.0 * x for x in v) for v in values]  # type: ignore[misc]
+        unit = "seconds"
     totals = [sum(max(x, 0.0) for x in v) or 1.0 for v in values]
     left = [0.0] * len(values)
     left_pct = [0.0] * len(values)
@@ -83,7 +88,7 @@ def time_split_figure(report: Report) -> Figure:
         left_pct = [a + b for a, b in zip(left_pct, pct)]
     ax.set_yticks(rows, labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("minutes")
+    ax.set_xlabel(unit)
     share.set_xlabel("share of staging + time to train (%)")
     share.set_xlim(0, 100)
     mean_note = "" if all(f.kind == "runs" for f in report.folders) else " (mean over each result's scored runs)"
