@@ -13,11 +13,18 @@ from mlhpc.errors import ConfigError
 from mlhpc.workload import Workload
 
 ENTRY_POINT_GROUP = "mlhpc.workloads"
+_REGISTERED: dict[str, Workload] = {}
+
+
+def register(workload: Workload) -> None:
+    """Register ``workload`` in this process (benchmarks, tests, notebooks); entry points are the
+    way for installed packages."""
+    _REGISTERED[workload.name] = workload
 
 
 def names() -> list[str]:
     """Sorted names of every registered workload."""
-    return sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+    return sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)} | set(_REGISTERED))
 
 
 def get(name: str) -> Workload:
@@ -26,6 +33,8 @@ def get(name: str) -> Workload:
     Raises:
         ConfigError: no workload of that name is registered (the message lists the known ones).
     """
+    if name in _REGISTERED:
+        return _REGISTERED[name]
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == name:
             workload = ep.load()

@@ -1,0 +1,162 @@
+"""Benchmarks of mlhpc itself, each measured in one run, side by side (writes BENCHMARKS.md rows).
+
+1. Harness overhead: mlhpc's training loop (`mlhpc.train.run`: samplers, stop checks, compliance
+   log, evaluation excluded) vs a bare PyTorch loop, same mini CosmoFlow model, same in-memory
+   data, same batch size; ratio of training samples/s.
+2. Data path: mlhpc's CosmoFlow loader (DataLoader over `CosmoFlowDataset`, HDF5 -> log1p float32)
+   vs a raw h5py read of the same files (bytes/s), and vs the samples/s training consumes.
+3. Staging: `mlhpc.staging.stage` (copy + SHA-256 manifest + verify) vs `cp -r` of the same tree
+   (GB/s ratio), alternating, best of ``--repeats`` each.
+
+Usage: python benchmarks/run.py [--data data/cosmoflow-mini] [--out BENCHMARKS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import h5py
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import workloads  # noqa: E402
+from mlhpc import config as cfg  # noqa: E402
+from mlhpc import runtime, staging, train  # noqa: E402
+from workloads.cosmoflow import WORKLOAD as COSMOFLOW  # noqa: E402
+
+MINI = REPO / "configs" / "cosmoflow-mini.yaml"
+
+
+def mini_config(data: Path, out: Path, *overrides: str) -> cfg.Config:
+    return cfg.load(MINI, (f"data.path={data}", f"output.dir={out}", "data.staging.enabled=false",
+                           "data.synthesize_if_missing=false", *overrides))
+
+
+def in_memory(config: cfg.Config, data: Path, n: int) -> TensorDataset:
+    ds, _ = COSMOFLOW.build_datasets(config, runtime.Runtime(), data)
+    xs, ys = zip(*(ds[i] for i in range(min(n, len(ds)))))
+    return TensorDataset(torch.stack(xs), torch.stack(ys))
+
+
+def bench_harness(data: Path, samples: int, epochs: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        config = mini_config(data, Path(tmp) / "out", f"train.max_epochs={epochs}", "train.target=-1")
+        memory = in_memory(config, data, samples)
+        evalset = TensorDataset(memory.tensors[0][:config.train.global_batch_size],
+                                memory.tensors[1][:config.train.global_batch_size])
+        workloads.register(dataclasses.replace(
+            COSMOFLOW, name="cosmoflow-in-memory",
+            build_datasets=lambda c, rt, d: (memory, evalset)))
+        config = cfg.from_dict({**config.to_dict(), "workload": "cosmoflow-in-memory"})
+        result = train.run(config)
+        # epoch 1 warms up; compare the steady epochs of both loops
+        harness = samples * (epochs - 1) / sum(result.epoch_times_s[1:])
+
+        torch.manual_seed(0)
+        model = COSMOFLOW.build_model(config.model)
+        optimizer, scheduler = COSMOFLOW.build_optimizer(model, config, samples // config.train.global_batch_size)
+        loader = DataLoader(memory, batch_size=config.train.global_batch_size, shuffle=True)
+        loss_fn = COSMOFLOW.build_loss(config)
+        times = []
+        for _ in range(epochs):
+            t0 = time.perf_counter()
+            for x, y in loader:
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                scheduler.step()
+            times.append(time.perf_counter() - t0)
+        bare = samples * (epochs - 1) / sum(times[1:])
+    return {"harness_samples_per_s": harness, "bare_samples_per_s": bare, "ratio": harness / bare,
+            "samples": samples, "epochs_timed": epochs - 1}
+
+
+def bench_data(data: Path, workers: int, train_samples_per_s: float | None) -> dict:
+    files = sorted((data / "train").glob("*.h5"))
+    t0 = time.perf_counter()
+    nbytes = 0
+    for path in files:
+        with h5py.File(path, "r") as f:
+            nbytes += f["full"][...].nbytes + f["unitPar"][...].nbytes
+    raw_s = time.perf_counter() - t0
+    config = mini_config(data, Path(tempfile.gettempdir()), f"data.num_workers={workers}")
+    ds, _ = COSMOFLOW.build_datasets(config, runtime.Runtime(), data)
+    loader = DataLoader(ds, batch_size=config.train.global_batch_size, num_workers=workers,
+                        shuffle=True)
+    t0 = time.perf_counter()
+    n = sum(x.shape[0] for x, _ in loader)
+    loader_s = time.perf_counter() - t0
+    raw_bps = nbytes / raw_s
+    loader_bps = nbytes * n / len(files) / loader_s
+    out = {"files": len(files), "bytes": nbytes, "raw_h5py_bytes_per_s": raw_bps,
+           "loader_bytes_per_s": loader_bps, "loader_vs_raw": loader_bps / raw_bps,
+           "loader_samples_per_s": n / loader_s, "num_workers": workers}
+    if train_samples_per_s:
+        out["train_samples_per_s"] = train_samples_per_s
+        out["loader_vs_training"] = out["loader_samples_per_s"] / train_samples_per_s
+    return out
+
+
+def bench_staging(data: Path, repeats: int) -> dict:
+    total = sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
+    cp_best, stage_best = float("inf"), float("inf")
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(repeats):
+            dest = Path(tmp) / f"cp{i}"
+            t0 = time.perf_counter()
+            subprocess.run(["cp", "-r", str(data), str(dest)], check=True)
+            cp_best = min(cp_best, time.perf_counter() - t0)
+            shutil.rmtree(dest)
+            dest = Path(tmp) / f"stage{i}"
+            t0 = time.perf_counter()
+            staging.stage(data, dest, runtime.Runtime(), workers=4)
+            stage_best = min(stage_best, time.perf_counter() - t0)
+            shutil.rmtree(dest)
+    return {"bytes": total, "cp_r_gb_per_s": total / cp_best / 1e9,
+            "stage_gb_per_s": total / stage_best / 1e9, "ratio": cp_best / stage_best,
+            "repeats": repeats}
+
+
+def machine() -> str:
+    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                if l.startswith("model name")), platform.processor())
+    return f"{os.cpu_count()} cores ({cpu}), torch {torch.__version__}, {platform.platform()}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=REPO / "data" / "cosmoflow-mini")
+    parser.add_argument("--samples", type=int, default=512)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures as JSON")
+    args = parser.parse_args()
+    if not (args.data / "train").is_dir():
+        sys.exit(f"{args.data}: no dataset; run `mlhpc data synth cosmoflow --out {args.data} "
+                 f"--config {MINI}` first")
+    results = {"machine": machine(), "harness": bench_harness(args.data, args.samples, args.epochs)}
+    results["data"] = bench_data(args.data, args.workers, results["harness"]["harness_samples_per_s"])
+    results["staging"] = bench_staging(args.data, args.repeats)
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
