@@ -271,4 +271,6 @@ def test_cli_formats_and_errors(tmp_path):
     result = runner.invoke(report_command, [str(MINI_RUNS), "--format", "markdown", "--plots", str(tmp_path / "p")])
     assert result.exit_code == 0 and (tmp_path / "p" / "report-scaling.png").is_file()
     result = runner.invoke(report_command, [str(tmp_path / "nowhere")])
-    assert isinstance(result.exception, LogFormatError) and "nowhere" in str(result.exception)
+    assert result.exit_code == 2 and "nowhere" in result.stderr and len(result.stderr.splitlines()) == 1
+    result = runner.invoke(report_command, [str(MINI_RUNS), "--org", "x"])
+    assert result.exit_code == 2 and "--package" in result.stderr

@@ -32,11 +32,16 @@ def report_command(paths: tuple[Path, ...], fmt: str, level: str, compliance: bo
                    plots_dir: Path | None, package_dir: Path | None, org: str | None,
                    system_name: str | None, check_package: bool) -> None:
     """Score result logs under PATHS: round trees, result folders, mlhpc run folders or logs."""
+    from mlhpc.errors import MlhpcError
     from mlhpc.report import run_report
 
-    outcome = run_report(list(paths), fmt=fmt, level=level, compliance=compliance, ruleset=ruleset,
-                         plots_dir=plots_dir, package_dir=package_dir, org=org, system=system_name,
-                         check_package=check_package)
+    try:
+        outcome = run_report(list(paths), fmt=fmt, level=level, compliance=compliance, ruleset=ruleset,
+                             plots_dir=plots_dir, package_dir=package_dir, org=org, system=system_name,
+                             check_package=check_package)
+    except MlhpcError as exc:  # the project's convention: one line on stderr, exit status 2
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(2) from None
     if fmt == "table":
         from rich.console import Console
 
