@@ -114,8 +114,9 @@ class Lamb(torch.optim.Optimizer):
         grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
         if not grads:
             return loss
+        wide = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
         global_norm = torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+            torch.stack([torch.linalg.vector_norm(g, dtype=wide) for g in grads]))
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             clip = torch.clamp(global_norm / group["max_grad_norm"], min=1.0)
