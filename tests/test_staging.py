@@ -96,11 +96,11 @@ def test_interrupted_staging_resumes_copying_only_the_rest(source: Path, tmp_pat
     real_copy = staging._copy_file
     calls: list[str] = []
 
-    def dies_on_fourth(src: Path, dst: Path, host: str):
+    def dies_on_fourth(src: Path, dst: Path, host: str, verify: bool):
         if len(calls) == 3:
             raise KeyboardInterrupt("killed half way")
         calls.append(src.name)
-        return real_copy(src, dst, host)
+        return real_copy(src, dst, host, verify)
 
     monkeypatch.setattr(staging, "_copy_file", dies_on_fourth)
     with pytest.raises(KeyboardInterrupt):
@@ -112,7 +112,7 @@ def test_interrupted_staging_resumes_copying_only_the_rest(source: Path, tmp_pat
     monkeypatch.setattr(staging, "_copy_file", real_copy)
     copied: list[str] = []
     monkeypatch.setattr(staging, "_copy_file",
-                        lambda s, d, h: (copied.append(s.name), real_copy(s, d, h))[1])
+                        lambda s, d, h, v: (copied.append(s.name), real_copy(s, d, h, v))[1])
     result = stage(source, dest, Runtime(), workers=2)
     assert result.skipped_files == 3 and result.copied_files == len(SIZES) - 3
     assert sorted(copied + calls) == sorted(Path(rel).name for rel in SIZES)
@@ -147,6 +147,23 @@ def test_corrupted_destination_file_is_copied_again(source: Path, tmp_path: Path
     assert (result.copied_files, result.copied_bytes) == (1, SIZES["train/a.bin"])
     assert result.skipped_files == len(SIZES) - 1
     _assert_staged(source, dest)
+
+
+def test_bytes_that_land_wrong_are_caught_by_the_read_back(source: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    real_write = staging._write_all
+
+    def garbling_write(fd, data, path, src):  # a faulty device: one byte differs on disk
+        if src.name == "a.bin":
+            data = bytearray(data)
+            data[7] ^= 0x01
+            data = memoryview(data)
+        real_write(fd, data, path, src)
+
+    monkeypatch.setattr(staging, "_write_all", garbling_write)
+    with pytest.raises(StagingError, match=r"\.a\.bin\..*mlhpc-part: staged copy does not read back as written"):
+        stage(source, tmp_path / "dst", Runtime(), workers=2)
+    assert not (tmp_path / "dst" / "train" / "a.bin").exists()  # never renamed into place
 
 
 def test_changed_source_file_is_copied_again(source: Path, tmp_path: Path) -> None:
@@ -270,11 +287,11 @@ def _two_rank_worker(rank: int, port: int, source: str, tmp: str) -> None:
     for name, fail_name in (("ok", ""), ("bad", "v0.bin")):
         calls: list[str] = []
 
-        def recording(src, dst, host, calls=calls, fail_name=fail_name):
+        def recording(src, dst, host, verify, calls=calls, fail_name=fail_name):
             calls.append(Path(src).name)
             if Path(src).name == fail_name:
                 raise StagingError(f"{src}: injected failure")
-            return real_copy(src, dst, host)
+            return real_copy(src, dst, host, verify)
 
         staging._copy_file = recording
         report: dict = {"calls": calls}
