@@ -96,9 +96,9 @@ def render_sbatch(
         instances: concurrent training instances per run (weak scaling); nodes x tasks must split
             evenly between them.
         cpus_per_task: ``--cpus-per-task`` (and ``OMP_NUM_THREADS``) when given.
-        seeds: one ``train.seed`` per run; default: ``runs`` distinct random seeds drawn now (the
-            MLPerf rules want each run seeded differently) -- unless ``overrides`` set
-            ``train.seed``, which then holds for every run.
+        seeds: one ``train.seed`` per run (instance i of a run adds i); default: ``runs``
+            distinct random seeds drawn now (the MLPerf rules want each run seeded differently)
+            -- unless ``overrides`` set ``train.seed``, which then holds for every run.
         mpi: srun's ``--mpi`` plugin (``"pmi2"``; ``"pmix"`` or ``"none"`` elsewhere).
         python: the interpreter the job runs (default: ``sys.executable``, the one rendering, so
             the job finds this install of mlhpc).
@@ -206,7 +206,8 @@ def render_sbatch(
         inst_out = out if instances == 1 else out / f"instance_{i}"
         argv = srun + [python, "-m", "mlhpc", "run", str(config), "--set", f"output.dir={inst_out}"]
         cmd = " ".join(q(a) for a in argv)
-        seed = "" if user_seed else ' --set "train.seed=${SEEDS[$run]}"'
+        run_seed = "${SEEDS[$run]}" if instances == 1 else f"$((SEEDS[run] + {i}))"
+        seed = "" if user_seed else f' --set "train.seed={run_seed}"'
         sets = "".join(f" --set {q(text)}" for text in overrides)
         port = f"MASTER_PORT={master_port + i} "
         if instances == 1:

@@ -132,6 +132,16 @@ def test_instances_run_side_by_side_with_own_port_and_folder(tmp_path: Path) -> 
         assert argv[-2:] == ["--set", "train.seed=5"]  # the user's seed, no drawn one
         assert not any(a.startswith("train.seed=") for a in argv[:-1])
 
+    drawn = render_sbatch(config, nodes=1, tasks_per_node=2, runs=2, instances=2, output_dir=out,
+                          seeds=[100, 200])
+    calls_dir = tmp_path / "again"
+    calls_dir.mkdir()
+    argvs, proc = _run_with_stub_srun(drawn, calls_dir)
+    assert proc.returncode == 0, proc.stderr
+    got = sorted((a[a.index("--set") + 1].rsplit("/", 1)[1], a[-1]) for a in argvs)
+    assert got == [("instance_0", "train.seed=100"), ("instance_0", "train.seed=200"),
+                   ("instance_1", "train.seed=101"), ("instance_1", "train.seed=201")]
+
 
 def test_failed_run_does_not_stop_the_next_but_fails_the_job(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
