@@ -101,7 +101,7 @@ InactiveLimit=0
 MinJobAge=300
 KillWait=10
 Waittime=0
-$node_line State=UNKNOWN
+$node_line NodeAddr=127.0.0.1 State=UNKNOWN
 PartitionName=$PARTITION Nodes=$HOST Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
 )"
@@ -115,7 +115,18 @@ fi
 [ -e /etc/slurm-llnl ] || ln -s "$CONF_DIR" /etc/slurm-llnl
 
 # 4. daemons ------------------------------------------------------------------------------
-running() { pgrep -x "$1" >/dev/null 2>&1; }
+# A daemon runs when the pid in its pid file is alive (no procps needed on slim images).
+pidfile_of() {
+    case "$1" in
+        munged) echo /run/munge/munged.pid ;;
+        *) echo "/run/slurm/$1.pid" ;;
+    esac
+}
+running() {
+    local f
+    f="$(pidfile_of "$1")"
+    [ -s "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null
+}
 
 if ! running munged; then
     say "starting munged"
