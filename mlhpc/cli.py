@@ -157,7 +157,10 @@ def stage_command(config_path: Path, overrides: tuple[str, ...]) -> None:
     finally:
         runtime.destroy_process_group()
     if rt.is_main:
-        click.echo(json.dumps(result.to_dict(), indent=2, default=str))
+        if result is None:
+            click.echo("staging is disabled in this config (data.staging.enabled: false); nothing copied")
+        else:
+            click.echo(json.dumps(result.to_dict(), indent=2, default=str))
 
 
 @main.command("submit")

@@ -14,10 +14,12 @@ FIXTURES = REPO.parent / "shared" / "fixtures" / "mlperf-hpc-results"
 
 
 def compliance_check(log: Path) -> subprocess.CompletedProcess:
-    """Run MLCommons' own checker (hpc ruleset 3.0.0) on ``log``."""
+    """Run MLCommons' own checker (hpc ruleset 3.0.0) on ``log``, in the log's folder (the checker
+    writes compliance_checker.log into its working folder)."""
     return subprocess.run(
         [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "hpc",
-         "--ruleset", "3.0.0", str(log)], capture_output=True, text=True, timeout=300)
+         "--ruleset", "3.0.0", str(Path(log).resolve())], capture_output=True, text=True,
+        timeout=300, cwd=Path(log).parent)
 
 
 @pytest.fixture(scope="session")
