@@ -322,3 +322,68 @@ def test_hyperparameters_satisfy_the_closed_rules():
                      "optimizer": {"name": "Adam", "scheduler": "cosine_annealing", "t_max": 90}})
     keys = hyperparameters(cos)
     assert "opt_max_grad_norm" not in keys and keys["scheduler_t_max"] == 90 and "scheduler_eta_min" in keys
+
+
+# ---- data loading through workers, truncated files ----------------------------------------------
+
+def test_reader_in_dataloader_workers(tmp_path):
+    root = tmp_path / "data"
+    _write_official(root, n_train=4)
+    train, _ = build_datasets(_config(tmp_path), Runtime(), root)
+    direct = torch.stack([train[i][1] for i in range(len(train))])
+    loader = torch.utils.data.DataLoader(train, batch_size=2, num_workers=2)
+    torch.testing.assert_close(torch.cat([y for _, y in loader]), direct)
+
+
+def test_reader_names_a_truncated_file(tmp_path):
+    root = tmp_path / "data"
+    _write_official(root)
+    first = sorted((root / "train").glob("data-*.h5"))[0]
+    first.write_bytes(first.read_bytes()[:1000])
+    with pytest.raises(DataError, match=rf"{first.name}: not a readable HDF5 file"):
+        build_datasets(_config(tmp_path), Runtime(), root)
+
+
+# ---- end to end through the harness ---------------------------------------------------------------
+
+# A tiny DeepCAM: 32 x 48 grid, 16 + 8 samples of weather without events, so that predicting
+# background everywhere (IoU 1 for every class) reaches the real target in a few optimizer steps.
+TINY_RUN = ["--set", "synth.height=32", "--set", "synth.width=48", "--set", "synth.train_samples=16",
+            "--set", "synth.validation_samples=8", "--set", "synth.cyclones_per_sample=0",
+            "--set", "synth.rivers_per_sample=0", "--set", "model.entry_channels=[4,4,8,8,8]",
+            "--set", "model.middle_blocks=1", "--set", "model.exit_channels=[8,8,8,8]",
+            "--set", "model.aspp_channels=8", "--set", "model.low_level_channels=4",
+            "--set", "model.decoder_channels=8", "--set", "train.global_batch_size=4",
+            "--set", "train.max_epochs=10", "--set", "optimizer.warmup_steps=0",
+            "--set", "optimizer.name=Adam", "--set", "optimizer.lr=0.02"]
+
+
+def test_tiny_run_reaches_the_target_with_a_compliant_log(tmp_path, repo):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import compliance_check
+
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlhpc", "run", str(repo / "configs" / "deepcam-mini.yaml"), *TINY_RUN,
+         "--set", f"data.path={tmp_path / 'data'}", "--set", f"output.dir={out}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    summary = json.loads((out / "summary_0.json").read_text())
+    assert summary["status"] == "success" and summary["metric_value"] >= 0.82
+    log = (out / "result_0.txt").read_text()
+    for key in ("batchnorm_group_size", "opt_name", "opt_lr", "opt_betas", "opt_eps",
+                "scheduler_type", "scheduler_milestones", "scheduler_lr_warmup_steps"):
+        assert log.count(f'"key": "{key}"') == 1, key
+    check = compliance_check(out / "result_0.txt")
+    assert check.returncode == 0 and "SUCCESS" in check.stdout + check.stderr, check.stdout + check.stderr
+
+
+def test_batchnorm_groups_need_a_distributed_run():
+    from mlhpc.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="model.batchnorm_group_size: 2 needs a distributed run"):
+        build_model(ModelConfig(**TINY_MODEL, batchnorm_group_size=2))

@@ -27,6 +27,7 @@ from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from mlhpc.config import Section
+from mlhpc.errors import ConfigError
 
 
 class ModelConfig(Section):
@@ -227,11 +228,35 @@ class DeepLabV3Plus(nn.Module):
 def build_model(cfg: ModelConfig) -> nn.Module:
     """A fresh DeepCAM network for ``cfg`` (float32, CPU).
 
-    Batch-norm layers are plain ``nn.BatchNorm2d``; with ``batchnorm_group_size > 1`` the harness
-    may convert them with ``nn.SyncBatchNorm.convert_sync_batchnorm`` and a process group of that
-    size, as the reference does.
+    With ``batchnorm_group_size == 1`` every batch norm is a plain ``nn.BatchNorm2d`` (statistics
+    of the local batch). With a larger group, as the reference's ``--batchnorm_group_size``, the
+    ranks are split into consecutive groups of that size and every batch norm becomes an
+    ``nn.SyncBatchNorm`` over this rank's group (SyncBatchNorm computes on CUDA devices only).
+
+    Raises:
+        ConfigError: ``batchnorm_group_size > 1`` without an initialised process group, or a world
+            size it does not divide.
     """
-    return DeepLabV3Plus(cfg)
+    model: nn.Module = DeepLabV3Plus(cfg)
+    if cfg.batchnorm_group_size > 1:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model, _batchnorm_group(cfg.batchnorm_group_size))
+    return model
+
+
+def _batchnorm_group(size: int) -> "torch.distributed.ProcessGroup":
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ConfigError(f"model.batchnorm_group_size: {size} needs a distributed run "
+                          "(one process has no group to share batch norm with); use 1")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world % size:
+        raise ConfigError(f"model.batchnorm_group_size: {size} does not divide the world size {world}")
+    mine = None
+    for start in range(0, world, size):  # every rank creates every group, in the same order
+        group = dist.new_group(list(range(start, start + size)))
+        if start <= rank < start + size:
+            mine = group
+    return mine
 
 
 def count_parameters(model: nn.Module) -> int:
