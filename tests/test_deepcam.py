@@ -165,16 +165,21 @@ def test_reader_names_bad_files(tmp_path):
         train[2]
 
 
+def _replace(key, array):
+    def change(f):
+        del f[key]
+        f.create_dataset(key, data=array)
+    return change
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda f: f.__delitem__("climate/labels_0"), "dataset climate/labels_0 missing"),
-    (lambda f: (f.__delitem__("climate/data"), f.create_dataset("climate/data", data=np.zeros((16, 32, 3), np.float32))),
+    (_replace("climate/data", np.zeros((16, 32, 3), np.float32)),
      r"climate/data has shape \(16, 32, 3\), expected \(H, W, 16\)"),
-    (lambda f: (f.__delitem__("climate/data"), f.create_dataset("climate/data", data=np.zeros((16, 32, 16)))),
-     "climate/data has dtype float64, expected float32"),
-    (lambda f: (f.__delitem__("climate/labels_0"), f.create_dataset("climate/labels_0", data=np.zeros((16, 32), np.float32))),
+    (_replace("climate/data", np.zeros((16, 32, 16))), "climate/data has dtype float64, expected float32"),
+    (_replace("climate/labels_0", np.zeros((16, 32), np.float32)),
      "climate/labels_0 has dtype float32, expected an integer"),
-    (lambda f: (f.__delitem__("climate/labels_0"), f.create_dataset("climate/labels_0", data=np.zeros((8, 32), np.int32))),
-     r"climate/labels_0 has shape \(8, 32\)"),
+    (_replace("climate/labels_0", np.zeros((8, 32), np.int32)), r"climate/labels_0 has shape \(8, 32\)"),
 ])
 def test_reader_checks_dataset_names_shapes_and_dtypes(tmp_path, change, message):
     root = tmp_path / "data"

@@ -54,7 +54,6 @@ from workloads.deepcam.data import (CHANNELS, DATA_KEY, LABEL_KEY, STATS_FILE, T
 KM_PER_DEG = 111.195  # great-circle km per degree on a 6371 km sphere
 G_M_PER_S2 = 9.81
 R_DRY_J_PER_KG_K = 287.0
-OMEGA_PER_S = 7.292e-5
 
 _SPLITS = {TRAIN_DIR: 0, VALIDATION_DIR: 1}
 _FIRST_YEAR = {TRAIN_DIR: 2100, VALIDATION_DIR: 2200}
