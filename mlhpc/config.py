@@ -103,8 +103,14 @@ class Config(_CommonConfig):
         return self.model_dump(mode="json", exclude={"source"})
 
 
+def _show(text: Any) -> str:
+    """``text`` as it can stand in a one-line message (repr when it holds control characters)."""
+    text = str(text)
+    return text if text.isprintable() else repr(text)
+
+
 def _key_path(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(part) for part in loc if not str(part).startswith("function-"))
+    return _show(".".join(str(part) for part in loc if not str(part).startswith("function-")))
 
 
 def _describe(error: dict[str, Any]) -> str:
@@ -113,7 +119,7 @@ def _describe(error: dict[str, Any]) -> str:
         return "unknown key"
     if kind == "missing":
         return "required value missing"
-    return error["msg"][0].lower() + error["msg"][1:]
+    return _show(error["msg"][0].lower() + error["msg"][1:])
 
 
 def _raise(source: str, exc: ValidationError, prefix: tuple[str, ...] = ()) -> None:
@@ -127,14 +133,14 @@ def _raise(source: str, exc: ValidationError, prefix: tuple[str, ...] = ()) -> N
 def _set_path(tree: dict[str, Any], dotted: str, value: Any, source: str) -> None:
     parts = dotted.split(".")
     if not all(parts):
-        raise ConfigError(f"--set {dotted}: empty key path")
+        raise ConfigError(f"--set {_show(dotted)}: empty key path")
     node = tree
     for part in parts[:-1]:
         child = node.get(part)
         if child is None:
             child = node[part] = {}
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {dotted}: {part!r} is a value, not a section")
+            raise ConfigError(f"--set {_show(dotted)}: {part!r} is a value, not a section")
         node = child
     node[parts[-1]] = value
 
@@ -146,12 +152,13 @@ def parse_override(text: str) -> tuple[str, Any]:
         ConfigError: no ``=``, or a value that is not valid YAML.
     """
     if "=" not in text:
-        raise ConfigError(f"--set {text}: expected section.key=value")
+        raise ConfigError(f"--set {_show(text)}: expected section.key=value")
     key, raw = text.split("=", 1)
     try:
         value = yaml.safe_load(raw) if raw != "" else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({exc.problem})") from None
+        raise ConfigError(f"--set {_show(key)}: value {raw!r} is not valid YAML "
+                          f"({_show(getattr(exc, 'problem', None) or type(exc).__name__)})") from None
     return key.strip(), value
 
 
@@ -199,7 +206,10 @@ def from_dict(tree: dict[str, Any], source: str = "<dict>", overrides: tuple[str
         raise ConfigError(f"{source}: workload: required value missing")
     if not isinstance(tree["workload"], str):
         raise ConfigError(f"{source}: workload: must be a workload name")
-    workload = get_workload(tree["workload"])
+    try:
+        workload = get_workload(tree["workload"])
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     schema = create_model(
         "Config",
         __base__=Config,
@@ -213,7 +223,7 @@ def from_dict(tree: dict[str, Any], source: str = "<dict>", overrides: tuple[str
         first = exc.errors()[0]
         key = _key_path(tuple(first["loc"]))
         if first["type"] == "extra_forbidden" and any(key == k for k in override_keys):
-            raise ConfigError(f"--set {key}: names no config key") from None
+            raise ConfigError(f"--set {key}: names no config key") from None  # key: _key_path
         _raise(source, exc)
     return config  # type: ignore[return-value]
 
