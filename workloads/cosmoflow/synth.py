@@ -54,12 +54,18 @@ _INT16_MAX = np.iinfo(np.int16).max
 class SynthConfig(Section):
     """How the embedded CosmoFlow dataset is synthesised (config section ``synth``).
 
-    Parameter ranges: Omega_m, sigma_8 and n_s follow the ranges of the CosmoFlow simulations
-    (Mathuriya et al. 2018, "CosmoFlow: Using Deep Learning to Learn the Universe at Scale",
-    SC18); the H0 range and the redshifts (0, 0.5, 1.5, 3) are those of the four-parameter
-    ExaLearn set used by MLPerf HPC (Farrell et al. 2021, MLPerf HPC, arXiv:2110.11466).
+    Parameter ranges: Omega_m in [0.25, 0.35], sigma_8 in [0.78, 0.95] and n_s in [0.90, 1.00]
+    as in the CosmoFlow simulations (Mathuriya et al. 2018, "CosmoFlow: Using Deep Learning to
+    Learn the Universe at Scale", SC18); H0 in [60, 80] km/s/Mpc and the redshifts (0, 0.5, 1.5, 3)
+    stand for the four-parameter ExaLearn set used by MLPerf HPC (Farrell et al. 2021,
+    arXiv:2110.11466) but are not yet checked against its README (portal.nersc.gov/project/m3363).
     The particle density of that set (512^3 particles in (512 Mpc/h)^3, one per (Mpc/h)^3) on
-    8 Mpc/h cells gives the default 512 particles per cell.
+    8 Mpc/h cells gives the default 512 particles per cell; 256 Mpc/h boxes put the grid's k range
+    (0.025 .. 0.39 h/Mpc) across the turnover-to-sigma_8 scales, where n_s and h bend P(k) most.
+
+    Learnability: on 32^3 cubes with independent phases, sigma_8 and Omega_m (through D(z)
+    between channels) are well determined, n_s and H0 only weakly (sample variance of a 32^3
+    cube). ``phase_realizations`` trades that realism for a visible imprint of all four.
     """
 
     cube_size: int = Field(32, ge=4, le=512)  # S: cells per side
