@@ -302,3 +302,27 @@ def test_unreadable_sample_names_file_and_index(tmp_path, sharded):
         f.create_dataset("full", data=np.zeros((1, 8, 8, 8, 4), np.int16))
     with pytest.raises(DataError, match=r"univ_000000\.h5: sample 1: cannot be read"):
         dataset[1]
+
+
+def test_channel_standardization_uses_training_statistics(tmp_path):
+    from mlhpc import config as cfg
+    from mlhpc.runtime import Runtime
+    from workloads.cosmoflow.data import build_datasets
+    from workloads.cosmoflow.synth import SynthConfig, synthesize
+
+    synthesize(tmp_path, SynthConfig(cube_size=8, train_samples=12, eval_samples=4,
+                                     box_size_mpc_h=64.0, workers=1), seed=3)
+    tree = {"workload": "cosmoflow", "train": {"global_batch_size": 4, "max_epochs": 1},
+            "model": {"input_size": 8, "n_conv_layers": 1}}
+    raw_train, _ = build_datasets(cfg.from_dict(tree), Runtime(), tmp_path)
+    tree["model"]["input_standardization"] = "channel"
+    train, valid = build_datasets(cfg.from_dict(tree), Runtime(), tmp_path)
+    xs = torch.stack([train[i][0] for i in range(len(train))])
+    assert torch.allclose(xs.mean(dim=(0, 2, 3, 4)), torch.zeros(4), atol=1e-4)
+    assert torch.allclose(xs.std(dim=(0, 2, 3, 4)), torch.ones(4), atol=1e-2)
+    mean, std = raw_train.channel_stats()
+    x_raw, y_raw = raw_train[0]
+    x_std, y_std = train[0]
+    assert torch.allclose(x_std, (x_raw - torch.tensor(mean).view(4, 1, 1, 1)) / torch.tensor(std).view(4, 1, 1, 1), atol=1e-5)
+    assert torch.equal(y_raw, y_std)
+    assert valid[0][0].shape == (4, 8, 8, 8)

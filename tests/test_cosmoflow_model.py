@@ -41,3 +41,18 @@ def test_reference_schedule():
 def test_mae_stats_sum_and_count():
     s, n = mae_stats(torch.zeros(2, 4), torch.ones(2, 4) * 0.5)
     assert s.item() == 4.0 and n.item() == 8.0
+
+
+def test_adam_is_an_open_division_option():
+    import torch
+
+    from mlhpc import config as cfg
+    from workloads.cosmoflow.optim import build_optimizer, hyperparameters
+
+    config = cfg.from_dict({"workload": "cosmoflow", "train": {"global_batch_size": 8, "max_epochs": 1},
+                            "optimizer": {"name": "adam", "base_learning_rate": 0.001}})
+    model = torch.nn.Linear(2, 2)
+    optimizer, _ = build_optimizer(model, config, 4)
+    assert isinstance(optimizer, torch.optim.Adam)
+    assert optimizer.param_groups[0]["betas"] == (0.9, 0.999)
+    assert hyperparameters(config)["opt_name"] == "adam"

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from test_distributed import BIN, launch
@@ -58,6 +59,11 @@ def test_sigterm_checkpoints_and_resume_continues(tmp_path, repo, tiny_data):
     assert json.loads((out / "summary_1.json").read_text())["resumed_from"].endswith("checkpoint_0.pt")
     # the first log is untouched by the resumed run
     assert [e["key"] for e in events(log)][-1] == "run_stop"
+    # and the report shows the second run as resumed
+    report = run_cli(["report", str(out), "--format", "json", "--no-compliance"], cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    runs = {Path(r["path"]).name: r for r in json.loads(report.stdout)["folders"][0]["runs"]}
+    assert runs["result_1.txt"]["resumed"] and not runs["result_0.txt"]["resumed"]
 
 
 def test_resume_without_checkpoint_is_one_line(tmp_path):
@@ -82,3 +88,9 @@ def test_two_instances_write_two_logs(tmp_path, repo, tiny_data):
         instances.add([e["metadata"]["instance"] for e in ev if e["key"] == "run_start"][0])
         assert [e["value"] for e in ev if e["key"] == "number_of_nodes"] == [1]
     assert instances == {0, 1} and len(seeds) == 2
+    # the report scores the two instance logs as a throughput (weak-scaling) result
+    report = run_cli(["report", str(out), "--format", "json", "--no-compliance"], cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    folder = json.loads(report.stdout)["folders"][0]
+    assert folder["kind"] == "weak" and folder["number_of_models"] == 2
+    assert folder["models_per_min"] == pytest.approx(2 / folder["ttta_min"])

@@ -107,3 +107,16 @@ def test_empty_data_folder_is_one_line_exit_2(tmp_path, repo):
     proc = run_cli(tiny_args(repo, data, tmp_path / "out"), cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert str(data) in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_mini_cosmoflow_reaches_target_and_passes_the_official_checker(tmp_path, repo):
+    """The main job, end to end: embedded data synthesised, eval_error <= 0.124, compliant log."""
+    out = tmp_path / "out"
+    proc = run_cli(["run", str(repo / "configs" / "cosmoflow-mini.yaml"),
+                    "--set", f"data.path={tmp_path / 'data'}", "--set", f"output.dir={out}"],
+                   cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary_0.json").read_text())
+    assert summary["status"] == "success" and summary["metric_value"] <= 0.124
+    check = compliance_check(out / "result_0.txt")
+    assert check.returncode == 0 and "SUCCESS" in (check.stdout + check.stderr), check.stderr[-2000:]

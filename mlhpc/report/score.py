@@ -248,6 +248,7 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
                           system=system, benchmark=benchmark, ruleset=ruleset_for(folder, ruleset))
     scored: list[tuple[RunSummary, float, float]] = []
     scale_seen: int | None = None
+    scales: dict[str, int | None] = {}
     for path in files:
         parsed = parse_log(path)
         run = summarize_run(parsed, target=_run_target(path) if kind == "runs" else None)
@@ -277,6 +278,7 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
             result.dropped[str(path)] = reason
         else:
             scored.append((run, start, stop))  # type: ignore[arg-type]
+            scales[str(path)] = official_instance_scale(parsed.events)
 
     if result.benchmark is None:
         result.benchmark = next((r.benchmark for r in result.runs if r.benchmark), None)
@@ -285,10 +287,15 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
         result.submitter = next((r.org for r in result.runs if r.org), None)
     result.scaling_factor = read_scaling_factor(folder)
 
+    own_throughput = kind == "runs" and len({r.instance_id for r in result.runs}) > 1 and all(
+        r.instance_id is not None for r in result.runs)
+    if own_throughput:  # an mlhpc throughput run (--instances K): one log per model instance
+        kind = result.kind = "weak"
+        scale_seen = next((v for v in scales.values() if v is not None), None)
     if kind == "weak":
         result.number_of_models = len(scored)
         result.instance_scale = scale_seen
-        needed = required_result_count(result.benchmark)
+        needed = 1 if own_throughput else required_result_count(result.benchmark)
         if scored and len(scored) >= needed:
             first = min(s for _, s, _ in scored)
             last = max(t for _, _, t in scored)

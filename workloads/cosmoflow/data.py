@@ -150,6 +150,33 @@ class CosmoFlowDataset(Dataset):
         self._length = total if n_samples is None else n_samples
         self._handles: OrderedDict[int, h5py.File] = OrderedDict()
         self._pid = os.getpid()
+        self._shift: Optional[np.ndarray] = None
+        self._scale: Optional[np.ndarray] = None
+
+    def standardize(self, mean: np.ndarray, std: np.ndarray) -> None:
+        """From now on return ``(log1p(counts) - mean) / std`` per channel; ``mean`` and ``std``
+        are float32 ``(4,)``."""
+        self._shift = np.asarray(mean, dtype=np.float32).reshape(N_CHANNELS, 1, 1, 1)
+        self._scale = (1.0 / np.asarray(std, dtype=np.float32)).reshape(N_CHANNELS, 1, 1, 1)
+
+    def channel_stats(self, n_samples: int = 64) -> tuple[np.ndarray, np.ndarray]:
+        """Per-channel mean and standard deviation of log1p(counts) over the first ``n_samples``
+        samples: float32 ``(4,)`` each."""
+        n = min(n_samples, self._length)
+        total = np.zeros(N_CHANNELS, np.float64)
+        squares = np.zeros(N_CHANNELS, np.float64)
+        shift, scale = self._shift, self._scale
+        self._shift = self._scale = None
+        try:
+            for i in range(n):
+                x = self[i][0].numpy().astype(np.float64)
+                total += x.mean(axis=(1, 2, 3))
+                squares += (x ** 2).mean(axis=(1, 2, 3))
+        finally:
+            self._shift, self._scale = shift, scale
+        mean = total / n
+        std = np.sqrt(np.maximum(squares / n - mean ** 2, 1e-12))
+        return mean.astype(np.float32), std.astype(np.float32)
 
     def __len__(self) -> int:
         return self._length
@@ -192,8 +219,10 @@ class CosmoFlowDataset(Dataset):
         except (OSError, KeyError, ValueError, IndexError) as exc:
             self._handles.pop(position, None)
             raise DataError(f"{path}: sample {local}: cannot be read ({_short(exc)})") from None
-        x = np.log1p(counts.astype(np.float32))
-        x = torch.from_numpy(np.ascontiguousarray(np.moveaxis(x, -1, 0)))
+        x = np.moveaxis(np.log1p(counts.astype(np.float32)), -1, 0)
+        if self._shift is not None:
+            x = (x - self._shift) * self._scale
+        x = torch.from_numpy(np.ascontiguousarray(x))
         y = torch.from_numpy(np.asarray(target, dtype=np.float32))
         return x, y
 
@@ -238,4 +267,8 @@ def build_datasets(config: "Config", runtime: "Runtime", data_dir: Path
     if train.cube_size != valid.cube_size:
         raise DataError(f"{eval_dir}: cube size {valid.cube_size}; expected {train.cube_size} "
                         f"like {train_dir}")
+    if getattr(getattr(config, "model", None), "input_standardization", "none") == "channel":
+        mean, std = train.channel_stats()
+        train.standardize(mean, std)
+        valid.standardize(mean, std)
     return train, valid

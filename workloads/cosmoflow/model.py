@@ -12,6 +12,8 @@ Smaller cubes and fewer filters are `ModelConfig` values, not another model.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from pydantic import Field, model_validator
 from torch import nn
@@ -33,6 +35,10 @@ class ModelConfig(Section):
     target_size: int = Field(4, ge=1)
     negative_slope: float = 0.3  # Keras LeakyReLU default alpha
     channels_last: bool = False  # torch.channels_last_3d memory format (faster on GPUs)
+    # Input preprocessing after log(x + 1). "none": the reference. "channel": the data pipeline
+    # standardises each channel with the mean and standard deviation of the first 64 training
+    # samples (an open-division departure, for small synthetic cubes).
+    input_standardization: Literal["none", "channel"] = "none"
 
     @model_validator(mode="after")
     def _fits(self) -> "ModelConfig":

@@ -1,7 +1,8 @@
 """CosmoFlow optimizer and learning-rate schedule, as in the MLPerf HPC reference
 (mlcommons/hpc cosmoflow/utils/optimizers.py and configs/cosmo.yaml).
 
-SGD with momentum 0.9. The peak rate is the base rate scaled with the global batch size
+SGD with momentum 0.9 (the closed-division optimizer; ``name: adam`` is an open-division option,
+logged as such). The peak rate is the base rate scaled with the global batch size
 (``linear``: x global/base batch size, ``sqrt``: x its square root); the first
 ``warmup_epochs`` epochs ramp linearly from the base rate to the peak; after that the rate is the
 peak times the factor of the latest decay boundary epoch passed. The schedule is per epoch, as in
@@ -23,8 +24,9 @@ from mlhpc.config import Section
 class OptimizerConfig(Section):
     """Defaults: the reference closed-division CosmoFlow settings (configs/cosmo.yaml)."""
 
-    name: Literal["sgd"] = "sgd"
-    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    name: Literal["sgd", "adam"] = "sgd"
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)  # SGD momentum; Adam's beta_1
+    beta_2: float = Field(0.999, gt=0.0, lt=1.0)  # Adam only
     base_learning_rate: float = Field(0.001, gt=0.0)
     base_batch_size: int = Field(64, ge=1)
     scaling: Literal["linear", "sqrt", "none"] = "linear"
@@ -55,11 +57,15 @@ def learning_rate(cfg: OptimizerConfig, global_batch_size: int, epoch: int) -> f
 
 
 def build_optimizer(model: torch.nn.Module, config, steps_per_epoch: int):
-    """SGD with momentum and the per-epoch schedule above, as a per-step `LambdaLR`."""
+    """SGD with momentum (or Adam) and the per-epoch schedule above, as a per-step `LambdaLR`."""
     cfg: OptimizerConfig = config.optimizer
     gbs = config.train.global_batch_size
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.base_learning_rate,
-                                momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    if cfg.name == "adam":
+        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.base_learning_rate,
+                                     betas=(cfg.momentum, cfg.beta_2), weight_decay=cfg.weight_decay)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.base_learning_rate,
+                                    momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     steps = max(1, steps_per_epoch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: learning_rate(cfg, gbs, step // steps) / cfg.base_learning_rate)

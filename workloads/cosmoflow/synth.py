@@ -12,10 +12,11 @@ statistics to first order (Coles & Jones 1991, MNRAS 248, 1):
 1. draw (Omega_m, sigma_8, n_s, H0) uniformly from the configured ranges;
 2. the linear matter power spectrum P(k) at z = 0 from colossus (Eisenstein & Hu 1998 transfer
    function, normalised to sigma_8), for a flat LambdaCDM cosmology with that draw;
-3. per redshift channel the linear power D(z)^2 P(k), D = colossus' linear growth factor
-   (D(0) = 1), turned into a log-normal over-density field 1 + delta on an S^3 grid of side
-   ``box_size_mpc_h`` with powerbox; the four channels share one set of random phases, like the
-   snapshots of one simulation;
+3. a Gaussian random field g with that P(k) on an S^3 grid of side ``box_size_mpc_h``
+   (powerbox); per redshift channel the log-density is D(z) g, D = colossus' linear growth
+   factor (D(0) = 1), so the density 1 + delta = exp(D(z) g) / <exp(D(z) g)> is log-normal
+   (the original form of Coles & Jones) and the four channels are snapshots of one universe;
+   dividing by the box mean keeps the number of particles per box fixed, as in an N-body run;
 4. particle counts ~ Poisson(mean_particles_per_cell * (1 + delta)), stored as int16.
 
 Reproducibility: every sample's random numbers come from ``numpy.random.SeedSequence((seed,
@@ -30,7 +31,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Optional
@@ -156,21 +156,20 @@ def synthesize_sample(cfg: SynthConfig, seed: int, split: str, index: int
                          .generate_state(1)[0])
     poisson = np.random.default_rng(sequence.spawn(2)[1])
 
+    def power(k: np.ndarray) -> np.ndarray:
+        safe_k = np.maximum(k, k_table[0])
+        return np.exp(np.interp(np.log(safe_k), log_k_table, log_p_table))
+
+    # The log-density is the linear Gaussian field (Coles & Jones 1991): one realisation at z = 0,
+    # scaled by D(z) per channel, so the four channels are snapshots of one universe.
+    box = powerbox.PowerBox(shape=(size,) * 3, size=(cfg.box_size_mpc_h,) * 3, pk=power,
+                            seed=phase_seed)
+    gaussian = np.asarray(box.delta_x(), dtype=np.float64)
     full = np.empty((size, size, size, len(cfg.redshifts)), dtype=np.int16)
     for channel, d_z in enumerate(growth):
-        def power(k: np.ndarray, d2: float = float(d_z) ** 2) -> np.ndarray:
-            safe_k = np.maximum(k, k_table[0])
-            return d2 * np.exp(np.interp(np.log(safe_k), log_k_table, log_p_table))
-
-        box = powerbox.LogNormalPowerBox(shape=(size,) * 3, size=(cfg.box_size_mpc_h,) * 3,
-                                         pk=power, seed=phase_seed)
-        with warnings.catch_warnings():
-            # Discretising a realistic P(k) leaves a few slightly negative Gaussian modes, which
-            # powerbox zeroes and reports; that is expected here.
-            warnings.simplefilter("ignore", UserWarning)
-            density = 1.0 + box.delta_x()
-        rate = cfg.mean_particles_per_cell * np.clip(density, 0.0, None)
-        counts = poisson.poisson(rate)
+        density = np.exp(float(d_z) * gaussian)
+        density /= density.mean()  # mass conservation: a fixed number of particles per box
+        counts = poisson.poisson(cfg.mean_particles_per_cell * density)
         full[..., channel] = np.minimum(counts, _INT16_MAX)
     ranges = cfg.ranges()
     return full, normalise(phys, ranges), phys.astype(np.float32)
@@ -213,7 +212,7 @@ def _write_file(path: Path, cfg: SynthConfig, seed: int, split: str, first: int,
         f.attrs["first_sample"] = first
         f.attrs["seed"] = seed
         f.attrs["split"] = split
-        f.attrs["generator"] = ("mlhpc log-normal (powerbox) on colossus Eisenstein-Hu linear "
+        f.attrs["generator"] = ("mlhpc log-normal exp(D(z) g), g Gaussian (powerbox) with colossus Eisenstein-Hu linear "
                                 "P(k), D(z) growth, Poisson counts")
     os.replace(partial, path)
 
