@@ -159,6 +159,9 @@ def ensure_data(config: Config, workload: Workload, rt: Runtime) -> float:
     path = Path(config.data.path)
     present = (path / "train").is_dir() and (path / "validation").is_dir()
     if present:
+        for split in ("train", "validation"):
+            if not any(p.is_file() for p in (path / split).iterdir()):
+                raise DataError(f"{path / split}: dataset folder is empty")
         return 0.0
     if not config.data.synthesize_if_missing:
         raise DataError(f"{path}: dataset folder not found (expected train/ and validation/); "

@@ -40,7 +40,7 @@ def report_command(paths: tuple[Path, ...], fmt: str, level: str, compliance: bo
                              plots_dir=plots_dir, package_dir=package_dir, org=org, system=system_name,
                              check_package=check_package)
     except MlhpcError as exc:  # the project's convention: one line on stderr, exit status 2
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"mlhpc: error: {exc}", err=True)
         raise SystemExit(2) from None
     if fmt == "table":
         from rich.console import Console
