@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import hashlib
+
+import xxhash
 import json
 import os
 import socket
@@ -65,7 +67,8 @@ def _assert_staged(source: Path, dest: Path) -> None:
     assert sorted(manifest) == sorted(src)
     for rel, (digest, size, _) in src.items():
         assert manifest[rel]["size_bytes"] == size
-        assert manifest[rel]["checksum"] == f"sha256:{digest}"
+        expected = xxhash.xxh3_128((source / rel).read_bytes()).hexdigest()
+        assert manifest[rel]["checksum"] == f"xxh3_128:{expected}"
 
 
 def test_stage_copies_tree_writes_manifest_and_leaves_source_alone(source: Path, tmp_path: Path) -> None:
@@ -83,7 +86,7 @@ def test_stage_copies_tree_writes_manifest_and_leaves_source_alone(source: Path,
     assert [n["hostname"] for n in result.per_node] == [socket.gethostname()]
     assert json.loads(json.dumps(result.to_dict()))["dest"] == str(dest)
     doc = json.loads((dest / MANIFEST_NAME).read_text())
-    assert doc["algorithm"] == "sha256" and doc["source"] == str(source.resolve())
+    assert doc["algorithm"] == "xxh3_128" and doc["source"] == str(source.resolve())
 
     again = stage(source, dest, Runtime(), workers=2)  # everything present and verified
     assert (again.copied_files, again.skipped_files, again.gb_per_s) == (0, len(SIZES), 0.0)
