@@ -68,6 +68,7 @@ class TrainConfig(Section):
     seed: int = Field(0, ge=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     amp: bool = False  # bf16 autocast on CUDA
+    compile: bool = False  # torch.compile the model (first epoch pays the compilation)
     threads: Optional[int] = Field(None, ge=1)  # torch intra-op threads; None: torch's default
     log_every_steps: int = Field(0, ge=0)  # progress lines; 0: once per epoch
     check_every_steps: int = Field(10, ge=1)  # how often ranks agree on stop (SIGTERM, NaN loss)

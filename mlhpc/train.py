@@ -154,23 +154,25 @@ def ensure_data(config: Config, workload: Workload, rt: Runtime) -> float:
     Returns the seconds spent (0 when the data was there). Rank 0 writes; the others wait.
 
     Raises:
-        DataError: the folder is missing and ``data.synthesize_if_missing`` is false.
+        DataError: the folder is missing and ``data.synthesize_if_missing`` is false, or its
+            train/ or validation/ folder is empty.
     """
     path = Path(config.data.path)
-    present = (path / "train").is_dir() and (path / "validation").is_dir()
-    if present:
-        for split in ("train", "validation"):
-            if not any(p.is_file() for p in (path / split).iterdir()):
-                raise DataError(f"{path / split}: dataset folder is empty")
-        return 0.0
-    if not config.data.synthesize_if_missing:
-        raise DataError(f"{path}: dataset folder not found (expected train/ and validation/); "
-                        "set data.path or data.synthesize_if_missing: true")
+    runtime.barrier(rt)  # every rank looks before rank 0 may start writing ...
+    missing = not ((path / "train").is_dir() and (path / "validation").is_dir())
+    runtime.barrier(rt)  # ... so all ranks agree on `missing`
     start = time.perf_counter()
-    if rt.is_main:
-        workload.synthesize(path, config.synth, config.train.seed)
-    runtime.barrier(rt)
-    return time.perf_counter() - start
+    if missing:
+        if not config.data.synthesize_if_missing:
+            raise DataError(f"{path}: dataset folder not found (expected train/ and validation/); "
+                            "set data.path or data.synthesize_if_missing: true")
+        if rt.is_main:
+            workload.synthesize(path, config.synth, config.train.seed)
+        runtime.barrier(rt)
+    for split in ("train", "validation"):
+        if not any(p.is_file() for p in (path / split).iterdir()):
+            raise DataError(f"{path / split}: dataset folder is empty")
+    return time.perf_counter() - start if missing else 0.0
 
 
 def _departures(config: Config, workload: Workload, train_n: int, eval_n: int) -> list[str]:
@@ -373,10 +375,10 @@ def _train(config: Config, workload: Workload, world: Runtime, rt: Runtime, log:
 
     _seed_everything(seed)
     model = workload.build_model(config.model).to(rt.device)
-    ddp_model = model
+    ddp_model = torch.compile(model) if tcfg.compile else model
     if rt.distributed:
         ddp_model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
+            ddp_model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
             process_group=rt.group)
 
     train_sampler = DistributedSampler(train_ds, num_replicas=rt.world_size, rank=rt.rank,

@@ -57,6 +57,7 @@ class CosmoFlow(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.channels_last = cfg.channels_last
         layers: list[nn.Module] = []
         channels = cfg.in_channels
         for i in range(cfg.n_conv_layers):
@@ -80,6 +81,8 @@ class CosmoFlow(nn.Module):
                 nn.init.zeros_(module.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last_3d)
         return self.head(self.features(x)) * 1.2
 
 
