@@ -6,7 +6,7 @@ from test_run_e2e import TINY, tiny_data  # noqa: F401 (fixture)
 
 
 def test_profile_reports_phases_operators_memory_and_trace(tmp_path, repo, tiny_data):
-    overrides = tuple(v for v in TINY if v != "--set") + (f"data.path={tiny_data}",)
+    overrides = tuple(v for v in TINY if v != "--set") + (f"data.path={tiny_data}", "optimizer.name=sgd")
     config = cfg.load(repo / "configs" / "cosmoflow-mini.yaml", overrides)
     result = profile(config, steps=2, warmup=1, trace_path=tmp_path / "trace.json")
     assert set(result.phase_ms) == {"data", "forward", "backward", "optimizer"}
