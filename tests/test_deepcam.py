@@ -392,3 +392,34 @@ def test_batchnorm_groups_need_a_distributed_run():
 
     with pytest.raises(ConfigError, match="model.batchnorm_group_size: 2 needs a distributed run"):
         build_model(ModelConfig(**TINY_MODEL, batchnorm_group_size=2))
+
+
+def test_reference_config_logs_every_key_the_closed_rules_ask_for(tmp_path, repo):
+    """A short run of configs/deepcam.yaml (closed division, the reference key set) on tiny data:
+    the official checker's only complaint is the unreached eval_accuracy target."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import compliance_check
+
+    out = tmp_path / "out"
+    tiny = [a for a in TINY_RUN if not a.startswith(("train.", "optimizer."))]
+    tiny = [a for i, a in enumerate(tiny) if not (a == "--set" and (i + 1 == len(tiny) or tiny[i + 1] == "--set"))]
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlhpc", "run", str(repo / "configs" / "deepcam.yaml"), *tiny,
+         "--set", f"data.path={tmp_path / 'data'}", "--set", "data.synthesize_if_missing=true",
+         "--set", "data.num_workers=0", "--set", f"output.dir={out}", "--set", "train.global_batch_size=4",
+         "--set", "train.max_epochs=1", "--set", "train.amp=false"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 1, proc.stderr + proc.stdout  # one epoch: target not reached
+    check = compliance_check(out / "result_0.txt")
+    text = check.stdout + check.stderr
+    assert "closed_deepcam_lamb.yaml" in text and "closed_deepcam_multistep.yaml" in text
+    import re
+
+    failed = set(re.findall(r"CHECK for '(\w+)' failed", text)) | set(re.findall(r"Failed checks for (\w+)", text))
+    # tiny data and one epoch: the sample counts and the target differ from the reference ...
+    assert failed == {"train_samples", "eval_samples", "eval_accuracy"}, text
+    # ... but no key the closed rules require is missing
+    assert "occurrence" not in text.lower() and "not found" not in text.lower(), text
