@@ -89,7 +89,7 @@ def bench_data(data: Path, workers: int, train_samples_per_s: float | None) -> d
     files = sorted((data / "train").glob("*.h5"))
     t0 = time.perf_counter()
     nbytes = 0
-    for path in files:
+    for path in files:  # the same files and samples the loader reads
         with h5py.File(path, "r") as f:
             nbytes += f["full"][...].nbytes + f["unitPar"][...].nbytes
     raw_s = time.perf_counter() - t0
@@ -101,7 +101,7 @@ def bench_data(data: Path, workers: int, train_samples_per_s: float | None) -> d
     n = sum(x.shape[0] for x, _ in loader)
     loader_s = time.perf_counter() - t0
     raw_bps = nbytes / raw_s
-    loader_bps = nbytes * n / len(files) / loader_s
+    loader_bps = nbytes / len(ds) * n / loader_s  # the loader reads every sample once
     out = {"files": len(files), "bytes": nbytes, "raw_h5py_bytes_per_s": raw_bps,
            "loader_bytes_per_s": loader_bps, "loader_vs_raw": loader_bps / raw_bps,
            "loader_samples_per_s": n / loader_s, "num_workers": workers}
