@@ -420,6 +420,12 @@ def _train(config: Config, workload: Workload, world: Runtime, rt: Runtime, log:
            if tcfg.amp and rt.device.type == "cuda" else nullcontext())
     checkpoint = out_dir / CHECKPOINT_PATTERN.format(index if index is not None else "x")
 
+    def save_checkpoint(next_epoch: int, steps_done: int) -> None:
+        """Rank 0 saves where a resumed run re-enters: ``next_epoch`` after ``steps_done`` steps."""
+        if rt.is_main:
+            _save_checkpoint(checkpoint, model, optimizer, scheduler, config, next_epoch, steps_done,
+                             history, log.path and log.path.name, time.perf_counter() - run_start)
+
     # ---- the timed run ----------------------------------------------------------------------
     runtime.barrier(rt)
     log.start(constants.RUN_START)
@@ -469,10 +475,7 @@ def _train(config: Config, workload: Workload, world: Runtime, rt: Runtime, log:
                         break
                     if flags[0]:
                         stopped = f"SIGTERM in epoch {epoch} after step {step + 1}"
-                        if rt.is_main:
-                            _save_checkpoint(checkpoint, model, optimizer, scheduler, config, epoch,
-                                             step + 1, history, log.path and log.path.name,
-                                             time.perf_counter() - run_start)
+                        save_checkpoint(epoch, step + 1)
                         break
             totals = _all_reduce([float(stop.signal is not None), loss_sum.item(), epoch_samples], rt)
             runtime.barrier(rt)
@@ -485,10 +488,7 @@ def _train(config: Config, workload: Workload, world: Runtime, rt: Runtime, log:
                 stopped = f"non-finite training loss ({train_loss}) in epoch {epoch}"
             if stopped is None and totals[0] > 0:  # signal arrived after the last check
                 stopped = f"SIGTERM at the end of epoch {epoch}"
-                if rt.is_main:
-                    _save_checkpoint(checkpoint, model, optimizer, scheduler, config, epoch,
-                                     micro_steps, history, log.path and log.path.name,
-                                     time.perf_counter() - run_start)
+                save_checkpoint(epoch, micro_steps)
             if stopped is not None:
                 reason = stopped
                 break
@@ -525,9 +525,8 @@ def _train(config: Config, workload: Workload, world: Runtime, rt: Runtime, log:
             if metric.reached(value, target):
                 status, reason = constants.SUCCESS, None
                 break
-            if tcfg.checkpoint_every_epochs and epoch % tcfg.checkpoint_every_epochs == 0 and rt.is_main:
-                _save_checkpoint(checkpoint, model, optimizer, scheduler, config, epoch + 1, 0,
-                                 history, log.path and log.path.name, time.perf_counter() - run_start)
+            if tcfg.checkpoint_every_epochs and epoch % tcfg.checkpoint_every_epochs == 0:
+                save_checkpoint(epoch + 1, 0)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
