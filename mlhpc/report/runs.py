@@ -148,28 +148,28 @@ def official_start_stop(events: list[Event]) -> tuple[float | None, float | None
     Walks the records in order, remembering the latest of each key, and stops as soon as both
     have been seen (so a repeated ``run_start`` before the first ``run_stop`` wins).
     """
-    start = stop = None
+    return _first_pair(events, "run_start", "run_stop", lambda event: event.time_ms)
+
+
+def _first_pair(events: list[Event], key_a: str, key_b: str, get) -> tuple[Any, Any]:
+    """The latest ``get(event)`` of ``key_a`` and of ``key_b``, walking in order and stopping as
+    soon as both have been seen (the way result_summarizer's queries read a log)."""
+    a = b = None
     for event in events:
-        if event.key == "run_start":
-            start = event.time_ms
-        elif event.key == "run_stop":
-            stop = event.time_ms
-        if start is not None and stop is not None:
+        if event.key == key_a:
+            a = get(event)
+        elif event.key == key_b:
+            b = get(event)
+        if a is not None and b is not None:
             break
-    return start, stop
+    return a, b
 
 
 def official_instance_scale(events: list[Event]) -> int | None:
     """number_of_nodes x max(accelerators_per_node, 1), as result_summarizer's
     ``_query_instance_scale`` reads them; ``None`` if either key is missing or not a number."""
-    nodes = accels = None
-    for event in events:
-        if event.key == "number_of_nodes":
-            nodes = event.value
-        elif event.key == "accelerators_per_node":
-            accels = event.value
-        if nodes is not None and accels is not None:
-            break
+    nodes, accels = _first_pair(events, "number_of_nodes", "accelerators_per_node",
+                                lambda event: event.value)
     try:
         return int(nodes) * max(int(accels), 1)  # type: ignore[arg-type]
     except (TypeError, ValueError):
