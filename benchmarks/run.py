@@ -3,9 +3,11 @@
 1. Harness overhead: mlhpc's training loop (`mlhpc.train.run`: samplers, stop checks, compliance
    log, evaluation excluded) vs a bare PyTorch loop, same mini CosmoFlow model, same in-memory
    data, same batch size; ratio of training samples/s.
-2. Data path: mlhpc's CosmoFlow loader (DataLoader over `CosmoFlowDataset`, HDF5 -> log1p float32)
-   vs a raw h5py read of the same files (bytes/s), and vs the samples/s training consumes.
-3. Staging: `mlhpc.staging.stage` (copy + SHA-256 manifest + verify) vs `cp -r` of the same tree
+2. Data path: mlhpc's CosmoFlow training loader (`mlhpc.loader.make_loader` over
+   `CosmoFlowDataset`: memory-mapped HDF5 -> int16 batches; decode happens on the device) vs a raw
+   h5py read of the same files (bytes/s), and vs the samples/s training consumes; plus what the
+   on-device decode costs, and training from the files vs training from pre-decoded memory.
+3. Staging: `mlhpc.staging.stage` (copy + XXH3-128 manifest + verify) vs `cp -r` of the same tree
    (GB/s ratio), alternating, best of ``--repeats`` each.
 
 Usage: python benchmarks/run.py [--data data/cosmoflow-mini] [--out BENCHMARKS.md]
@@ -34,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 import workloads  # noqa: E402
 from mlhpc import config as cfg  # noqa: E402
-from mlhpc import runtime, staging, train  # noqa: E402
+from mlhpc import loader, runtime, staging, train  # noqa: E402
 from workloads.cosmoflow import WORKLOAD as COSMOFLOW  # noqa: E402
 
 MINI = REPO / "configs" / "cosmoflow-mini.yaml"
@@ -46,9 +48,10 @@ def mini_config(data: Path, out: Path, *overrides: str) -> cfg.Config:
 
 
 def in_memory(config: cfg.Config, data: Path, n: int) -> TensorDataset:
+    """The first ``n`` training samples decoded once, as the model's float32 input."""
     ds, _ = COSMOFLOW.build_datasets(config, runtime.Runtime(), data)
-    xs, ys = zip(*(ds[i] for i in range(min(n, len(ds)))))
-    return TensorDataset(torch.stack(xs), torch.stack(ys))
+    x, y = ds.__getitems__(range(min(n, len(ds))))
+    return TensorDataset(ds.device_transform(x), y)
 
 
 def bench_harness(data: Path, samples: int, epochs: int) -> dict:
@@ -68,12 +71,12 @@ def bench_harness(data: Path, samples: int, epochs: int) -> dict:
         torch.manual_seed(0)
         model = COSMOFLOW.build_model(config.model)
         optimizer, scheduler = COSMOFLOW.build_optimizer(model, config, samples // config.train.global_batch_size)
-        loader = DataLoader(memory, batch_size=config.train.global_batch_size, shuffle=True)
+        batches = DataLoader(memory, batch_size=config.train.global_batch_size, shuffle=True)
         loss_fn = COSMOFLOW.build_loss(config)
         times = []
         for _ in range(epochs):
             t0 = time.perf_counter()
-            for x, y in loader:
+            for x, y in batches:
                 loss = loss_fn(model(x), y)
                 loss.backward()
                 optimizer.step()
@@ -85,30 +88,74 @@ def bench_harness(data: Path, samples: int, epochs: int) -> dict:
             "samples": samples, "epochs_timed": epochs - 1}
 
 
-def bench_data(data: Path, workers: int, train_samples_per_s: float | None) -> dict:
-    files = sorted((data / "train").glob("*.h5"))
-    t0 = time.perf_counter()
+def _raw_read(files: list[Path]) -> int:
     nbytes = 0
-    for path in files:  # the same files and samples the loader reads
+    for path in files:
         with h5py.File(path, "r") as f:
             nbytes += f["full"][...].nbytes + f["unitPar"][...].nbytes
-    raw_s = time.perf_counter() - t0
-    config = mini_config(data, Path(tempfile.gettempdir()), f"data.num_workers={workers}")
+    return nbytes
+
+
+def bench_data(data: Path, workers: list[int], repeats: int,
+               train_samples_per_s: float | None) -> dict:
+    """mlhpc's training loader (as `mlhpc.train` builds it: shuffled, the mini config's batch size)
+    for one epoch vs a raw h5py read of the same files, whole shards, no shuffling; the page cache
+    is warmed first and the two alternate, best of ``repeats`` each."""
+    files = sorted((data / "train").glob("*.h5"))
+    nbytes = _raw_read(files)  # warm the page cache
+    config = mini_config(data, Path(tempfile.gettempdir()))
+    lbs = config.train.global_batch_size
     ds, _ = COSMOFLOW.build_datasets(config, runtime.Runtime(), data)
-    loader = DataLoader(ds, batch_size=config.train.global_batch_size, num_workers=workers,
-                        shuffle=True)
+    raw_best = float("inf")
+    loader_best = {w: float("inf") for w in workers}
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _raw_read(files)
+        raw_best = min(raw_best, time.perf_counter() - t0)
+        for w in workers:
+            batches = loader.make_loader(ds, lbs, shuffle=True, num_workers=w)
+            t0 = time.perf_counter()
+            n = sum(x.shape[0] for x, _ in batches)
+            loader_best[w] = min(loader_best[w], time.perf_counter() - t0)
+            assert n == len(ds)
+            del batches  # stops persistent workers
+    # decoding moved to the device: what it costs per sample there (here, the CPU)
+    x, _ = ds.__getitems__(range(lbs))
+    ds.device_transform(x)
     t0 = time.perf_counter()
-    n = sum(x.shape[0] for x, _ in loader)
-    loader_s = time.perf_counter() - t0
-    raw_bps = nbytes / raw_s
-    loader_bps = nbytes / len(ds) * n / loader_s  # the loader reads every sample once
-    out = {"files": len(files), "bytes": nbytes, "raw_h5py_bytes_per_s": raw_bps,
-           "loader_bytes_per_s": loader_bps, "loader_vs_raw": loader_bps / raw_bps,
-           "loader_samples_per_s": n / loader_s, "num_workers": workers}
+    rounds = 200
+    for _ in range(rounds):
+        ds.device_transform(x)
+    decode_samples_per_s = rounds * lbs / (time.perf_counter() - t0)
+    raw_bps = nbytes / raw_best
+    out = {"files": len(files), "bytes": nbytes, "samples": len(ds), "batch_size": lbs,
+           "memory_mapped": ds.memory_mapped, "raw_h5py_bytes_per_s": raw_bps,
+           "repeats": repeats, "decode_on_device_samples_per_s": decode_samples_per_s,
+           "loaders": {}}
+    for w in workers:
+        row = {"bytes_per_s": nbytes / loader_best[w], "samples_per_s": len(ds) / loader_best[w],
+               "vs_raw": raw_best / loader_best[w]}
+        if train_samples_per_s:
+            row["vs_training"] = row["samples_per_s"] / train_samples_per_s
+        out["loaders"][f"num_workers={w}"] = row
     if train_samples_per_s:
         out["train_samples_per_s"] = train_samples_per_s
-        out["loader_vs_training"] = out["loader_samples_per_s"] / train_samples_per_s
     return out
+
+
+def bench_from_files(data: Path, samples: int, epochs: int, in_memory_samples_per_s: float) -> dict:
+    """`mlhpc.train.run` on the mini config reading HDF5 through the loader (decode on the device)
+    vs the same run on pre-decoded in-memory tensors: what the data path costs training."""
+    with tempfile.TemporaryDirectory() as tmp:
+        batch = mini_config(data, Path(tmp)).train.global_batch_size
+        config = mini_config(data, Path(tmp) / "out", f"train.max_epochs={epochs}",
+                             "train.target=-1", f"data.train_samples={samples}",
+                             f"data.eval_samples={batch}")
+        result = train.run(config)
+    files = samples * (epochs - 1) / sum(result.epoch_times_s[1:])
+    return {"from_files_samples_per_s": files, "in_memory_samples_per_s": in_memory_samples_per_s,
+            "ratio": files / in_memory_samples_per_s, "samples": samples,
+            "epochs_timed": epochs - 1}
 
 
 def bench_staging(data: Path, repeats: int) -> dict:
@@ -142,7 +189,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=REPO / "data" / "cosmoflow-mini")
     parser.add_argument("--samples", type=int, default=512)
     parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2],
+                        help="DataLoader worker counts to measure the loader with")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures as JSON")
     args = parser.parse_args()
@@ -150,7 +198,9 @@ def main() -> None:
         sys.exit(f"{args.data}: no dataset; run `mlhpc data synth cosmoflow --out {args.data} "
                  f"--config {MINI}` first")
     results = {"machine": machine(), "harness": bench_harness(args.data, args.samples, args.epochs)}
-    results["data"] = bench_data(args.data, args.workers, results["harness"]["harness_samples_per_s"])
+    in_memory_rate = results["harness"]["harness_samples_per_s"]
+    results["data"] = bench_data(args.data, args.workers, args.repeats, in_memory_rate)
+    results["from_files"] = bench_from_files(args.data, args.samples, args.epochs, in_memory_rate)
     results["staging"] = bench_staging(args.data, args.repeats)
     text = json.dumps(results, indent=2)
     print(text)

@@ -19,6 +19,7 @@ from torch.profiler import ProfilerActivity, record_function
 from torch.utils.data import DataLoader
 
 from mlhpc import perf, runtime
+from mlhpc.loader import device_transform, make_loader, to_device
 from mlhpc.config import Config
 from mlhpc.train import ensure_data, local_batch_size
 
@@ -61,13 +62,13 @@ def profile(config: Config, steps: int = 5, warmup: int = 2, trace_path: Path | 
     train_ds, _ = workload.build_datasets(config, rt, Path(config.data.path))
     torch.manual_seed(config.train.seed)
     model = workload.build_model(config.model).to(rt.device)
-    loader = DataLoader(train_ds, batch_size=lbs, shuffle=True, drop_last=True,
-                        num_workers=config.data.num_workers)
+    loader = make_loader(train_ds, lbs, shuffle=True, drop_last=True,
+                         num_workers=config.data.num_workers, device=rt.device)
+    decode = device_transform(train_ds)
     optimizer, scheduler = workload.build_optimizer(model, config, max(1, len(loader)))
     loss_fn = workload.build_loss(config)
 
-    x0, y0 = next(iter(loader))
-    x0, y0 = x0.to(rt.device), y0.to(rt.device)
+    x0, y0 = to_device(next(iter(loader)), rt.device, decode)
     flops = perf.count_flops(copy.deepcopy(model).to("meta"), x0[:1].to("meta"), loss_fn,
                              y0[:1].to("meta"))
     scratch = copy.deepcopy(model)
@@ -83,8 +84,7 @@ def profile(config: Config, steps: int = 5, warmup: int = 2, trace_path: Path | 
     def one_step(timed: bool) -> None:
         t = time.perf_counter()
         with record_function("data"):
-            x, y = next(iterator)
-            x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
+            x, y = to_device(next(iterator), rt.device, decode)
             sync()
         t = _lap(phase_s, "data", t, timed)
         with record_function("forward"):

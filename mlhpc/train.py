@@ -29,10 +29,10 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import Dataset, DistributedSampler, Sampler, default_collate
 
 from mlhpc import env as envinfo
-from mlhpc import mllog, perf, runtime, staging
+from mlhpc import loader, mllog, perf, runtime, staging
 from mlhpc.config import Config, save
 from mlhpc.errors import ConfigError, DataError
 from mlhpc.mllog import ComplianceLog, constants
@@ -193,10 +193,10 @@ def _count_flops(model: torch.nn.Module, dataset: Dataset, loss_fn: Any) -> "per
     """FLOPs per sample of one training step, counted on a meta-device copy (no compute)."""
     import copy
 
-    x, y = dataset[0]
+    x, y = loader.to_device(default_collate([dataset[0]]), torch.device("cpu"),
+                            loader.device_transform(dataset))
     meta = copy.deepcopy(model).to("meta")
-    return perf.count_flops(meta, torch.as_tensor(x)[None].to("meta"), loss_fn,
-                            torch.as_tensor(y)[None].to("meta"))
+    return perf.count_flops(meta, x.to("meta"), loss_fn, y.to("meta"))
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -383,12 +383,13 @@ def _train(config: Config, workload: Workload, world: Runtime, rt: Runtime, log:
 
     train_sampler = DistributedSampler(train_ds, num_replicas=rt.world_size, rank=rt.rank,
                                        shuffle=True, seed=seed, drop_last=False)
-    loader_args = dict(num_workers=config.data.num_workers, pin_memory=rt.device.type == "cuda",
-                       persistent_workers=config.data.num_workers > 0)
-    train_loader = DataLoader(train_ds, batch_size=lbs, sampler=train_sampler, drop_last=False,
-                              **loader_args)
-    eval_loader = DataLoader(eval_ds, batch_size=lbs, shuffle=False,
-                             sampler=ShardSampler(eval_n, rt.rank, rt.world_size), **loader_args)
+    loader_args = dict(num_workers=config.data.num_workers, device=rt.device)
+    train_loader = loader.make_loader(train_ds, lbs, sampler=train_sampler, **loader_args)
+    eval_loader = loader.make_loader(eval_ds, lbs, sampler=ShardSampler(eval_n, rt.rank,
+                                                                        rt.world_size),
+                                     **loader_args)
+    train_decode = loader.device_transform(train_ds)
+    eval_decode = loader.device_transform(eval_ds)
     micro_steps = len(train_loader)
     steps_per_epoch = math.ceil(micro_steps / tcfg.gradient_accumulation_steps)
     optimizer, scheduler = workload.build_optimizer(model, config, steps_per_epoch)
@@ -440,18 +441,16 @@ def _train(config: Config, workload: Workload, world: Runtime, rt: Runtime, log:
         for epoch in range(first_epoch, tcfg.max_epochs + 1):
             train_sampler.set_epoch(epoch - 1)
             skip = skip_steps if epoch == first_epoch else 0
-            loader = train_loader if skip == 0 else DataLoader(
-                train_ds, batch_size=lbs, sampler=_SkipSampler(train_sampler, skip * lbs),
-                drop_last=False, **loader_args)
+            batches = train_loader if skip == 0 else loader.make_loader(
+                train_ds, lbs, sampler=_SkipSampler(train_sampler, skip * lbs), **loader_args)
             runtime.barrier(rt)
             log.start(constants.EPOCH_START, metadata={constants.EPOCH_NUM: epoch})
             t0 = time.perf_counter()
             ddp_model.train()
             loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
             epoch_samples, stopped = 0, None
-            for step, (x, y) in enumerate(loader, start=skip):
-                x = x.to(rt.device, non_blocking=True)
-                y = y.to(rt.device, non_blocking=True)
+            for step, batch in enumerate(batches, start=skip):
+                x, y = loader.to_device(batch, rt.device, train_decode)
                 last_micro = (step + 1) % tcfg.gradient_accumulation_steps == 0 or step + 1 == micro_steps
                 sync = nullcontext() if (last_micro or not rt.distributed) else ddp_model.no_sync()
                 with sync:
@@ -499,9 +498,8 @@ def _train(config: Config, workload: Workload, world: Runtime, rt: Runtime, log:
             total = torch.zeros((), dtype=torch.float64, device=rt.device)
             count = torch.zeros((), dtype=torch.float64, device=rt.device)
             with torch.no_grad(), amp:
-                for x, y in eval_loader:
-                    x = x.to(rt.device, non_blocking=True)
-                    y = y.to(rt.device, non_blocking=True)
+                for batch in eval_loader:
+                    x, y = loader.to_device(batch, rt.device, eval_decode)
                     s, n = metric.batch_stats(model(x), y)
                     total += s
                     count += n
@@ -557,6 +555,12 @@ def _train(config: Config, workload: Workload, world: Runtime, rt: Runtime, log:
         "read_bytes_per_s": (staged_info.get("bytes", 0) / total_samples * samples_per_s
                              if staged_info else None),
         "parameters": sum(p.numel() for p in model.parameters()),
+        "data_path": {"num_workers": config.data.num_workers,
+                      "pin_memory": rt.device.type == "cuda",
+                      "memory_mapped": getattr(train_ds, "memory_mapped", False),
+                      "decode_on_device": hasattr(train_ds, "device_transform"),
+                      "channels_last": bool(getattr(config.model, "channels_last", False)),
+                      "compile": tcfg.compile},
     }
     result = RunResult(
         status=status, reason=reason, workload=workload.name,

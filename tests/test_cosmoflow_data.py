@@ -177,14 +177,19 @@ def test_reader_per_sample(per_sample):
     train, valid = build_datasets(_config(), None, per_sample)
     assert (len(train), len(valid)) == (4, 2)
     assert train.sample_shape == (4, 8, 8, 8) and train.cube_size == 8
+    assert train.memory_mapped  # synthesize writes contiguous, unfiltered datasets
     x, y = train[3]
-    assert x.dtype == torch.float32 and x.shape == (4, 8, 8, 8)
+    assert x.dtype == torch.int16 and x.shape == (8, 8, 8, 4)
     assert y.dtype == torch.float32 and y.shape == (4,)
     with h5py.File(per_sample / "train" / "univ_000003.h5", "r") as f:
         raw, unit = f["full"][()], f["unitPar"][()]
-    np.testing.assert_allclose(x.numpy(), np.log1p(np.moveaxis(raw, -1, 0).astype(np.float32)),
-                               rtol=1e-6)
+    np.testing.assert_array_equal(x.numpy(), raw)
     np.testing.assert_array_equal(y.numpy(), unit)
+    decoded = train.device_transform(x[None])
+    assert decoded.dtype == torch.float32 and decoded.shape == (1, 4, 8, 8, 8)
+    assert decoded.is_contiguous()
+    np.testing.assert_allclose(decoded[0].numpy(),
+                               np.log1p(np.moveaxis(raw, -1, 0).astype(np.float32)), rtol=1e-6)
 
 
 def test_reader_sharded_and_first_n(sharded):
@@ -193,12 +198,43 @@ def test_reader_sharded_and_first_n(sharded):
     x, y = train[2]
     with h5py.File(sharded / "train" / "univ_000002.h5", "r") as f:
         np.testing.assert_array_equal(y.numpy(), f["unitPar"][0])
-        np.testing.assert_allclose(x.numpy()[1], np.log1p(f["full"][0][..., 1].astype(np.float32)))
+        np.testing.assert_array_equal(x.numpy(), f["full"][0])
     assert train.locate(2) == (sharded / "train" / "univ_000002.h5", 0)
     everything, _ = build_datasets(_config(), None, sharded)
     assert len(everything) == 5
     with pytest.raises(IndexError):
         everything[5]
+    assert torch.equal(everything[-1][0], everything[4][0])
+
+
+def test_batches_match_single_items_across_shards(sharded):
+    train, _ = build_datasets(_config(), None, sharded)
+    order = [4, 0, 3, 1, 2]
+    xb, yb = train.__getitems__(order)
+    assert xb.shape == (5, 8, 8, 8, 4) and yb.shape == (5, 4)
+    for row, index in enumerate(order):
+        x, y = train[index]
+        assert torch.equal(xb[row], x) and torch.equal(yb[row], y)
+    loader = torch.utils.data.DataLoader(train, batch_size=2, collate_fn=train.collate_fn)
+    batches = list(loader)
+    assert [b[0].shape[0] for b in batches] == [2, 2, 1]
+    assert torch.equal(torch.cat([b[1] for b in batches]), torch.stack([train[i][1] for i in range(5)]))
+
+
+def test_chunked_files_read_through_h5py_like_mapped_ones(tmp_path, sharded):
+    """Chunked and compressed files cannot be memory-mapped; h5py reads them, same values."""
+    chunked = tmp_path / "chunked" / "train"
+    chunked.mkdir(parents=True)
+    for path in find_files(sharded / "train"):
+        with h5py.File(path, "r") as src, h5py.File(chunked / path.name, "w") as dst:
+            dst.create_dataset("full", data=src["full"][()], chunks=True, compression="gzip")
+            dst.create_dataset("unitPar", data=src["unitPar"][()])
+    mapped = CosmoFlowDataset(find_files(sharded / "train"))
+    read = CosmoFlowDataset(find_files(chunked))
+    assert mapped.memory_mapped and not read.memory_mapped
+    order = list(range(5))[::-1]
+    for a, b in zip(mapped.__getitems__(order), read.__getitems__(order)):
+        assert torch.equal(a, b)
 
 
 def test_reader_too_few_samples(per_sample):
@@ -208,9 +244,10 @@ def test_reader_too_few_samples(per_sample):
 
 def test_reader_in_dataloader_workers_and_pickle(sharded):
     train, _ = build_datasets(_config(), None, sharded)
-    direct = torch.stack([train[i][1] for i in range(len(train))])  # parent holds open handles
-    loader = torch.utils.data.DataLoader(train, batch_size=2, num_workers=2)
-    through_workers = torch.cat([y for _, y in loader])
+    direct = torch.stack([train[i][0] for i in range(len(train))])  # parent holds open maps
+    loader = torch.utils.data.DataLoader(train, batch_size=2, num_workers=2,
+                                         collate_fn=train.collate_fn)
+    through_workers = torch.cat([x for x, _ in loader])  # filled in shared memory by workers
     torch.testing.assert_close(through_workers, direct)
     clone = pickle.loads(pickle.dumps(train))
     torch.testing.assert_close(clone[4][0], train[4][0])
@@ -317,12 +354,23 @@ def test_channel_standardization_uses_training_statistics(tmp_path):
     raw_train, _ = build_datasets(cfg.from_dict(tree), Runtime(), tmp_path)
     tree["model"]["input_standardization"] = "channel"
     train, valid = build_datasets(cfg.from_dict(tree), Runtime(), tmp_path)
-    xs = torch.stack([train[i][0] for i in range(len(train))])
+    xs = train.device_transform(train.__getitems__(range(len(train)))[0])
     assert torch.allclose(xs.mean(dim=(0, 2, 3, 4)), torch.zeros(4), atol=1e-4)
     assert torch.allclose(xs.std(dim=(0, 2, 3, 4)), torch.ones(4), atol=1e-2)
     mean, std = raw_train.channel_stats()
-    x_raw, y_raw = raw_train[0]
-    x_std, y_std = train[0]
-    assert torch.allclose(x_std, (x_raw - torch.tensor(mean).view(4, 1, 1, 1)) / torch.tensor(std).view(4, 1, 1, 1), atol=1e-5)
-    assert torch.equal(y_raw, y_std)
-    assert valid[0][0].shape == (4, 8, 8, 8)
+    x_raw = raw_train.device_transform(raw_train[0][0][None])
+    x_std = train.device_transform(train[0][0][None])
+    assert torch.equal(x_raw, torch.log1p(raw_train[0][0].permute(3, 0, 1, 2).float())[None])
+    shift, scale = torch.tensor(mean).view(1, 4, 1, 1, 1), torch.tensor(std).view(1, 4, 1, 1, 1)
+    assert torch.allclose(x_std, (x_raw - shift) / scale, atol=1e-5)
+    assert torch.equal(raw_train[0][1], train[0][1])
+    assert valid.device_transform(valid[0][0][None]).shape == (1, 4, 8, 8, 8)
+
+
+def test_file_truncated_after_the_index_names_file_and_sample(tmp_path, sharded):
+    path = _one_file_dataset(tmp_path, sharded / "train" / "univ_000000.h5")
+    dataset = CosmoFlowDataset(find_files(path.parent))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 1024])  # the last sample's bytes are gone
+    with pytest.raises(DataError, match=r"univ_000000\.h5: sample 0: cannot be read"):
+        dataset[0]

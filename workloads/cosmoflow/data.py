@@ -6,10 +6,17 @@ A file holds either one sample, ``full`` ``(S, S, S, 4)`` and ``unitPar`` ``(4,)
 ``n``, ``full`` ``(n, S, S, S, 4)`` and ``unitPar`` ``(n, 4)``. ``full`` is int16 particle counts,
 ``unitPar`` the four normalised targets (floating point).
 
-Each item is ``(x, y)``: ``x`` float32 ``(4, S, S, S)`` channels-first with ``log(counts + 1)``
-applied (the reference's ``apply_log``, mlcommons/hpc ``cosmoflow/data/cosmo.py``), and ``y``
-float32 ``(4,)``. Start-up reads only HDF5 metadata (shapes and dtypes); sample data are read on
-access through a few lazily opened handles per process, reopened after a fork.
+Each item is ``(x, y)``: ``x`` the int16 particle counts as stored, ``(S, S, S, 4)``, and ``y``
+float32 ``(4,)``. Decoding is left to the device (`CosmoFlowDataset.device_transform`: ``log(counts
++ 1)``, the reference's ``apply_log`` in mlcommons/hpc ``cosmoflow/data/cosmo.py``, optional
+per-channel standardisation, channels first), so the loader moves half the bytes of float32 and
+the decode runs vectorised where the model runs.
+
+Reading: a file whose ``full`` is stored contiguous and unfiltered (as `synthesize` writes it) is
+memory-mapped at the dataset's byte offset, so a batch is one copy out of the page cache with no
+HDF5 call per sample; chunked or compressed files are read through h5py, one call per sample.
+Start-up reads only HDF5 metadata (shapes and dtypes); files are opened on first access, a bounded
+number per process, and reopened after a fork (DataLoader workers).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import h5py
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from mlhpc.errors import DataError
 
@@ -34,7 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 N_CHANNELS = 4
 N_TARGETS = 4
 FILE_GLOBS = ("*.h5", "*.hdf5")
-MAX_OPEN_FILES = 16  # per process; enough for sharded files, bounded for one-file-per-sample
+MAX_OPEN_FILES = 64  # per process; all shards of a mini dataset, bounded for one file per sample
 
 
 def find_files(folder: Path) -> list[Path]:
@@ -62,33 +69,48 @@ def _inspect(path: Path) -> tuple[int, int, bool]:
         kind = "is not an HDF5 file" if "signature" in str(exc) else "cannot be opened as HDF5"
         raise DataError(f"{path}: {kind} ({_short(exc)})") from None
     with handle:
-        for name in ("full", "unitPar"):
-            if name not in handle or not isinstance(handle[name], h5py.Dataset):
-                raise DataError(f"{path}: missing dataset {name!r}; expected 'full' (int16 "
-                                f"counts) and 'unitPar' (4 targets)")
-        full, unit = handle["full"], handle["unitPar"]
-        shape = full.shape
-        if len(shape) == 4:
-            n_samples, cube = 1, shape[:3]
-            unit_expected: tuple[int, ...] = (N_TARGETS,)
-        elif len(shape) == 5:
-            n_samples, cube = shape[0], shape[1:4]
-            unit_expected = (shape[0], N_TARGETS)
-        else:
-            raise DataError(f"{path}: dataset 'full' has shape {shape}; expected (S, S, S, 4) or "
-                            f"(n, S, S, S, 4)")
-        if shape[-1] != N_CHANNELS or len(set(cube)) != 1 or n_samples < 1:
-            raise DataError(f"{path}: dataset 'full' has shape {shape}; expected a cube of 4 "
-                            f"redshift channels, (S, S, S, 4) or (n, S, S, S, 4)")
-        if full.dtype != np.int16:
-            raise DataError(f"{path}: dataset 'full' has dtype {full.dtype}; expected int16 "
-                            f"particle counts")
-        if unit.shape != unit_expected:
-            raise DataError(f"{path}: dataset 'unitPar' has shape {unit.shape}; expected "
-                            f"{unit_expected} to match 'full' {shape}")
-        if unit.dtype.kind != "f":
-            raise DataError(f"{path}: dataset 'unitPar' has dtype {unit.dtype}; expected float32")
+        return _check_layout(path, handle)
+
+
+def _check_layout(path: Path, handle: h5py.File) -> tuple[int, int, bool]:
+    for name in ("full", "unitPar"):
+        if name not in handle or not isinstance(handle[name], h5py.Dataset):
+            raise DataError(f"{path}: missing dataset {name!r}; expected 'full' (int16 "
+                            f"counts) and 'unitPar' (4 targets)")
+    full, unit = handle["full"], handle["unitPar"]
+    shape = full.shape
+    if len(shape) == 4:
+        n_samples, cube = 1, shape[:3]
+        unit_expected: tuple[int, ...] = (N_TARGETS,)
+    elif len(shape) == 5:
+        n_samples, cube = shape[0], shape[1:4]
+        unit_expected = (shape[0], N_TARGETS)
+    else:
+        raise DataError(f"{path}: dataset 'full' has shape {shape}; expected (S, S, S, 4) or "
+                        f"(n, S, S, S, 4)")
+    if shape[-1] != N_CHANNELS or len(set(cube)) != 1 or n_samples < 1:
+        raise DataError(f"{path}: dataset 'full' has shape {shape}; expected a cube of 4 "
+                        f"redshift channels, (S, S, S, 4) or (n, S, S, S, 4)")
+    if full.dtype != np.int16:
+        raise DataError(f"{path}: dataset 'full' has dtype {full.dtype}; expected int16 "
+                        f"particle counts")
+    if unit.shape != unit_expected:
+        raise DataError(f"{path}: dataset 'unitPar' has shape {unit.shape}; expected "
+                        f"{unit_expected} to match 'full' {shape}")
+    if unit.dtype.kind != "f":
+        raise DataError(f"{path}: dataset 'unitPar' has dtype {unit.dtype}; expected float32")
     return int(n_samples), int(cube[0]), len(shape) == 5
+
+
+def _byte_offset(full: h5py.Dataset) -> Optional[int]:
+    """File offset of ``full``'s data when it can be memory-mapped (contiguous, unfiltered,
+    allocated, little-endian int16); None otherwise."""
+    if full.chunks is not None or full.compression is not None or full.dtype != np.dtype("<i2"):
+        return None
+    try:
+        return full.id.get_offset()
+    except Exception:  # pragma: no cover - h5py versions without get_offset
+        return None
 
 
 def _short(exc: BaseException) -> str:
@@ -96,8 +118,76 @@ def _short(exc: BaseException) -> str:
     return text[:160]
 
 
+class _Source:
+    """One file's samples in this process: ``counts[i]`` int16 ``(S, S, S, 4)`` (a memory map of
+    the file, or the h5py dataset) and ``targets`` float32 ``(n, 4)``."""
+
+    def __init__(self, path: Path, n_samples: int, cube: int) -> None:
+        self.handle: Optional[h5py.File] = h5py.File(path, "r")
+        shape = (n_samples, cube, cube, cube, N_CHANNELS)
+        try:
+            _check_layout(path, self.handle)
+            full = self.handle["full"]
+            if full.shape[-4:-1] != shape[1:4] or int(np.prod(full.shape)) != int(np.prod(shape)):
+                raise ValueError(f"dataset 'full' has shape {full.shape}; the index expected "
+                                 f"{shape} (file changed after the dataset was built)")
+            self.targets = np.asarray(self.handle["unitPar"][()], np.float32).reshape(n_samples,
+                                                                                       N_TARGETS)
+            offset = _byte_offset(full)
+            if offset is not None:
+                # copy-on-write mapping: writable views for torch.from_numpy, never written back
+                self.counts: Any = np.memmap(path, dtype=np.int16, mode="c", offset=offset,
+                                             shape=shape)
+                self.handle.close()
+                self.handle = None
+            else:
+                self.counts = full if len(full.shape) == 5 else _Single(full)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+        self.counts = None
+
+
+class _Single:
+    """A one-sample file's ``full`` ``(S, S, S, 4)`` indexed like a shard of one."""
+
+    def __init__(self, full: h5py.Dataset) -> None:
+        self.full = full
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        if index != 0:
+            raise IndexError(index)
+        return self.full[()]
+
+
+def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor to fill; in a DataLoader worker it lives in shared memory, so handing the batch
+    to the main process copies nothing (as torch's default_collate does)."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    numel = int(np.prod(shape))
+    storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel, device="cpu")
+    return torch.empty(0, dtype=dtype).new(storage).resize_(*shape)
+
+
+def collate(batch: Any) -> Any:
+    """DataLoader ``collate_fn`` of `CosmoFlowDataset`: batches from ``__getitems__`` are already
+    ``(x, y)`` tensors; a list of single items is stacked by torch's default_collate."""
+    return batch if isinstance(batch, tuple) else default_collate(batch)
+
+
 class CosmoFlowDataset(Dataset):
     """The first ``n_samples`` samples of a list of CosmoFlow HDF5 files, in file order.
+
+    Items are ``(x, y)``: ``x`` int16 ``(S, S, S, 4)`` particle counts as stored, ``y`` float32
+    ``(4,)``. ``__getitems__`` (used by DataLoader for a batch) returns ``(x, y)`` stacked,
+    ``(B, S, S, S, 4)`` and ``(B, 4)``, filled in place (shared memory in a worker); pass
+    ``collate_fn=dataset.collate_fn``. ``device_transform`` decodes a batch on its device.
 
     Args:
         files: HDF5 files, read in the given order.
@@ -107,7 +197,8 @@ class CosmoFlowDataset(Dataset):
     Attributes:
         files: the files actually used.
         cube_size: S, cells per side.
-        sample_shape: ``(4, S, S, S)``, the shape of every ``x``.
+        sample_shape: ``(4, S, S, S)``, the shape of a decoded sample (model input).
+        memory_mapped: True when every file's ``full`` can be memory-mapped.
 
     Raises:
         DataError: (at construction) a file is not HDF5 / truncated, lacks ``full`` or ``unitPar``,
@@ -115,6 +206,8 @@ class CosmoFlowDataset(Dataset):
             samples exist than asked for. (On access) a sample cannot be read; the message names
             the file and the sample's index in it.
     """
+
+    collate_fn = staticmethod(collate)
 
     def __init__(self, files: Sequence[Path], n_samples: Optional[int] = None,
                  folder: Optional[Path] = None) -> None:
@@ -124,20 +217,20 @@ class CosmoFlowDataset(Dataset):
             raise DataError(f"{folder}: no HDF5 files in the dataset folder")
         used: list[Path] = []
         starts: list[int] = []
-        sharded: list[bool] = []
+        counts: list[int] = []
         total, cube_size = 0, None
         for path in files:
             if n_samples is not None and total >= n_samples:
                 break
-            count, size, is_sharded = _inspect(path)
+            count, size, _ = _inspect(path)
             if cube_size is None:
                 cube_size = size
             elif size != cube_size:
                 raise DataError(f"{path}: cube size {size}; expected {cube_size} like "
                                 f"{used[0].name} (every file of a dataset has one cube size)")
-            sharded.append(is_sharded)
             used.append(path)
             starts.append(total)
+            counts.append(count)
             total += count
         if n_samples is not None and total < n_samples:
             raise DataError(f"{folder}: {total} samples found in {len(used)} files, "
@@ -146,95 +239,119 @@ class CosmoFlowDataset(Dataset):
         self.cube_size = int(cube_size)  # type: ignore[arg-type]
         self.sample_shape = (N_CHANNELS, self.cube_size, self.cube_size, self.cube_size)
         self._starts = starts
-        self._sharded = sharded
+        self._counts = counts
         self._length = total if n_samples is None else n_samples
-        self._handles: OrderedDict[int, h5py.File] = OrderedDict()
+        self._sources: OrderedDict[int, _Source] = OrderedDict()
         self._pid = os.getpid()
-        self._shift: Optional[np.ndarray] = None
-        self._scale: Optional[np.ndarray] = None
+        self._shift: Optional[torch.Tensor] = None
+        self._scale: Optional[torch.Tensor] = None
+        with h5py.File(used[0], "r") as handle:
+            self.memory_mapped = _byte_offset(handle["full"]) is not None
+
+    # ------------------------------------------------------------------ decoding (on the device)
 
     def standardize(self, mean: np.ndarray, std: np.ndarray) -> None:
-        """From now on return ``(log1p(counts) - mean) / std`` per channel; ``mean`` and ``std``
-        are float32 ``(4,)``."""
-        self._shift = np.asarray(mean, dtype=np.float32).reshape(N_CHANNELS, 1, 1, 1)
-        self._scale = (1.0 / np.asarray(std, dtype=np.float32)).reshape(N_CHANNELS, 1, 1, 1)
+        """From now on `device_transform` returns ``(log1p(counts) - mean) / std`` per channel;
+        ``mean`` and ``std`` are float32 ``(4,)``."""
+        self._shift = torch.as_tensor(np.asarray(mean, np.float32)).view(1, N_CHANNELS, 1, 1, 1)
+        self._scale = (1.0 / torch.as_tensor(np.asarray(std, np.float32))).view(
+            1, N_CHANNELS, 1, 1, 1)
+
+    def device_transform(self, counts: torch.Tensor) -> torch.Tensor:
+        """Decode a batch where it lies: int16 ``(B, S, S, S, 4)`` counts -> float32
+        ``(B, 4, S, S, S)`` contiguous, ``log(counts + 1)`` then the per-channel standardisation
+        set by `standardize` (if any)."""
+        out = torch.empty((counts.shape[0], *self.sample_shape), dtype=torch.float32,
+                          device=counts.device)
+        torch.log1p(counts.permute(0, 4, 1, 2, 3), out=out)
+        if self._shift is not None:
+            if self._shift.device != out.device:
+                self._shift, self._scale = self._shift.to(out.device), self._scale.to(out.device)
+            out.sub_(self._shift).mul_(self._scale)
+        return out
 
     def channel_stats(self, n_samples: int = 64) -> tuple[np.ndarray, np.ndarray]:
         """Per-channel mean and standard deviation of log1p(counts) over the first ``n_samples``
         samples: float32 ``(4,)`` each."""
         n = min(n_samples, self._length)
-        total = np.zeros(N_CHANNELS, np.float64)
-        squares = np.zeros(N_CHANNELS, np.float64)
-        shift, scale = self._shift, self._scale
-        self._shift = self._scale = None
-        try:
-            for i in range(n):
-                x = self[i][0].numpy().astype(np.float64)
-                total += x.mean(axis=(1, 2, 3))
-                squares += (x ** 2).mean(axis=(1, 2, 3))
-        finally:
-            self._shift, self._scale = shift, scale
-        mean = total / n
-        std = np.sqrt(np.maximum(squares / n - mean ** 2, 1e-12))
-        return mean.astype(np.float32), std.astype(np.float32)
+        x = torch.log1p(self.__getitems__(list(range(n)))[0].double())  # (n, S, S, S, 4)
+        mean = x.mean(dim=(0, 1, 2, 3))
+        std = (x.pow(2).mean(dim=(0, 1, 2, 3)) - mean ** 2).clamp_min(1e-12).sqrt()
+        return mean.numpy().astype(np.float32), std.numpy().astype(np.float32)
+
+    # ------------------------------------------------------------------------------- reading
 
     def __len__(self) -> int:
         return self._length
 
     def locate(self, index: int) -> tuple[Path, int]:
         """``(file, index within that file)`` of sample ``index``."""
+        position, local = self._position(index)
+        return self.files[position], local
+
+    def _position(self, index: int) -> tuple[int, int]:
+        if index < 0:
+            index += self._length
         if not 0 <= index < self._length:
             raise IndexError(f"sample {index} out of range 0..{self._length - 1}")
         position = bisect_right(self._starts, index) - 1
-        return self.files[position], index - self._starts[position]
+        return position, index - self._starts[position]
 
-    def _handle(self, position: int) -> h5py.File:
+    def _source(self, position: int) -> _Source:
         if self._pid != os.getpid():  # forked into a DataLoader worker: never share handles
-            self._handles = OrderedDict()
+            self._sources = OrderedDict()
             self._pid = os.getpid()
-        handle = self._handles.get(position)
-        if handle is not None:
-            self._handles.move_to_end(position)
-            return handle
-        handle = h5py.File(self.files[position], "r")
-        self._handles[position] = handle
-        if len(self._handles) > MAX_OPEN_FILES:
-            _, oldest = self._handles.popitem(last=False)
+        source = self._sources.get(position)
+        if source is not None:
+            self._sources.move_to_end(position)
+            return source
+        source = _Source(self.files[position], self._counts[position], self.cube_size)
+        self._sources[position] = source
+        if len(self._sources) > MAX_OPEN_FILES:
+            _, oldest = self._sources.popitem(last=False)
             oldest.close()
-        return handle
+        return source
+
+    def _read(self, index: int, x_out: np.ndarray, y_out: np.ndarray) -> None:
+        position, local = self._position(index)
+        path = self.files[position]
+        try:
+            source = self._source(position)
+        except (DataError, OSError, KeyError, ValueError) as exc:
+            reason = str(exc).removeprefix(f"{path}: ")
+            raise DataError(f"{path}: sample {local}: cannot be read ({_short(reason)})") from None
+        try:
+            x_out[...] = source.counts[local]
+            y_out[...] = source.targets[local]
+        except (OSError, KeyError, ValueError, IndexError, TypeError) as exc:
+            self._sources.pop(position, None)
+            source.close()
+            raise DataError(f"{path}: sample {local}: cannot be read ({_short(exc)})") from None
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if index < 0:
-            index += self._length
-        path, local = self.locate(index)
-        position = bisect_right(self._starts, index) - 1
-        try:
-            handle = self._handle(position)
-            if self._sharded[position]:
-                counts = handle["full"][local]
-                target = handle["unitPar"][local]
-            else:
-                counts = handle["full"][()]
-                target = handle["unitPar"][()]
-        except (OSError, KeyError, ValueError, IndexError) as exc:
-            self._handles.pop(position, None)
-            raise DataError(f"{path}: sample {local}: cannot be read ({_short(exc)})") from None
-        x = np.moveaxis(np.log1p(counts.astype(np.float32)), -1, 0)
-        if self._shift is not None:
-            x = (x - self._shift) * self._scale
-        x = torch.from_numpy(np.ascontiguousarray(x))
-        y = torch.from_numpy(np.asarray(target, dtype=np.float32))
+        x = torch.empty((self.cube_size,) * 3 + (N_CHANNELS,), dtype=torch.int16)
+        y = torch.empty(N_TARGETS, dtype=torch.float32)
+        self._read(index, x.numpy(), y.numpy())
+        return x, y
+
+    def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch: int16 ``(B, S, S, S, 4)`` and float32 ``(B, 4)``, one copy per sample."""
+        x = _empty((len(indices),) + (self.cube_size,) * 3 + (N_CHANNELS,), torch.int16)
+        y = _empty((len(indices), N_TARGETS), torch.float32)
+        xs, ys = x.numpy(), y.numpy()
+        for row, index in enumerate(indices):
+            self._read(int(index), xs[row], ys[row])
         return x, y
 
     def close(self) -> None:
-        """Close this process's open files (they reopen on the next access)."""
-        for handle in self._handles.values():
-            handle.close()
-        self._handles.clear()
+        """Close this process's open files and maps (they reopen on the next access)."""
+        for source in self._sources.values():
+            source.close()
+        self._sources.clear()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_handles"] = OrderedDict()  # h5py handles do not pickle (spawned workers)
+        state["_sources"] = OrderedDict()  # h5py handles and maps do not pickle (spawned workers)
         return state
 
     def __del__(self) -> None:
@@ -253,8 +370,10 @@ def build_datasets(config: "Config", runtime: "Runtime", data_dir: Path
     sees the whole dataset and the harness's sampler shards it.
 
     Returns:
-        Two `CosmoFlowDataset`; each item is ``x`` float32 ``(4, S, S, S)`` = log(counts + 1),
-        ``y`` float32 ``(4,)``; ``sample_shape`` / ``cube_size`` give S.
+        Two `CosmoFlowDataset`; each item is ``x`` int16 ``(S, S, S, 4)`` counts, ``y`` float32
+        ``(4,)``; their ``device_transform`` decodes a batch to the model's float32
+        ``(B, 4, S, S, S)`` input (``log(counts + 1)``, standardised per channel with the training
+        split's statistics when ``model.input_standardization`` is ``channel``).
 
     Raises:
         DataError: a folder is missing or empty, a file is malformed (named, with what was
