@@ -54,7 +54,30 @@ def in_memory(config: cfg.Config, data: Path, n: int) -> TensorDataset:
     return TensorDataset(ds.device_transform(x), y)
 
 
-def bench_harness(data: Path, samples: int, epochs: int) -> dict:
+def _bare_loop(config: cfg.Config, memory: TensorDataset, samples: int, epochs: int) -> float:
+    """Samples/s of the steady epochs (2..epochs) of a plain PyTorch loop on ``memory``."""
+    torch.manual_seed(config.train.seed)
+    model = COSMOFLOW.build_model(config.model)
+    optimizer, scheduler = COSMOFLOW.build_optimizer(model, config,
+                                                     samples // config.train.global_batch_size)
+    batches = DataLoader(memory, batch_size=config.train.global_batch_size, shuffle=True)
+    loss_fn = COSMOFLOW.build_loss(config)
+    times = []
+    for _ in range(epochs):
+        t0 = time.perf_counter()
+        for x, y in batches:
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+        times.append(time.perf_counter() - t0)
+    return samples * (epochs - 1) / sum(times[1:])
+
+
+def bench_harness(data: Path, samples: int, epochs: int, repeats: int) -> dict:
+    """`mlhpc.train.run` on pre-decoded in-memory data vs `_bare_loop` on the same tensors,
+    alternating, best of ``repeats`` each; epoch 1 of each warms up and is not counted."""
     with tempfile.TemporaryDirectory() as tmp:
         config = mini_config(data, Path(tmp) / "out", f"train.max_epochs={epochs}", "train.target=-1")
         memory = in_memory(config, data, samples)
@@ -64,28 +87,14 @@ def bench_harness(data: Path, samples: int, epochs: int) -> dict:
             COSMOFLOW, name="cosmoflow-in-memory",
             build_datasets=lambda c, rt, d: (memory, evalset)))
         config = cfg.from_dict({**config.to_dict(), "workload": "cosmoflow-in-memory"})
-        result = train.run(config)
-        # epoch 1 warms up; compare the steady epochs of both loops
-        harness = samples * (epochs - 1) / sum(result.epoch_times_s[1:])
-
-        torch.manual_seed(0)
-        model = COSMOFLOW.build_model(config.model)
-        optimizer, scheduler = COSMOFLOW.build_optimizer(model, config, samples // config.train.global_batch_size)
-        batches = DataLoader(memory, batch_size=config.train.global_batch_size, shuffle=True)
-        loss_fn = COSMOFLOW.build_loss(config)
-        times = []
-        for _ in range(epochs):
-            t0 = time.perf_counter()
-            for x, y in batches:
-                loss = loss_fn(model(x), y)
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                scheduler.step()
-            times.append(time.perf_counter() - t0)
-        bare = samples * (epochs - 1) / sum(times[1:])
-    return {"harness_samples_per_s": harness, "bare_samples_per_s": bare, "ratio": harness / bare,
-            "samples": samples, "epochs_timed": epochs - 1}
+        harness, bare = [], []
+        for repeat in range(repeats):
+            result = train.run(config)
+            harness.append(samples * (epochs - 1) / sum(result.epoch_times_s[1:]))
+            bare.append(_bare_loop(config, memory, samples, epochs))
+    return {"harness_samples_per_s": max(harness), "bare_samples_per_s": max(bare),
+            "ratio": max(harness) / max(bare), "samples": samples, "epochs_timed": epochs - 1,
+            "repeats": repeats, "harness_all": harness, "bare_all": bare}
 
 
 def _raw_read(files: list[Path]) -> int:
@@ -143,19 +152,24 @@ def bench_data(data: Path, workers: list[int], repeats: int,
     return out
 
 
-def bench_from_files(data: Path, samples: int, epochs: int, in_memory_samples_per_s: float) -> dict:
+def bench_from_files(data: Path, samples: int, epochs: int, repeats: int,
+                     in_memory_samples_per_s: float) -> dict:
     """`mlhpc.train.run` on the mini config reading HDF5 through the loader (decode on the device)
-    vs the same run on pre-decoded in-memory tensors: what the data path costs training."""
+    vs the same run on pre-decoded in-memory tensors (`bench_harness`): what the data path costs
+    training. Best of ``repeats``; epoch 1 warms up and is not counted."""
+    rates = []
     with tempfile.TemporaryDirectory() as tmp:
         batch = mini_config(data, Path(tmp)).train.global_batch_size
-        config = mini_config(data, Path(tmp) / "out", f"train.max_epochs={epochs}",
-                             "train.target=-1", f"data.train_samples={samples}",
-                             f"data.eval_samples={batch}")
-        result = train.run(config)
-    files = samples * (epochs - 1) / sum(result.epoch_times_s[1:])
-    return {"from_files_samples_per_s": files, "in_memory_samples_per_s": in_memory_samples_per_s,
-            "ratio": files / in_memory_samples_per_s, "samples": samples,
-            "epochs_timed": epochs - 1}
+        for repeat in range(repeats):
+            config = mini_config(data, Path(tmp) / f"out{repeat}", f"train.max_epochs={epochs}",
+                                 "train.target=-1", f"data.train_samples={samples}",
+                                 f"data.eval_samples={batch}")
+            result = train.run(config)
+            rates.append(samples * (epochs - 1) / sum(result.epoch_times_s[1:]))
+    return {"from_files_samples_per_s": max(rates),
+            "in_memory_samples_per_s": in_memory_samples_per_s,
+            "ratio": max(rates) / in_memory_samples_per_s, "samples": samples,
+            "epochs_timed": epochs - 1, "repeats": repeats, "from_files_all": rates}
 
 
 def bench_staging(data: Path, repeats: int) -> dict:
@@ -197,10 +211,12 @@ def main() -> None:
     if not (args.data / "train").is_dir():
         sys.exit(f"{args.data}: no dataset; run `mlhpc data synth cosmoflow --out {args.data} "
                  f"--config {MINI}` first")
-    results = {"machine": machine(), "harness": bench_harness(args.data, args.samples, args.epochs)}
+    results = {"machine": machine(),
+               "harness": bench_harness(args.data, args.samples, args.epochs, args.repeats)}
     in_memory_rate = results["harness"]["harness_samples_per_s"]
     results["data"] = bench_data(args.data, args.workers, args.repeats, in_memory_rate)
-    results["from_files"] = bench_from_files(args.data, args.samples, args.epochs, in_memory_rate)
+    results["from_files"] = bench_from_files(args.data, args.samples, args.epochs, args.repeats,
+                                            in_memory_rate)
     results["staging"] = bench_staging(args.data, args.repeats)
     text = json.dumps(results, indent=2)
     print(text)

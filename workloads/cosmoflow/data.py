@@ -136,8 +136,9 @@ class _Source:
             offset = _byte_offset(full)
             if offset is not None:
                 # copy-on-write mapping: writable views for torch.from_numpy, never written back
+                # (a plain ndarray view: np.memmap's subclass hooks cost more than the copy)
                 self.counts: Any = np.memmap(path, dtype=np.int16, mode="c", offset=offset,
-                                             shape=shape)
+                                             shape=shape).view(np.ndarray)
                 self.handle.close()
                 self.handle = None
             else:
@@ -239,6 +240,7 @@ class CosmoFlowDataset(Dataset):
         self.cube_size = int(cube_size)  # type: ignore[arg-type]
         self.sample_shape = (N_CHANNELS, self.cube_size, self.cube_size, self.cube_size)
         self._starts = starts
+        self._starts_array = np.asarray(starts, dtype=np.int64)
         self._counts = counts
         self._length = total if n_samples is None else n_samples
         self._sources: OrderedDict[int, _Source] = OrderedDict()
@@ -312,35 +314,60 @@ class CosmoFlowDataset(Dataset):
             oldest.close()
         return source
 
-    def _read(self, index: int, x_out: np.ndarray, y_out: np.ndarray) -> None:
-        position, local = self._position(index)
-        path = self.files[position]
-        try:
-            source = self._source(position)
-        except (DataError, OSError, KeyError, ValueError) as exc:
-            reason = str(exc).removeprefix(f"{path}: ")
-            raise DataError(f"{path}: sample {local}: cannot be read ({_short(reason)})") from None
+    def _read(self, position: int, local: int, x_out: np.ndarray, y_out: np.ndarray) -> None:
+        source = self._sources.get(position) if self._pid == os.getpid() else None
+        if source is None or source.counts is None:
+            try:
+                source = self._source(position)
+            except (DataError, OSError, KeyError, ValueError) as exc:
+                path = self.files[position]
+                reason = str(exc).removeprefix(f"{path}: ")
+                raise DataError(f"{path}: sample {local}: cannot be read "
+                                f"({_short(reason)})") from None
         try:
             x_out[...] = source.counts[local]
             y_out[...] = source.targets[local]
         except (OSError, KeyError, ValueError, IndexError, TypeError) as exc:
             self._sources.pop(position, None)
             source.close()
-            raise DataError(f"{path}: sample {local}: cannot be read ({_short(exc)})") from None
+            raise DataError(f"{self.files[position]}: sample {local}: cannot be read "
+                            f"({_short(exc)})") from None
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.empty((self.cube_size,) * 3 + (N_CHANNELS,), dtype=torch.int16)
         y = torch.empty(N_TARGETS, dtype=torch.float32)
-        self._read(index, x.numpy(), y.numpy())
+        self._read(*self._position(index), x.numpy(), y.numpy())
         return x, y
 
     def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """A batch: int16 ``(B, S, S, S, 4)`` and float32 ``(B, 4)``, one copy per sample."""
-        x = _empty((len(indices),) + (self.cube_size,) * 3 + (N_CHANNELS,), torch.int16)
-        y = _empty((len(indices), N_TARGETS), torch.float32)
+        """A batch: int16 ``(B, S, S, S, 4)`` and float32 ``(B, 4)``, one copy per sample.
+
+        Raises:
+            IndexError: an index is out of range. DataError: as `__getitem__`.
+        """
+        index = np.asarray(indices, dtype=np.int64).reshape(-1)
+        index = np.where(index < 0, index + self._length, index)
+        if index.size and not (0 <= index.min() and index.max() < self._length):
+            bad = index[(index < 0) | (index >= self._length)][0]
+            raise IndexError(f"sample {bad} out of range 0..{self._length - 1}")
+        positions = np.searchsorted(self._starts_array, index, side="right") - 1
+        locals_ = index - self._starts_array[positions]
+        x = _empty((index.size,) + (self.cube_size,) * 3 + (N_CHANNELS,), torch.int16)
+        y = _empty((index.size, N_TARGETS), torch.float32)
         xs, ys = x.numpy(), y.numpy()
-        for row, index in enumerate(indices):
-            self._read(int(index), xs[row], ys[row])
+        if self._pid != os.getpid():
+            self._source(int(positions[0]))  # resets the handles inherited through a fork
+        sources = self._sources
+        for row, (position, local) in enumerate(zip(positions.tolist(), locals_.tolist())):
+            source = sources.get(position)
+            if source is None:  # first use in this process, or evicted: opens (or names the error)
+                self._read(position, local, xs[row], ys[row])
+                continue
+            try:
+                xs[row] = source.counts[local]
+                ys[row] = source.targets[local]
+            except Exception:  # the slow path closes the file and raises one clear DataError
+                self._read(position, local, xs[row], ys[row])
         return x, y
 
     def close(self) -> None:
