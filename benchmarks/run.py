@@ -5,8 +5,9 @@
    data, same batch size; ratio of training samples/s.
 2. Data path: mlhpc's CosmoFlow training loader (`mlhpc.loader.make_loader` over
    `CosmoFlowDataset`: memory-mapped HDF5 -> int16 batches; decode happens on the device) vs a raw
-   h5py read of the same files (bytes/s), and vs the samples/s training consumes; plus what the
-   on-device decode costs, and training from the files vs training from pre-decoded memory.
+   h5py read of the same files (bytes/s), vs torch's stock DataLoader over the same bytes already
+   in memory, and vs the samples/s training consumes; plus what the on-device decode costs, and
+   training from the files vs training from pre-decoded memory.
 3. Staging: `mlhpc.staging.stage` (copy + XXH3-128 manifest + verify) vs `cp -r` of the same tree
    (GB/s ratio), alternating, best of ``--repeats`` each.
 
@@ -115,19 +116,28 @@ def bench_data(data: Path, workers: list[int], repeats: int,
     config = mini_config(data, Path(tempfile.gettempdir()))
     lbs = config.train.global_batch_size
     ds, _ = COSMOFLOW.build_datasets(config, runtime.Runtime(), data)
+    # the same bytes already in memory, through torch's stock DataLoader (default_collate)
+    memory = TensorDataset(*ds.__getitems__(range(len(ds))))
     raw_best = float("inf")
     loader_best = {w: float("inf") for w in workers}
+    stock_best = {w: float("inf") for w in workers}
+
+    def epoch(batches: DataLoader) -> float:
+        t0 = time.perf_counter()
+        n = sum(x.shape[0] for x, _ in batches)
+        assert n == len(ds)
+        return time.perf_counter() - t0
+
     for _ in range(repeats):
         t0 = time.perf_counter()
         _raw_read(files)
         raw_best = min(raw_best, time.perf_counter() - t0)
-        for w in workers:
-            batches = loader.make_loader(ds, lbs, shuffle=True, num_workers=w)
-            t0 = time.perf_counter()
-            n = sum(x.shape[0] for x, _ in batches)
-            loader_best[w] = min(loader_best[w], time.perf_counter() - t0)
-            assert n == len(ds)
-            del batches  # stops persistent workers
+        for w in workers:  # a fresh DataLoader each time, as each training run starts one
+            loader_best[w] = min(loader_best[w],
+                                 epoch(loader.make_loader(ds, lbs, shuffle=True, num_workers=w)))
+            stock_best[w] = min(stock_best[w],
+                                epoch(DataLoader(memory, batch_size=lbs, shuffle=True,
+                                                 num_workers=w)))
     # decoding moved to the device: what it costs per sample there (here, the CPU)
     x, _ = ds.__getitems__(range(lbs))
     ds.device_transform(x)
@@ -143,7 +153,9 @@ def bench_data(data: Path, workers: list[int], repeats: int,
            "loaders": {}}
     for w in workers:
         row = {"bytes_per_s": nbytes / loader_best[w], "samples_per_s": len(ds) / loader_best[w],
-               "vs_raw": raw_best / loader_best[w]}
+               "vs_raw": raw_best / loader_best[w],
+               "stock_in_memory_bytes_per_s": nbytes / stock_best[w],
+               "vs_stock_in_memory": stock_best[w] / loader_best[w]}
         if train_samples_per_s:
             row["vs_training"] = row["samples_per_s"] / train_samples_per_s
         out["loaders"][f"num_workers={w}"] = row

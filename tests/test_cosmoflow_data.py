@@ -200,6 +200,8 @@ def test_reader_sharded_and_first_n(sharded):
         np.testing.assert_array_equal(y.numpy(), f["unitPar"][0])
         np.testing.assert_array_equal(x.numpy(), f["full"][0])
     assert train.locate(2) == (sharded / "train" / "univ_000002.h5", 0)
+    xb, yb = train.__getitems__([2, 0])
+    assert torch.equal(xb[0], x) and torch.equal(yb[0], y) and torch.equal(yb[1], train[0][1])
     everything, _ = build_datasets(_config(), None, sharded)
     assert len(everything) == 5
     with pytest.raises(IndexError):

@@ -21,6 +21,7 @@ number per process, and reopened after a fork (DataLoader workers).
 
 from __future__ import annotations
 
+import mmap
 import os
 from bisect import bisect_right
 from collections import OrderedDict
@@ -135,10 +136,7 @@ class _Source:
                                                                                        N_TARGETS)
             offset = _byte_offset(full)
             if offset is not None:
-                # copy-on-write mapping: writable views for torch.from_numpy, never written back
-                # (a plain ndarray view: np.memmap's subclass hooks cost more than the copy)
-                self.counts: Any = np.memmap(path, dtype=np.int16, mode="c", offset=offset,
-                                             shape=shape).view(np.ndarray)
+                self.counts: Any = _map(path, offset, shape)
                 self.handle.close()
                 self.handle = None
             else:
@@ -152,6 +150,20 @@ class _Source:
             self.handle.close()
             self.handle = None
         self.counts = None
+
+
+def _map(path: Path, offset: int, shape: tuple[int, ...]) -> np.ndarray:
+    """A read-only int16 ndarray of ``shape`` over the file's bytes from ``offset`` (a private
+    memory map: pages come from the page cache on first touch, nothing is read up front).
+    Raises ValueError when the file is shorter than the array."""
+    nbytes = int(np.prod(shape)) * 2
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size < offset + nbytes:
+            raise ValueError(f"file is {size} bytes, dataset 'full' needs {offset + nbytes}")
+        mapping = mmap.mmap(handle.fileno(), offset + nbytes, flags=mmap.MAP_PRIVATE,
+                            prot=mmap.PROT_READ)
+    return np.frombuffer(mapping, dtype=np.int16, count=nbytes // 2, offset=offset).reshape(shape)
 
 
 class _Single:
@@ -243,6 +255,7 @@ class CosmoFlowDataset(Dataset):
         self._starts_array = np.asarray(starts, dtype=np.int64)
         self._counts = counts
         self._length = total if n_samples is None else n_samples
+        self._targets = np.zeros((self._length, N_TARGETS), np.float32)  # filled as files open
         self._sources: OrderedDict[int, _Source] = OrderedDict()
         self._pid = os.getpid()
         self._shift: Optional[torch.Tensor] = None
@@ -308,6 +321,9 @@ class CosmoFlowDataset(Dataset):
             self._sources.move_to_end(position)
             return source
         source = _Source(self.files[position], self._counts[position], self.cube_size)
+        start = self._starts[position]
+        used = min(self._counts[position], self._length - start)
+        self._targets[start:start + used] = source.targets[:used]
         self._sources[position] = source
         if len(self._sources) > MAX_OPEN_FILES:
             _, oldest = self._sources.popitem(last=False)
@@ -365,9 +381,9 @@ class CosmoFlowDataset(Dataset):
                 continue
             try:
                 xs[row] = source.counts[local]
-                ys[row] = source.targets[local]
             except Exception:  # the slow path closes the file and raises one clear DataError
                 self._read(position, local, xs[row], ys[row])
+        np.take(self._targets, index, axis=0, out=ys)  # every file of the batch is open by now
         return x, y
 
     def close(self) -> None:
