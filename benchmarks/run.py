@@ -138,6 +138,16 @@ def bench_data(data: Path, workers: list[int], repeats: int,
             stock_best[w] = min(stock_best[w],
                                 epoch(DataLoader(memory, batch_size=lbs, shuffle=True,
                                                  num_workers=w)))
+    # context: h5py called once per sample in the same shuffled order (the loader's earlier design)
+    handles = [h5py.File(path, "r") for path in files]
+    per_file = handles[0]["full"].shape[0]
+    t0 = time.perf_counter()
+    for i in torch.randperm(len(ds)).tolist():
+        handles[i // per_file]["full"][i % per_file]
+        handles[i // per_file]["unitPar"][i % per_file]
+    per_sample_h5py_s = time.perf_counter() - t0
+    for handle in handles:
+        handle.close()
     # decoding moved to the device: what it costs per sample there (here, the CPU)
     x, _ = ds.__getitems__(range(lbs))
     ds.device_transform(x)
@@ -149,6 +159,7 @@ def bench_data(data: Path, workers: list[int], repeats: int,
     raw_bps = nbytes / raw_best
     out = {"files": len(files), "bytes": nbytes, "samples": len(ds), "batch_size": lbs,
            "memory_mapped": ds.memory_mapped, "raw_h5py_bytes_per_s": raw_bps,
+           "per_sample_h5py_bytes_per_s": nbytes / per_sample_h5py_s,
            "repeats": repeats, "decode_on_device_samples_per_s": decode_samples_per_s,
            "loaders": {}}
     for w in workers:

@@ -55,7 +55,9 @@ class Workload:
             sections ``model``, ``optimizer`` and ``synth`` of this workload.
         build_model: ``model_config -> nn.Module`` (float32 weights, on the CPU).
         build_datasets: ``(config, runtime, data_dir) -> (train, validation)`` map-style datasets
-            reading the official on-disk layout under ``data_dir``; raises ``DataError``.
+            reading the official on-disk layout under ``data_dir``; raises ``DataError``. A
+            dataset may also define ``collate_fn`` (whole batches from ``__getitems__``) and
+            ``device_transform`` (decode a batch on the training device); see `mlhpc.loader`.
         synthesize: ``(out_dir, synth_config, seed) -> None`` writes embedded data in the official
             layout (``train/`` and ``validation/``).
         build_loss: ``config -> (output, target) -> scalar loss tensor``.
