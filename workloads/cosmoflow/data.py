@@ -15,8 +15,9 @@ the decode runs vectorised where the model runs.
 Reading: a file whose ``full`` is stored contiguous and unfiltered (as `synthesize` writes it) is
 memory-mapped at the dataset's byte offset, so a batch is one copy out of the page cache with no
 HDF5 call per sample; chunked or compressed files are read through h5py, one call per sample.
-Start-up reads only HDF5 metadata (shapes and dtypes); files are opened on first access, a bounded
-number per process, and reopened after a fork (DataLoader workers).
+Start-up reads HDF5 metadata (shapes, dtypes, byte offsets) and the small targets; sample data
+are mapped or read on first access, a bounded number of files per process, reopened after a fork
+(DataLoader workers); a file changed since start-up is re-checked through h5py.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import mmap
 import os
 from bisect import bisect_right
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
@@ -62,15 +64,39 @@ def find_files(folder: Path) -> list[Path]:
     return files
 
 
-def _inspect(path: Path) -> tuple[int, int, bool]:
-    """``(n_samples, cube_size, sharded)`` of one file, from its metadata only. Raises DataError."""
+@dataclass(frozen=True)
+class _FileInfo:
+    """What construction learnt of one file: sample count, cube size, the byte offset of a
+    memory-mappable ``full`` (None: read through h5py), the targets float32 ``(n, 4)``, and the
+    file's identity ``(inode, size, mtime_ns)`` to notice a file replaced afterwards."""
+
+    n_samples: int
+    cube: int
+    offset: Optional[int]
+    targets: np.ndarray
+    identity: tuple[int, int, int]
+
+
+def _identity(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _inspect(path: Path) -> _FileInfo:
+    """A file's metadata and targets (no sample data). Raises DataError."""
     try:
+        identity = _identity(path)
         handle = h5py.File(path, "r")
     except OSError as exc:
         kind = "is not an HDF5 file" if "signature" in str(exc) else "cannot be opened as HDF5"
         raise DataError(f"{path}: {kind} ({_short(exc)})") from None
     with handle:
-        return _check_layout(path, handle)
+        n_samples, cube, _ = _check_layout(path, handle)
+        try:
+            targets = np.asarray(handle["unitPar"][()], np.float32).reshape(n_samples, N_TARGETS)
+        except OSError as exc:
+            raise DataError(f"{path}: dataset 'unitPar' cannot be read ({_short(exc)})") from None
+        return _FileInfo(n_samples, cube, _byte_offset(handle["full"]), targets, identity)
 
 
 def _check_layout(path: Path, handle: h5py.File) -> tuple[int, int, bool]:
@@ -123,9 +149,16 @@ class _Source:
     """One file's samples in this process: ``counts[i]`` int16 ``(S, S, S, 4)`` (a memory map of
     the file, or the h5py dataset) and ``targets`` float32 ``(n, 4)``."""
 
-    def __init__(self, path: Path, n_samples: int, cube: int) -> None:
-        self.handle: Optional[h5py.File] = h5py.File(path, "r")
+    def __init__(self, path: Path, info: _FileInfo) -> None:
+        n_samples, cube = info.n_samples, info.cube
         shape = (n_samples, cube, cube, cube, N_CHANNELS)
+        self.handle: Optional[h5py.File] = None
+        if info.offset is not None and _identity(path) == info.identity:
+            # unchanged since construction: map it without another HDF5 open
+            self.targets = info.targets
+            self.counts: Any = _map(path, info.offset, shape)
+            return
+        self.handle = h5py.File(path, "r")
         try:
             _check_layout(path, self.handle)
             full = self.handle["full"]
@@ -136,7 +169,7 @@ class _Source:
                                                                                        N_TARGETS)
             offset = _byte_offset(full)
             if offset is not None:
-                self.counts: Any = _map(path, offset, shape)
+                self.counts = _map(path, offset, shape)
                 self.handle.close()
                 self.handle = None
             else:
@@ -231,11 +264,13 @@ class CosmoFlowDataset(Dataset):
         used: list[Path] = []
         starts: list[int] = []
         counts: list[int] = []
+        infos: list[_FileInfo] = []
         total, cube_size = 0, None
         for path in files:
             if n_samples is not None and total >= n_samples:
                 break
-            count, size, _ = _inspect(path)
+            info = _inspect(path)
+            count, size = info.n_samples, info.cube
             if cube_size is None:
                 cube_size = size
             elif size != cube_size:
@@ -244,6 +279,7 @@ class CosmoFlowDataset(Dataset):
             used.append(path)
             starts.append(total)
             counts.append(count)
+            infos.append(info)
             total += count
         if n_samples is not None and total < n_samples:
             raise DataError(f"{folder}: {total} samples found in {len(used)} files, "
@@ -255,13 +291,13 @@ class CosmoFlowDataset(Dataset):
         self._starts_array = np.asarray(starts, dtype=np.int64)
         self._counts = counts
         self._length = total if n_samples is None else n_samples
-        self._targets = np.zeros((self._length, N_TARGETS), np.float32)  # filled as files open
+        self._infos = infos
+        self._targets = np.concatenate([info.targets for info in infos])[:self._length]
+        self.memory_mapped = all(info.offset is not None for info in infos)
         self._sources: OrderedDict[int, _Source] = OrderedDict()
         self._pid = os.getpid()
         self._shift: Optional[torch.Tensor] = None
         self._scale: Optional[torch.Tensor] = None
-        with h5py.File(used[0], "r") as handle:
-            self.memory_mapped = _byte_offset(handle["full"]) is not None
 
     # ------------------------------------------------------------------ decoding (on the device)
 
@@ -320,7 +356,7 @@ class CosmoFlowDataset(Dataset):
         if source is not None:
             self._sources.move_to_end(position)
             return source
-        source = _Source(self.files[position], self._counts[position], self.cube_size)
+        source = _Source(self.files[position], self._infos[position])
         start = self._starts[position]
         used = min(self._counts[position], self._length - start)
         self._targets[start:start + used] = source.targets[:used]
