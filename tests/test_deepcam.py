@@ -122,13 +122,17 @@ def test_reader_reads_the_official_layout(tmp_path):
     train, val = build_datasets(_config(tmp_path), Runtime(), root)
     assert (len(train), len(val)) == (3, 2)
     x, y = train[1]
-    assert x.shape == (16, 16, 32) and x.dtype == torch.float32
+    assert x.shape == (16, 32, 16) and x.dtype == torch.float32  # (H, W, C) as stored
     assert y.shape == (16, 32) and y.dtype == torch.int64
     with h5py.File(train.files[1]) as f:
         raw = f["climate/data"][...]
         label = f["climate/labels_0"][...]
-    np.testing.assert_allclose(x.numpy(), ((raw + 5.0) / 10.0).transpose(2, 0, 1), rtol=1e-6)
+    np.testing.assert_array_equal(x.numpy(), raw)
     np.testing.assert_array_equal(y.numpy(), label)
+    batch = train.device_transform(torch.stack([train[0][0], x]))  # normalised on the device
+    assert batch.shape == (2, 16, 16, 32) and batch.is_contiguous()
+    np.testing.assert_allclose(batch[1].numpy(), ((raw + 5.0) / 10.0).transpose(2, 0, 1),
+                               rtol=1e-6)
 
 
 def test_reader_takes_the_first_samples_the_config_asks_for(tmp_path):
@@ -249,7 +253,8 @@ def test_synthesized_data_reads_back(tmp_path):
     cfg = _config(tmp_path)
     synthesize(cfg.data.path, cfg.synth, seed=1)
     train, val = build_datasets(cfg, Runtime(), cfg.data.path)
-    x, y = train[0]
+    x = train.device_transform(train[0][0][None])[0]
+    y = train[0][1]
     assert x.shape == (16, 32, 48) and -1e-6 <= x.min() and x.max() <= 1.0 + 1e-6
     assert y.shape == (32, 48) and len(val) == 2
 

@@ -16,7 +16,8 @@ reinterpret the raw label bytes as INT32, 768 * 1152 * 4 bytes per sample; the r
 casts whatever it finds to int64, so any integer dtype is accepted here.
 
 Normalisation is the reference's min-max scaling with the training-set statistics:
-``x = (data - minval) / (maxval - minval)`` per channel, then HWC -> CHW.
+``x = (data - minval) / (maxval - minval)`` per channel, then HWC -> CHW; it runs on the training
+device (`CamDataset.device_transform`), not in the loader.
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ def read_stats(path: Path, channels: int = len(CHANNELS)) -> tuple[np.ndarray, n
 class CamDataset(Dataset):
     """Map-style dataset over ``data-*.h5`` sample files.
 
-    ``dataset[i]`` -> ``(x, y)``: x float32 (C, H, W) normalised with ``(data - minval) /
-    (maxval - minval)``, y int64 (H, W) with values in ``[0, num_classes)``.
+    ``dataset[i]`` -> ``(x, y)``: x float32 (H, W, C) as stored, y int64 (H, W) with values in
+    ``[0, num_classes)``. ``device_transform`` normalises a batch on the training device with
+    ``(data - minval) / (maxval - minval)`` and puts channels first, (B, C, H, W).
 
     Every read opens the sample file on its own and closes it, so each DataLoader worker holds
     its own handle and no HDF5 handle crosses a fork (h5py handles must not be shared between
@@ -126,6 +128,8 @@ class CamDataset(Dataset):
         shift, scale = read_stats(stats_file, channels)
         self.shift = shift.reshape(1, 1, channels)
         self.scale = scale.reshape(1, 1, channels)
+        self._shift_t: torch.Tensor | None = None  # on the device of the last batch
+        self._scale_t: torch.Tensor | None = None
         data_shape, _ = self._peek(self.files[0])
         self.data_shape = data_shape
         self.label_shape = data_shape[:2]
@@ -172,8 +176,19 @@ class CamDataset(Dataset):
         if lo < 0 or hi >= self.num_classes:
             bad = lo if lo < 0 else hi
             raise DataError(f"{path}: {LABEL_KEY} holds class {bad}, expected 0..{self.num_classes - 1}")
-        x = np.ascontiguousarray(((data - self.shift) * self.scale).transpose(2, 0, 1))
-        return torch.from_numpy(x), torch.from_numpy(label.astype(np.int64))
+        return torch.from_numpy(data), torch.from_numpy(label.astype(np.int64))
+
+    def device_transform(self, data: torch.Tensor) -> torch.Tensor:
+        """Normalise a batch where it lies (`mlhpc.loader`): float32 ``(B, H, W, C)`` as stored ->
+        float32 ``(B, C, H, W)`` contiguous, ``(data - minval) / (maxval - minval)`` per channel."""
+        if self._shift_t is None or self._shift_t.device != data.device:
+            c = self.channels
+            self._shift_t = torch.from_numpy(self.shift.reshape(1, c, 1, 1)).to(data.device)
+            self._scale_t = torch.from_numpy(self.scale.reshape(1, c, 1, 1)).to(data.device)
+        out = torch.empty((data.shape[0], self.channels, *data.shape[1:3]), dtype=torch.float32,
+                          device=data.device)
+        torch.sub(data.permute(0, 3, 1, 2), self._shift_t, out=out)
+        return out.mul_(self._scale_t)
 
 
 def build_datasets(config: "Config", runtime: "Runtime", data_dir: Path) -> tuple[CamDataset, CamDataset]:
