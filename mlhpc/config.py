@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from mlhpc.errors import ConfigError
 
@@ -58,6 +58,9 @@ class DataConfig(Section):
     staging: StagingConfig = StagingConfig()
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+
+
 class TrainConfig(Section):
     """The training loop (`mlhpc.train`)."""
 
@@ -68,12 +71,22 @@ class TrainConfig(Section):
     seed: int = Field(0, ge=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     amp: bool = False  # bf16 autocast on CUDA
-    compile: bool = False  # torch.compile the model (first epoch pays the compilation)
+    # torch.compile the model (the first epoch pays the compilation): false, true (= "default"),
+    # or a torch.compile mode; "reduce-overhead" replays the step with CUDA graphs on a GPU
+    compile: Union[bool, str] = False
     threads: Optional[int] = Field(None, ge=1)  # torch intra-op threads; None: torch's default
     log_every_steps: int = Field(0, ge=0)  # progress lines; 0: once per epoch
     check_every_steps: int = Field(10, ge=1)  # how often ranks agree on stop (SIGTERM, NaN loss)
     checkpoint_every_epochs: int = Field(0, ge=0)  # 0: only on SIGTERM
     instances: int = Field(1, ge=1)  # throughput (weak scaling) mode: K independent models
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_setting(cls, value: Any) -> Union[bool, str]:
+        if isinstance(value, bool) or value in COMPILE_MODES:
+            return value
+        raise ValueError(f"expected true, false or a torch.compile mode "
+                         f"({', '.join(COMPILE_MODES)}); got {value!r}")
 
 
 class OutputConfig(Section):

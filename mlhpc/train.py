@@ -120,6 +120,13 @@ class _Stop:
         self.signal = signal.Signals(signum).name
 
 
+def compile_mode(setting: bool | str) -> str | None:
+    """The ``torch.compile`` mode for ``train.compile`` (None: do not compile)."""
+    if setting is False:
+        return None
+    return "default" if setting is True else str(setting)
+
+
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -375,7 +382,7 @@ def _train(config: Config, workload: Workload, world: Runtime, rt: Runtime, log:
 
     _seed_everything(seed)
     model = workload.build_model(config.model).to(rt.device)
-    ddp_model = torch.compile(model) if tcfg.compile else model
+    ddp_model = torch.compile(model, mode=compile_mode(tcfg.compile)) if tcfg.compile else model
     if rt.distributed:
         ddp_model = torch.nn.parallel.DistributedDataParallel(
             ddp_model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
@@ -560,7 +567,7 @@ def _train(config: Config, workload: Workload, world: Runtime, rt: Runtime, log:
                       "memory_mapped": getattr(train_ds, "memory_mapped", False),
                       "decode_on_device": hasattr(train_ds, "device_transform"),
                       "channels_last": bool(getattr(config.model, "channels_last", False)),
-                      "compile": tcfg.compile},
+                      "compile": compile_mode(tcfg.compile)},
     }
     result = RunResult(
         status=status, reason=reason, workload=workload.name,

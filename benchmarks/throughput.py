@@ -1,0 +1,152 @@
+"""Training-step throughput and MFU of one workload at a chosen size, data loading excluded.
+
+One real batch of the workload's own data (synthesised first when missing, as `mlhpc run` does)
+is decoded once and kept on the device; the timed loop is forward, loss, backward and optimizer
+step, as in `mlhpc.train`, with the config's model, optimizer, ``train.compile`` mode and
+``model.channels_last`` switch. This is the compute ceiling the data path has to keep fed
+(`benchmarks/run.py` measures the data path). FLOPs per sample are counted with
+torch.utils.flop_counter.FlopCounterMode (`mlhpc.perf.count_flops`); the peak comes from
+`mlhpc.perf.device_peak` (a data-sheet entry for known GPUs, else a measured matrix product; the
+source is printed with it).
+
+Usage (the reference CosmoFlow in bf16 on a GPU, 64 synthetic cubes of 128^3 x 4):
+
+    python benchmarks/throughput.py configs/cosmoflow.yaml --batch 32 --precision bf16 \\
+        --set data.path=/tmp/cosmoflow-128 --set synth.cube_size=128 \\
+        --set synth.train_samples=64 --set synth.eval_samples=8 \\
+        --set model.channels_last=true --json cosmoflow-h100.json
+
+Prints one line and, with ``--json``, writes every figure. Exit status 2 with one line on bad
+input (config, data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import workloads  # noqa: E402
+from mlhpc import config as cfg  # noqa: E402
+from mlhpc import loader, perf, runtime  # noqa: E402
+from mlhpc.errors import MlhpcError  # noqa: E402
+from mlhpc.train import compile_mode, ensure_data  # noqa: E402
+
+
+def measure(config: cfg.Config, batch_size: int, steps: int, warmup: int, precision: str,
+            device: str) -> dict:
+    """Samples/s, FLOPs per sample, achieved FLOP/s and MFU of ``steps`` timed training steps
+    after ``warmup`` untimed ones (compilation happens there), local batch ``batch_size``.
+
+    Raises:
+        ConfigError, DataError: as `mlhpc run`; DataError also when the training split holds
+            fewer than ``batch_size`` samples.
+    """
+    from mlhpc.errors import DataError
+
+    workload = workloads.get(config.workload)
+    rt = runtime.detect(device=device)
+    if config.train.threads:
+        torch.set_num_threads(config.train.threads)
+    ensure_data(config, workload, rt)
+    train_ds, _ = workload.build_datasets(config, rt, Path(config.data.path))
+    if len(train_ds) < batch_size:
+        raise DataError(f"{config.data.path}: {len(train_ds)} training samples, fewer than the "
+                        f"batch of {batch_size}")
+    first = next(iter(loader.make_loader(train_ds, batch_size, drop_last=True, device=rt.device)))
+    x, y = loader.to_device(first, rt.device, loader.device_transform(train_ds))
+
+    torch.manual_seed(config.train.seed)
+    model = workload.build_model(config.model).to(rt.device)
+    loss_fn = workload.build_loss(config)
+    flops = perf.count_flops(copy.deepcopy(model).to("meta"), x[:1].to("meta"), loss_fn,
+                             y[:1].to("meta"))
+    optimizer, _ = workload.build_optimizer(model, config, 1)
+    mode = compile_mode(config.train.compile)
+    step_model = torch.compile(model, mode=mode) if mode else model
+    autocast = torch.autocast(device_type=rt.device.type, dtype=torch.bfloat16,
+                              enabled=precision == "bf16")
+    cuda = rt.device.type == "cuda"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(rt.device)
+
+    def step() -> None:
+        with autocast:
+            loss = loss_fn(step_model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    model.train()
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    sync()
+    warmup_s = time.perf_counter() - t0
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(rt.device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync()
+    timed_s = time.perf_counter() - t0
+
+    samples_per_s = steps * batch_size / timed_s
+    achieved = flops.train_flops * samples_per_s
+    peak, peak_source = perf.device_peak(rt.device, precision)
+    return {
+        "workload": workload.name, "device": (torch.cuda.get_device_name(rt.device) if cuda
+                                              else f"cpu ({torch.get_num_threads()} threads)"),
+        "torch": torch.__version__, "precision": precision, "compile": mode,
+        "channels_last": bool(getattr(config.model, "channels_last", False)),
+        "sample_shape": list(x.shape[1:]), "batch_size": batch_size, "steps": steps,
+        "warmup_steps": warmup, "warmup_s": warmup_s, "timed_s": timed_s,
+        "samples_per_s": samples_per_s, "forward_flops_per_sample": flops.forward_flops,
+        "train_flops_per_sample": flops.train_flops, "achieved_flop_per_s": achieved,
+        "peak_flop_per_s": peak, "peak_source": peak_source, "mfu": achieved / peak,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "cuda_peak_memory_bytes": torch.cuda.max_memory_allocated(rt.device) if cuda else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", type=Path)
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="override a config value (repeatable)")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="local batch size (default: train.global_batch_size)")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--json", type=Path, default=None, help="write every figure here")
+    args = parser.parse_args()
+    try:
+        config = cfg.load(args.config, tuple(args.overrides))
+        batch = args.batch or config.train.global_batch_size
+        result = measure(config, batch, args.steps, args.warmup, args.precision, args.device)
+    except MlhpcError as exc:
+        print(f"throughput: {exc}", file=sys.stderr)
+        sys.exit(2)
+    print(f"{result['workload']} {tuple(result['sample_shape'])} batch {batch} "
+          f"{result['precision']} on {result['device']}: {result['samples_per_s']:,.1f} samples/s, "
+          f"{result['train_flops_per_sample'] / 1e9:.3f} GFLOP/sample, "
+          f"{result['achieved_flop_per_s'] / 1e12:.3f} TFLOP/s, MFU {result['mfu']:.1%} "
+          f"({result['peak_source']})")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
