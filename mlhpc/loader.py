@@ -11,7 +11,8 @@ Two optional attributes let a dataset take over the hot path, and every loop of 
   training device, so decoding (CosmoFlow's ``log(counts + 1)`` and standardisation) runs
   vectorised where the model runs and the loader moves compact stored dtypes (int16).
 
-Datasets without them get torch's defaults: default_collate and the identity.
+Datasets without them get torch's defaults: default_collate and the identity. `channels_first`
+and `PerChannel` are the pieces the workloads' decoders share.
 """
 
 from __future__ import annotations
@@ -44,9 +45,41 @@ def to_device(batch: tuple[Any, Any], device: torch.device,
               transform: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """``(transform(x), y)`` on ``device``; the copies are asynchronous from pinned memory."""
     x, y = batch
-    x = transform(torch.as_tensor(x).to(device, non_blocking=True))
-    return x, torch.as_tensor(y).to(device, non_blocking=True)
+    return transform(x.to(device, non_blocking=True)), y.to(device, non_blocking=True)
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
     return x
+
+
+def channels_first(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(view, out)`` for decoding a channels-last batch ``(B, *spatial, C)``: ``view`` is the
+    batch permuted to ``(B, C, *spatial)`` (no copy), ``out`` a new contiguous float32 tensor of
+    that shape on the batch's device for an ``out=`` operation to write into."""
+    spatial = range(1, batch.ndim - 1)
+    view = batch.permute(0, batch.ndim - 1, *spatial)
+    return view, torch.empty(view.shape, dtype=torch.float32, device=batch.device)
+
+
+class PerChannel:
+    """Per-channel ``(x - shift) * scale`` on channels-first batches ``(B, C, ...)``.
+
+    Args:
+        shift, scale: float ``(C,)`` (array-like); kept on the CPU and copied once to each device
+            a batch arrives on.
+    """
+
+    def __init__(self, shift: Any, scale: Any) -> None:
+        self._cpu = (torch.as_tensor(shift, dtype=torch.float32).reshape(-1),
+                     torch.as_tensor(scale, dtype=torch.float32).reshape(-1))
+        self._on: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def apply(self, source: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out = (source - shift) * scale``, broadcast over channel dim 1; ``out`` may be
+        ``source`` itself. Returns ``out``."""
+        key = (out.device, out.ndim)
+        if key not in self._on:
+            shape = (1, -1) + (1,) * (out.ndim - 2)
+            self._on[key] = tuple(t.reshape(shape).to(out.device) for t in self._cpu)
+        shift, scale = self._on[key]
+        return torch.sub(source, shift, out=out).mul_(scale)

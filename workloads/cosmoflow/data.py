@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import mmap
 import os
-from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from mlhpc.errors import DataError
+from mlhpc.loader import PerChannel, channels_first
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from mlhpc.config import Config
@@ -91,7 +91,7 @@ def _inspect(path: Path) -> _FileInfo:
         kind = "is not an HDF5 file" if "signature" in str(exc) else "cannot be opened as HDF5"
         raise DataError(f"{path}: {kind} ({_short(exc)})") from None
     with handle:
-        n_samples, cube, _ = _check_layout(path, handle)
+        n_samples, cube = _check_layout(path, handle)
         try:
             targets = np.asarray(handle["unitPar"][()], np.float32).reshape(n_samples, N_TARGETS)
         except OSError as exc:
@@ -99,7 +99,9 @@ def _inspect(path: Path) -> _FileInfo:
         return _FileInfo(n_samples, cube, _byte_offset(handle["full"]), targets, identity)
 
 
-def _check_layout(path: Path, handle: h5py.File) -> tuple[int, int, bool]:
+def _check_layout(path: Path, handle: h5py.File) -> tuple[int, int]:
+    """``(n_samples, cube_size)`` of an open file whose ``full`` and ``unitPar`` have the
+    official layout. Raises DataError naming the file and what was expected."""
     for name in ("full", "unitPar"):
         if name not in handle or not isinstance(handle[name], h5py.Dataset):
             raise DataError(f"{path}: missing dataset {name!r}; expected 'full' (int16 "
@@ -126,7 +128,7 @@ def _check_layout(path: Path, handle: h5py.File) -> tuple[int, int, bool]:
                         f"{unit_expected} to match 'full' {shape}")
     if unit.dtype.kind != "f":
         raise DataError(f"{path}: dataset 'unitPar' has dtype {unit.dtype}; expected float32")
-    return int(n_samples), int(cube[0]), len(shape) == 5
+    return int(n_samples), int(cube[0])
 
 
 def _byte_offset(full: h5py.Dataset) -> Optional[int]:
@@ -147,36 +149,28 @@ def _short(exc: BaseException) -> str:
 
 class _Source:
     """One file's samples in this process: ``counts[i]`` int16 ``(S, S, S, 4)`` (a memory map of
-    the file, or the h5py dataset) and ``targets`` float32 ``(n, 4)``."""
+    the file, or the h5py dataset) and ``targets`` float32 ``(n, 4)``.
+
+    Raises DataError / ValueError / OSError when the file cannot be opened, or has changed since
+    ``info`` was taken into something the index no longer describes."""
 
     def __init__(self, path: Path, info: _FileInfo) -> None:
-        n_samples, cube = info.n_samples, info.cube
-        shape = (n_samples, cube, cube, cube, N_CHANNELS)
         self.handle: Optional[h5py.File] = None
-        if info.offset is not None and _identity(path) == info.identity:
-            # unchanged since construction: map it without another HDF5 open
-            self.targets = info.targets
+        if _identity(path) != info.identity:  # replaced since construction: look again
+            now = _inspect(path)
+            if (now.n_samples, now.cube) != (info.n_samples, info.cube):
+                raise ValueError(f"{now.n_samples} samples of cube size {now.cube}; the index "
+                                 f"expected {info.n_samples} of {info.cube} (file changed after "
+                                 f"the dataset was built)")
+            info = now
+        self.targets = info.targets
+        shape = (info.n_samples,) + (info.cube,) * 3 + (N_CHANNELS,)
+        if info.offset is not None:
             self.counts: Any = _map(path, info.offset, shape)
             return
         self.handle = h5py.File(path, "r")
-        try:
-            _check_layout(path, self.handle)
-            full = self.handle["full"]
-            if full.shape[-4:-1] != shape[1:4] or int(np.prod(full.shape)) != int(np.prod(shape)):
-                raise ValueError(f"dataset 'full' has shape {full.shape}; the index expected "
-                                 f"{shape} (file changed after the dataset was built)")
-            self.targets = np.asarray(self.handle["unitPar"][()], np.float32).reshape(n_samples,
-                                                                                       N_TARGETS)
-            offset = _byte_offset(full)
-            if offset is not None:
-                self.counts = _map(path, offset, shape)
-                self.handle.close()
-                self.handle = None
-            else:
-                self.counts = full if len(full.shape) == 5 else _Single(full)
-        except BaseException:
-            self.close()
-            raise
+        full = self.handle["full"]
+        self.counts = full if len(full.shape) == 5 else _Single(full)
 
     def close(self) -> None:
         if self.handle is not None:
@@ -263,7 +257,6 @@ class CosmoFlowDataset(Dataset):
             raise DataError(f"{folder}: no HDF5 files in the dataset folder")
         used: list[Path] = []
         starts: list[int] = []
-        counts: list[int] = []
         infos: list[_FileInfo] = []
         total, cube_size = 0, None
         for path in files:
@@ -278,7 +271,6 @@ class CosmoFlowDataset(Dataset):
                                 f"{used[0].name} (every file of a dataset has one cube size)")
             used.append(path)
             starts.append(total)
-            counts.append(count)
             infos.append(info)
             total += count
         if n_samples is not None and total < n_samples:
@@ -287,39 +279,29 @@ class CosmoFlowDataset(Dataset):
         self.files = used
         self.cube_size = int(cube_size)  # type: ignore[arg-type]
         self.sample_shape = (N_CHANNELS, self.cube_size, self.cube_size, self.cube_size)
-        self._starts = starts
-        self._starts_array = np.asarray(starts, dtype=np.int64)
-        self._counts = counts
+        self._starts = np.asarray(starts, dtype=np.int64)
         self._length = total if n_samples is None else n_samples
         self._infos = infos
         self._targets = np.concatenate([info.targets for info in infos])[:self._length]
         self.memory_mapped = all(info.offset is not None for info in infos)
         self._sources: OrderedDict[int, _Source] = OrderedDict()
         self._pid = os.getpid()
-        self._shift: Optional[torch.Tensor] = None
-        self._scale: Optional[torch.Tensor] = None
+        self._standardization: Optional[PerChannel] = None
 
     # ------------------------------------------------------------------ decoding (on the device)
 
     def standardize(self, mean: np.ndarray, std: np.ndarray) -> None:
         """From now on `device_transform` returns ``(log1p(counts) - mean) / std`` per channel;
         ``mean`` and ``std`` are float32 ``(4,)``."""
-        self._shift = torch.as_tensor(np.asarray(mean, np.float32)).view(1, N_CHANNELS, 1, 1, 1)
-        self._scale = (1.0 / torch.as_tensor(np.asarray(std, np.float32))).view(
-            1, N_CHANNELS, 1, 1, 1)
+        self._standardization = PerChannel(mean, 1.0 / np.asarray(std, np.float32))
 
     def device_transform(self, counts: torch.Tensor) -> torch.Tensor:
         """Decode a batch where it lies: int16 ``(B, S, S, S, 4)`` counts -> float32
         ``(B, 4, S, S, S)`` contiguous, ``log(counts + 1)`` then the per-channel standardisation
         set by `standardize` (if any)."""
-        out = torch.empty((counts.shape[0], *self.sample_shape), dtype=torch.float32,
-                          device=counts.device)
-        torch.log1p(counts.permute(0, 4, 1, 2, 3), out=out)
-        if self._shift is not None:
-            if self._shift.device != out.device:
-                self._shift, self._scale = self._shift.to(out.device), self._scale.to(out.device)
-            out.sub_(self._shift).mul_(self._scale)
-        return out
+        view, out = channels_first(counts)
+        torch.log1p(view, out=out)
+        return out if self._standardization is None else self._standardization.apply(out, out)
 
     def channel_stats(self, n_samples: int = 64) -> tuple[np.ndarray, np.ndarray]:
         """Per-channel mean and standard deviation of log1p(counts) over the first ``n_samples``
@@ -345,20 +327,26 @@ class CosmoFlowDataset(Dataset):
             index += self._length
         if not 0 <= index < self._length:
             raise IndexError(f"sample {index} out of range 0..{self._length - 1}")
-        position = bisect_right(self._starts, index) - 1
-        return position, index - self._starts[position]
+        position = int(np.searchsorted(self._starts, index, side="right")) - 1
+        return position, index - int(self._starts[position])
 
-    def _source(self, position: int) -> _Source:
-        if self._pid != os.getpid():  # forked into a DataLoader worker: never share handles
+    def _open_sources(self) -> OrderedDict[int, _Source]:
+        """This process's open files; empty after a fork (a DataLoader worker never shares
+        handles or maps with its parent)."""
+        if self._pid != os.getpid():
             self._sources = OrderedDict()
             self._pid = os.getpid()
-        source = self._sources.get(position)
+        return self._sources
+
+    def _source(self, position: int) -> _Source:
+        sources = self._open_sources()
+        source = sources.get(position)
         if source is not None:
-            self._sources.move_to_end(position)
+            sources.move_to_end(position)
             return source
         source = _Source(self.files[position], self._infos[position])
-        start = self._starts[position]
-        used = min(self._counts[position], self._length - start)
+        start = int(self._starts[position])
+        used = min(self._infos[position].n_samples, self._length - start)
         self._targets[start:start + used] = source.targets[:used]
         self._sources[position] = source
         if len(self._sources) > MAX_OPEN_FILES:
@@ -367,15 +355,12 @@ class CosmoFlowDataset(Dataset):
         return source
 
     def _read(self, position: int, local: int, x_out: np.ndarray, y_out: np.ndarray) -> None:
-        source = self._sources.get(position) if self._pid == os.getpid() else None
-        if source is None or source.counts is None:
-            try:
-                source = self._source(position)
-            except (DataError, OSError, KeyError, ValueError) as exc:
-                path = self.files[position]
-                reason = str(exc).removeprefix(f"{path}: ")
-                raise DataError(f"{path}: sample {local}: cannot be read "
-                                f"({_short(reason)})") from None
+        try:
+            source = self._source(position)
+        except (DataError, OSError, KeyError, ValueError) as exc:
+            path = self.files[position]
+            reason = str(exc).removeprefix(f"{path}: ")
+            raise DataError(f"{path}: sample {local}: cannot be read ({_short(reason)})") from None
         try:
             x_out[...] = source.counts[local]
             y_out[...] = source.targets[local]
@@ -402,14 +387,12 @@ class CosmoFlowDataset(Dataset):
         if index.size and not (0 <= index.min() and index.max() < self._length):
             bad = index[(index < 0) | (index >= self._length)][0]
             raise IndexError(f"sample {bad} out of range 0..{self._length - 1}")
-        positions = np.searchsorted(self._starts_array, index, side="right") - 1
-        locals_ = index - self._starts_array[positions]
+        positions = np.searchsorted(self._starts, index, side="right") - 1
+        locals_ = index - self._starts[positions]
         x = _empty((index.size,) + (self.cube_size,) * 3 + (N_CHANNELS,), torch.int16)
         y = _empty((index.size, N_TARGETS), torch.float32)
         xs, ys = x.numpy(), y.numpy()
-        if self._pid != os.getpid():
-            self._source(int(positions[0]))  # resets the handles inherited through a fork
-        sources = self._sources
+        sources = self._open_sources()
         for row, (position, local) in enumerate(zip(positions.tolist(), locals_.tolist())):
             source = sources.get(position)
             if source is None:  # first use in this process, or evicted: opens (or names the error)

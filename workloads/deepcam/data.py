@@ -31,6 +31,7 @@ import torch
 from torch.utils.data import Dataset
 
 from mlhpc.errors import DataError
+from mlhpc.loader import PerChannel, channels_first
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from mlhpc.config import Config
@@ -125,11 +126,7 @@ class CamDataset(Dataset):
         self.files = [Path(f) for f in files]
         self.num_classes = num_classes
         self.channels = channels
-        shift, scale = read_stats(stats_file, channels)
-        self.shift = shift.reshape(1, 1, channels)
-        self.scale = scale.reshape(1, 1, channels)
-        self._shift_t: torch.Tensor | None = None  # on the device of the last batch
-        self._scale_t: torch.Tensor | None = None
+        self._normalize = PerChannel(*read_stats(stats_file, channels))
         data_shape, _ = self._peek(self.files[0])
         self.data_shape = data_shape
         self.label_shape = data_shape[:2]
@@ -181,14 +178,7 @@ class CamDataset(Dataset):
     def device_transform(self, data: torch.Tensor) -> torch.Tensor:
         """Normalise a batch where it lies (`mlhpc.loader`): float32 ``(B, H, W, C)`` as stored ->
         float32 ``(B, C, H, W)`` contiguous, ``(data - minval) / (maxval - minval)`` per channel."""
-        if self._shift_t is None or self._shift_t.device != data.device:
-            c = self.channels
-            self._shift_t = torch.from_numpy(self.shift.reshape(1, c, 1, 1)).to(data.device)
-            self._scale_t = torch.from_numpy(self.scale.reshape(1, c, 1, 1)).to(data.device)
-        out = torch.empty((data.shape[0], self.channels, *data.shape[1:3]), dtype=torch.float32,
-                          device=data.device)
-        torch.sub(data.permute(0, 3, 1, 2), self._shift_t, out=out)
-        return out.mul_(self._scale_t)
+        return self._normalize.apply(*channels_first(data))
 
 
 def build_datasets(config: "Config", runtime: "Runtime", data_dir: Path) -> tuple[CamDataset, CamDataset]:
