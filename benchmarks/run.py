@@ -55,6 +55,11 @@ def in_memory(config: cfg.Config, data: Path, n: int) -> TensorDataset:
     return TensorDataset(ds.device_transform(x), y)
 
 
+def _steady_rate(samples: int, epoch_times_s: list[float]) -> float:
+    """Samples/s over the epochs after the first (epoch 1 warms up)."""
+    return samples * (len(epoch_times_s) - 1) / sum(epoch_times_s[1:])
+
+
 def _bare_loop(config: cfg.Config, memory: TensorDataset, samples: int, epochs: int) -> float:
     """Samples/s of the steady epochs (2..epochs) of a plain PyTorch loop on ``memory``."""
     torch.manual_seed(config.train.seed)
@@ -73,7 +78,7 @@ def _bare_loop(config: cfg.Config, memory: TensorDataset, samples: int, epochs: 
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
         times.append(time.perf_counter() - t0)
-    return samples * (epochs - 1) / sum(times[1:])
+    return _steady_rate(samples, times)
 
 
 def bench_harness(data: Path, samples: int, epochs: int, repeats: int) -> dict:
@@ -91,7 +96,7 @@ def bench_harness(data: Path, samples: int, epochs: int, repeats: int) -> dict:
         harness, bare = [], []
         for repeat in range(repeats):
             result = train.run(config)
-            harness.append(samples * (epochs - 1) / sum(result.epoch_times_s[1:]))
+            harness.append(_steady_rate(samples, result.epoch_times_s))
             bare.append(_bare_loop(config, memory, samples, epochs))
     return {"harness_samples_per_s": max(harness), "bare_samples_per_s": max(bare),
             "ratio": max(harness) / max(bare), "samples": samples, "epochs_timed": epochs - 1,
@@ -188,7 +193,7 @@ def bench_from_files(data: Path, samples: int, epochs: int, repeats: int,
                                  "train.target=-1", f"data.train_samples={samples}",
                                  f"data.eval_samples={batch}")
             result = train.run(config)
-            rates.append(samples * (epochs - 1) / sum(result.epoch_times_s[1:]))
+            rates.append(_steady_rate(samples, result.epoch_times_s))
     return {"from_files_samples_per_s": max(rates),
             "in_memory_samples_per_s": in_memory_samples_per_s,
             "ratio": max(rates) / in_memory_samples_per_s, "samples": samples,

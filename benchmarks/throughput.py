@@ -5,7 +5,7 @@ is decoded once and kept on the device; the timed loop is forward, loss, backwar
 step, as in `mlhpc.train`, with the config's model, optimizer, ``train.compile`` mode and
 ``model.channels_last`` switch. This is the compute ceiling the data path has to keep fed
 (`benchmarks/run.py` measures the data path). FLOPs per sample are counted with
-torch.utils.flop_counter.FlopCounterMode (`mlhpc.perf.count_flops`); the peak comes from
+torch.utils.flop_counter.FlopCounterMode (`mlhpc.perf.count_flops_on_meta`); the peak comes from
 `mlhpc.perf.device_peak` (a data-sheet entry for known GPUs, else a measured matrix product; the
 source is printed with it).
 
@@ -23,7 +23,6 @@ input (config, data).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 import time
@@ -67,8 +66,7 @@ def measure(config: cfg.Config, batch_size: int, steps: int, warmup: int, precis
     torch.manual_seed(config.train.seed)
     model = workload.build_model(config.model).to(rt.device)
     loss_fn = workload.build_loss(config)
-    flops = perf.count_flops(copy.deepcopy(model).to("meta"), x[:1].to("meta"), loss_fn,
-                             y[:1].to("meta"))
+    flops = perf.count_flops_on_meta(model, x, loss_fn, y)
     optimizer, _ = workload.build_optimizer(model, config, 1)
     mode = compile_mode(config.train.compile)
     step_model = torch.compile(model, mode=mode) if mode else model

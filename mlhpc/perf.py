@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -55,6 +56,14 @@ def count_flops(model: torch.nn.Module, sample: torch.Tensor, loss_fn: Any, targ
     model.zero_grad(set_to_none=True)
     model.train(was_training)
     return FlopCount(forward_counter.get_total_flops() / n, train_counter.get_total_flops() / n)
+
+
+def count_flops_on_meta(model: torch.nn.Module, batch: torch.Tensor, loss_fn: Any,
+                        target: torch.Tensor) -> FlopCount:
+    """`count_flops` for the first sample of ``batch`` / ``target`` on a meta-device copy of
+    ``model``: shapes only, no compute, ``model`` and its device untouched."""
+    meta = copy.deepcopy(model).to("meta")
+    return count_flops(meta, batch[:1].to("meta"), loss_fn, target[:1].to("meta"))
 
 
 def measure_matmul_peak(device: torch.device, dtype: torch.dtype = torch.float32, size: int = 2048,

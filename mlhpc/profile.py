@@ -69,8 +69,7 @@ def profile(config: Config, steps: int = 5, warmup: int = 2, trace_path: Path | 
     loss_fn = workload.build_loss(config)
 
     x0, y0 = to_device(next(iter(loader)), rt.device, decode)
-    flops = perf.count_flops(copy.deepcopy(model).to("meta"), x0[:1].to("meta"), loss_fn,
-                             y0[:1].to("meta"))
+    flops = perf.count_flops_on_meta(model, x0, loss_fn, y0)
     scratch = copy.deepcopy(model)
     scratch_opt, _ = workload.build_optimizer(scratch, config, 1)
     memory = perf.memory_breakdown(scratch, scratch_opt, x0, loss_fn, y0)

@@ -198,12 +198,9 @@ def _departures(config: Config, workload: Workload, train_n: int, eval_n: int) -
 
 def _count_flops(model: torch.nn.Module, dataset: Dataset, loss_fn: Any) -> "perf.FlopCount":
     """FLOPs per sample of one training step, counted on a meta-device copy (no compute)."""
-    import copy
-
     x, y = loader.to_device(default_collate([dataset[0]]), torch.device("cpu"),
                             loader.device_transform(dataset))
-    meta = copy.deepcopy(model).to("meta")
-    return perf.count_flops(meta, x.to("meta"), loss_fn, y.to("meta"))
+    return perf.count_flops_on_meta(model, x, loss_fn, y)
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -562,8 +559,8 @@ def _train(config: Config, workload: Workload, world: Runtime, rt: Runtime, log:
         "read_bytes_per_s": (staged_info.get("bytes", 0) / total_samples * samples_per_s
                              if staged_info else None),
         "parameters": sum(p.numel() for p in model.parameters()),
-        "data_path": {"num_workers": config.data.num_workers,
-                      "pin_memory": rt.device.type == "cuda",
+        "data_path": {"num_workers": train_loader.num_workers,
+                      "pin_memory": train_loader.pin_memory,
                       "memory_mapped": getattr(train_ds, "memory_mapped", False),
                       "decode_on_device": hasattr(train_ds, "device_transform"),
                       "channels_last": bool(getattr(config.model, "channels_last", False)),
