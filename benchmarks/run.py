@@ -233,7 +233,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2],
                         help="DataLoader worker counts to measure the loader with")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures as JSON")
     args = parser.parse_args()
     if not (args.data / "train").is_dir():
