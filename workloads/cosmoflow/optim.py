@@ -8,6 +8,12 @@ logged as such). The peak rate is the base rate scaled with the global batch siz
 peak times the factor of the latest decay boundary epoch passed. The schedule is per epoch, as in
 the reference; the harness steps the scheduler per optimizer step, so the step is mapped to its
 epoch here.
+
+Weight decay is the reference's L2 penalty (``l2`` in configs/cosmo.yaml): mlcommons/hpc
+``cosmoflow/models/cosmoflow.py`` puts ``kernel_regularizer=regularizers.l2(l2)`` on the two hidden
+Dense layers (fc1, fc2) only; convolution kernels, biases and the output layer are not penalised.
+Keras adds ``l2 * sum(w ** 2)`` to the loss, whose gradient is ``2 * l2 * w``, so those kernels get
+torch's (coupled, L2) ``weight_decay = 2 * l2`` in a parameter group of their own.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from mlhpc.config import Section
+from mlhpc.config import DecayFactor, Epoch, Section
 
 
 class OptimizerConfig(Section):
@@ -31,8 +37,8 @@ class OptimizerConfig(Section):
     base_batch_size: int = Field(64, ge=1)
     scaling: Literal["linear", "sqrt", "none"] = "linear"
     warmup_epochs: int = Field(4, ge=0)
-    decay_schedule: dict[int, float] = Field(default_factory=lambda: {32: 0.25, 64: 0.125})
-    weight_decay: float = Field(0.0, ge=0.0)
+    decay_schedule: dict[Epoch, DecayFactor] = Field(default_factory=lambda: {32: 0.25, 64: 0.125})
+    weight_decay: float = Field(0.0, ge=0.0)  # the reference's l2: Keras L2 factor on fc1/fc2 kernels
 
 
 def scale_factor(cfg: OptimizerConfig, global_batch_size: int) -> float:
@@ -56,16 +62,34 @@ def learning_rate(cfg: OptimizerConfig, global_batch_size: int, epoch: int) -> f
     return peak * factor
 
 
+def dense_kernels(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The weight matrices of the hidden Dense layers: every `torch.nn.Linear` of ``model`` but the
+    last (the output layer), in module order; the tensors the reference's L2 penalty covers."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return [m.weight for m in linears[:-1]]
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Two parameter groups: the hidden Dense kernels with ``weight_decay = 2 * weight_decay``
+    (Keras ``regularizers.l2`` semantics, see the module docstring), everything else with none."""
+    decayed = dense_kernels(model)
+    ids = {id(p) for p in decayed}
+    rest = [p for p in model.parameters() if id(p) not in ids]
+    return [{"params": decayed, "weight_decay": 2.0 * weight_decay},
+            {"params": rest, "weight_decay": 0.0}]
+
+
 def build_optimizer(model: torch.nn.Module, config, steps_per_epoch: int):
-    """SGD with momentum (or Adam) and the per-epoch schedule above, as a per-step `LambdaLR`."""
+    """SGD with momentum (or Adam) and the per-epoch schedule above, as a per-step `LambdaLR`;
+    weight decay on the hidden Dense kernels only (`param_groups`)."""
     cfg: OptimizerConfig = config.optimizer
     gbs = config.train.global_batch_size
+    groups = param_groups(model, cfg.weight_decay)
     if cfg.name == "adam":
-        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.base_learning_rate,
-                                     betas=(cfg.momentum, cfg.beta_2), weight_decay=cfg.weight_decay)
+        optimizer = torch.optim.Adam(groups, lr=cfg.base_learning_rate,
+                                     betas=(cfg.momentum, cfg.beta_2))
     else:
-        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.base_learning_rate,
-                                    momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        optimizer = torch.optim.SGD(groups, lr=cfg.base_learning_rate, momentum=cfg.momentum)
     steps = max(1, steps_per_epoch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: learning_rate(cfg, gbs, step // steps) / cfg.base_learning_rate)
