@@ -35,10 +35,10 @@ from torch.utils.data import DataLoader, TensorDataset
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import workloads  # noqa: E402
+from mlhpc import workload as workloads  # noqa: E402
 from mlhpc import config as cfg  # noqa: E402
 from mlhpc import loader, runtime, staging, train  # noqa: E402
-from workloads.cosmoflow import WORKLOAD as COSMOFLOW  # noqa: E402
+from mlhpc_workloads.cosmoflow import WORKLOAD as COSMOFLOW  # noqa: E402
 
 MINI = REPO / "configs" / "cosmoflow-mini.yaml"
 

@@ -33,7 +33,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import workloads  # noqa: E402
+from mlhpc import workload as workloads  # noqa: E402
 from mlhpc import config as cfg  # noqa: E402
 from mlhpc import loader, perf, runtime  # noqa: E402
 from mlhpc.errors import MlhpcError  # noqa: E402

@@ -265,7 +265,7 @@ def synth_command(workload_name: str, out_dir: Path, config_path: Path | None, s
     tree = cfg.read_yaml(config_path) if config_path else {"train": {"global_batch_size": 1, "max_epochs": 1}}
     tree["workload"] = workload_name
     config = cfg.from_dict(tree, source=str(config_path or "<defaults>"), overrides=overrides)
-    from workloads import get
+    from mlhpc.workload import get
 
     get(workload_name).synthesize(out_dir, config.synth, seed)
     click.echo(f"wrote {workload_name} data to {out_dir}")

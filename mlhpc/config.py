@@ -208,7 +208,7 @@ def from_dict(tree: dict[str, Any], source: str = "<dict>", overrides: tuple[str
         ConfigError: unknown key, wrong type, value out of range, missing value, unknown workload,
             or an override naming no key; the message names ``source`` and the key path.
     """
-    from workloads import get as get_workload  # registry; imported late to keep import cheap
+    from mlhpc.workload import get as get_workload  # registry; imported late to keep import cheap
 
     tree = copy.deepcopy(tree)
     override_keys: list[str] = []

@@ -51,7 +51,7 @@ def profile(config: Config, steps: int = 5, warmup: int = 2, trace_path: Path | 
     Raises:
         ConfigError, DataError: as `mlhpc.train.run`.
     """
-    from workloads import get as get_workload
+    from mlhpc.workload import get as get_workload
 
     workload = get_workload(config.workload)
     rt = runtime.detect(device=config.train.device)

@@ -272,7 +272,7 @@ def run(config: Config, *, on_progress: ProgressFn | None = None,
     Raises:
         ConfigError, DataError, StagingError: bad input, before any training starts.
     """
-    from workloads import get as get_workload
+    from mlhpc.workload import get as get_workload
 
     resume = None
     if resume_dir is not None:

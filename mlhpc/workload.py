@@ -2,14 +2,19 @@
 
 Follows the shape of torchtitan's ``TrainSpec`` (torchtitan/protocols/train_spec.py): the harness
 (`mlhpc.train`) is model-agnostic and never branches on a workload's name; a workload is a frozen
-record of constructors. Third parties add one through the ``mlhpc.workloads`` entry-point group.
+record of constructors. Third parties add one through the ``mlhpc.workloads`` entry-point group;
+the registry (`get`, `names`, `register`) lives here, beside the spec, so that nothing in ``mlhpc``
+imports a workload package (the bundled ones are installed as ``mlhpc_workloads``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal
+
+from mlhpc.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
@@ -68,6 +73,9 @@ class Workload:
             compliance rules require for this benchmark (the harness logs the common ones).
         reference_samples: ``(train, eval)`` sample counts of the reference dataset, logged in the
             summary when a mini config departs from them.
+        departures: ``config -> [str]``, every way ``config`` departs from the reference run
+            (optimizer, target, sample counts, model size, ...), one short phrase each. When None,
+            the harness lists the model fields that differ from the model config's defaults.
     """
 
     name: str
@@ -82,3 +90,70 @@ class Workload:
     build_optimizer: Callable[["torch.nn.Module", "Config", int], tuple[Any, Any]]
     hyperparameters: Callable[["Config"], dict[str, Any]]
     reference_samples: tuple[int, int] = (0, 0)
+    departures: Callable[["Config"], list[str]] | None = None
+
+
+# ---- the registry -------------------------------------------------------------------------------
+
+ENTRY_POINT_GROUP = "mlhpc.workloads"
+_REGISTERED: dict[str, Workload] = {}
+
+
+def register(workload: Workload, *, replace: bool = False) -> None:
+    """Register ``workload`` in this process (benchmarks, tests, notebooks); entry points are the
+    way for installed packages.
+
+    Raises:
+        ConfigError: a different workload already holds that name (pass ``replace=True`` to swap
+            one registered here).
+    """
+    if workload.name in _entry_points():
+        raise ConfigError(f"workload {workload.name!r}: already provided by an installed package")
+    held = _REGISTERED.get(workload.name)
+    if held is not None and held is not workload and not replace:
+        raise ConfigError(f"workload {workload.name!r}: a different workload is already registered "
+                          "under this name")
+    _REGISTERED[workload.name] = workload
+
+
+def _entry_points() -> dict[str, EntryPoint]:
+    """Entry points of the ``mlhpc.workloads`` group by name.
+
+    Raises:
+        ConfigError: two installed entry points declare the same name.
+    """
+    found: dict[str, EntryPoint] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        held = found.get(ep.name)
+        if held is not None and held.value != ep.value:
+            raise ConfigError(f"workload {ep.name!r}: declared twice in entry-point group "
+                              f"{ENTRY_POINT_GROUP} ({held.value} and {ep.value}); uninstall one")
+        found[ep.name] = ep
+    return found
+
+
+def names() -> list[str]:
+    """Sorted names of every registered workload."""
+    return sorted(set(_entry_points()) | set(_REGISTERED))
+
+
+def get(name: str) -> Workload:
+    """The workload registered as ``name``.
+
+    Raises:
+        ConfigError: no workload of that name is registered (the message lists the known ones),
+            two are, or its entry point does not name a `Workload`.
+    """
+    found = _entry_points()
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    if name not in found:
+        known = ", ".join(names()) or "none"
+        raise ConfigError(f"workload: unknown workload {name!r}; known: {known}")
+    workload = found[name].load()
+    if not isinstance(workload, Workload):
+        raise ConfigError(f"workload {name!r}: entry point {found[name].value} is not a Workload")
+    if workload.name != name:
+        raise ConfigError(f"workload {name!r}: entry point {found[name].value} declares the name "
+                          f"{workload.name!r}")
+    return workload

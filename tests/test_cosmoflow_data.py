@@ -16,8 +16,8 @@ from pydantic import ValidationError
 
 from mlhpc.config import DataConfig
 from mlhpc.errors import DataError
-from workloads.cosmoflow.data import CosmoFlowDataset, build_datasets, find_files
-from workloads.cosmoflow.synth import SynthConfig, normalise, synthesize, synthesize_sample
+from mlhpc_workloads.cosmoflow.data import CosmoFlowDataset, build_datasets, find_files
+from mlhpc_workloads.cosmoflow.synth import SynthConfig, normalise, synthesize, synthesize_sample
 
 SMALL = dict(cube_size=8, train_samples=4, eval_samples=2, workers=1)
 
@@ -346,8 +346,8 @@ def test_unreadable_sample_names_file_and_index(tmp_path, sharded):
 def test_channel_standardization_uses_training_statistics(tmp_path):
     from mlhpc import config as cfg
     from mlhpc.runtime import Runtime
-    from workloads.cosmoflow.data import build_datasets
-    from workloads.cosmoflow.synth import SynthConfig, synthesize
+    from mlhpc_workloads.cosmoflow.data import build_datasets
+    from mlhpc_workloads.cosmoflow.synth import SynthConfig, synthesize
 
     synthesize(tmp_path, SynthConfig(cube_size=8, train_samples=12, eval_samples=4,
                                      box_size_mpc_h=64.0, workers=1), seed=3)

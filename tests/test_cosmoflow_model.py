@@ -1,8 +1,8 @@
 import torch
 
-from workloads.cosmoflow import mae_stats
-from workloads.cosmoflow.model import ModelConfig, build_model
-from workloads.cosmoflow.optim import OptimizerConfig, learning_rate
+from mlhpc_workloads.cosmoflow import mae_stats
+from mlhpc_workloads.cosmoflow.model import ModelConfig, build_model
+from mlhpc_workloads.cosmoflow.optim import OptimizerConfig, learning_rate
 
 
 def test_reference_parameter_count():
@@ -47,7 +47,7 @@ def test_adam_is_an_open_division_option():
     import torch
 
     from mlhpc import config as cfg
-    from workloads.cosmoflow.optim import build_optimizer, hyperparameters
+    from mlhpc_workloads.cosmoflow.optim import build_optimizer, hyperparameters
 
     config = cfg.from_dict({"workload": "cosmoflow", "train": {"global_batch_size": 8, "max_epochs": 1},
                             "optimizer": {"name": "adam", "base_learning_rate": 0.001}})
@@ -63,7 +63,7 @@ def test_weight_decay_covers_hidden_dense_kernels_only():
     cosmoflow/models/cosmoflow.py): conv kernels, biases and the output layer are not decayed,
     and the decay is the gradient of ``l2 * sum(w ** 2)``, i.e. ``2 * l2 * w``."""
     from mlhpc import config as cfg
-    from workloads.cosmoflow.optim import build_optimizer
+    from mlhpc_workloads.cosmoflow.optim import build_optimizer
 
     for name in ("sgd", "adam"):
         config = cfg.from_dict({"workload": "cosmoflow",

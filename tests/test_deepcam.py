@@ -13,13 +13,13 @@ import torch
 from mlhpc.config import from_dict
 from mlhpc.errors import DataError
 from mlhpc.runtime import Runtime
-from workloads import get
-from workloads.deepcam import build_loss, class_weights
-from workloads.deepcam.data import CHANNELS, CamDataset, build_datasets, read_stats
-from workloads.deepcam.metric import iou_batch_stats, per_sample_iou
-from workloads.deepcam.model import ModelConfig, build_model, count_parameters
-from workloads.deepcam.optim import Lamb, OptimizerConfig, build_optimizer, hyperparameters, lr_factor
-from workloads.deepcam.synth import SynthConfig, make_sample, sample_name, synthesize
+from mlhpc.workload import get
+from mlhpc_workloads.deepcam import build_loss, class_weights
+from mlhpc_workloads.deepcam.data import CHANNELS, CamDataset, build_datasets, read_stats
+from mlhpc_workloads.deepcam.metric import iou_batch_stats, per_sample_iou
+from mlhpc_workloads.deepcam.model import ModelConfig, build_model, count_parameters
+from mlhpc_workloads.deepcam.optim import Lamb, OptimizerConfig, build_optimizer, hyperparameters, lr_factor
+from mlhpc_workloads.deepcam.synth import SynthConfig, make_sample, sample_name, synthesize
 
 TINY_MODEL = dict(entry_channels=[4, 4, 8, 8, 8], middle_blocks=1, exit_channels=[8, 8, 8, 8],
                   aspp_channels=8, low_level_channels=4, decoder_channels=8)
@@ -319,7 +319,7 @@ def test_build_optimizer_and_scheduler_step_per_update(tmp_path, name, cls):
 
 
 def test_hyperparameters_satisfy_the_closed_rules():
-    from workloads.deepcam.optim import hyperparameters as hp
+    from mlhpc_workloads.deepcam.optim import hyperparameters as hp
 
     cfg = from_dict({"workload": "deepcam", "train": {"global_batch_size": 2048, "max_epochs": 1}})
     keys = hp(cfg)

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-import workloads
+from mlhpc import workload as workloads
 from mlhpc import config as cfg
 from mlhpc import perf, train
 from mlhpc.errors import ConfigError

@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from mlhpc.workload import QualityMetric, Workload
-from workloads.cosmoflow.data import build_datasets
-from workloads.cosmoflow.model import ModelConfig, build_model
-from workloads.cosmoflow.optim import OptimizerConfig, build_optimizer, hyperparameters
-from workloads.cosmoflow.synth import SynthConfig, synthesize
+from .data import build_datasets
+from .model import ModelConfig, build_model
+from .optim import OptimizerConfig, build_optimizer, hyperparameters
+from .synth import SynthConfig, synthesize
 
 TARGET_EVAL_ERROR = 0.124
 REFERENCE_SAMPLES = (524288, 65536)  # train/validation samples of the v1.0+ reference dataset

@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 
 from mlhpc.workload import Workload
-from workloads.deepcam.data import build_datasets
-from workloads.deepcam.metric import METRIC
-from workloads.deepcam.model import ModelConfig, build_model
-from workloads.deepcam.optim import OptimizerConfig, build_optimizer, hyperparameters
-from workloads.deepcam.synth import SynthConfig, synthesize
+from .data import build_datasets
+from .metric import METRIC
+from .model import ModelConfig, build_model
+from .optim import OptimizerConfig, build_optimizer, hyperparameters
+from .synth import SynthConfig, synthesize
 
 REFERENCE_SAMPLES = (121266, 15158)  # train/validation samples (closed_deepcam.yaml)
 

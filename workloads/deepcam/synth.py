@@ -48,8 +48,7 @@ from scipy import ndimage
 
 from mlhpc.config import Section
 from mlhpc.errors import DataError
-from workloads.deepcam.data import (CHANNELS, DATA_KEY, LABEL_KEY, STATS_FILE, TRAIN_DIR,
-                                    VALIDATION_DIR)
+from .data import CHANNELS, DATA_KEY, LABEL_KEY, STATS_FILE, TRAIN_DIR, VALIDATION_DIR
 
 KM_PER_DEG = 111.195  # great-circle km per degree on a 6371 km sphere
 G_M_PER_S2 = 9.81
