@@ -9,7 +9,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from typing import Any
+
 from mlhpc.workload import QualityMetric, Workload
+
 from .data import build_datasets
 from .model import ModelConfig, build_model
 from .optim import OptimizerConfig, build_optimizer, hyperparameters
@@ -17,6 +20,49 @@ from .synth import SynthConfig, synthesize
 
 TARGET_EVAL_ERROR = 0.124
 REFERENCE_SAMPLES = (524288, 65536)  # train/validation samples of the v1.0+ reference dataset
+REFERENCE_CUBE_SIZE = 128  # cells per side of a reference sample (128^3 x 4)
+REFERENCE_GLOBAL_BATCH_SIZE = 64  # mlcommons/hpc cosmoflow/configs/cosmo.yaml
+
+
+def _differences(section: str, value: Any, reference: Any) -> list[str]:
+    """``section.key=value (reference R)`` for each key of two pydantic sections that differs."""
+    ref = reference.model_dump()
+    return [f"{section}.{key}={val!r} (reference {ref.get(key)!r})"
+            for key, val in value.model_dump().items() if ref.get(key) != val]
+
+
+def departures(config) -> list[str]:
+    """Every way ``config`` differs from the reference closed-division CosmoFlow setting
+    (mlcommons/hpc cosmoflow/configs/cosmo.yaml: SGD momentum 0.9, 128^3 x 4 N-body sub-volumes,
+    524,288 / 65,536 samples, 32 filters x 5 conv blocks, dropout 0.5, log(1 + x) inputs, target
+    eval_error 0.124), one line each; empty for the reference config on the real dataset.
+
+    Covers the data (embedded synthetic universes, their cube size, sample counts and whether
+    training and validation share initial phases), every model key (width ``conv_channels``,
+    depth ``n_conv_layers``, ``dropout``, ``input_standardization``, ...), every optimizer key
+    (``name``: Adam instead of SGD, rates, schedule, weight decay), the global batch size and the
+    quality target.
+    """
+    notes: list[str] = []
+    if config.data.synthesize_if_missing and config.synth is not None:
+        synth = config.synth
+        notes.append(f"data: embedded synthetic universes (mlhpc_workloads.cosmoflow.synth), "
+                     f"{synth.cube_size}^3 x 4 cells (reference {REFERENCE_CUBE_SIZE}^3 x 4 "
+                     f"N-body sub-volumes of cosmoUniverse_2019_05_4parE)")
+        notes.append(f"samples {synth.train_samples}/{synth.eval_samples} "
+                     f"(reference {REFERENCE_SAMPLES[0]}/{REFERENCE_SAMPLES[1]})")
+        shared = getattr(synth, "phase_realizations", None)
+        if shared is not None:
+            notes.append(f"phases: {shared} initial-phase realisation(s) shared by training and "
+                         f"validation (reference: every universe an independent simulation)")
+    notes += _differences("model", config.model, ModelConfig())
+    notes += _differences("optimizer", config.optimizer, OptimizerConfig())
+    if config.train.global_batch_size != REFERENCE_GLOBAL_BATCH_SIZE:
+        notes.append(f"train.global_batch_size={config.train.global_batch_size} "
+                     f"(reference {REFERENCE_GLOBAL_BATCH_SIZE})")
+    if config.train.target is not None and config.train.target != TARGET_EVAL_ERROR:
+        notes.append(f"target eval_error <= {config.train.target} (reference {TARGET_EVAL_ERROR})")
+    return notes
 
 
 def mae_stats(output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,4 +93,5 @@ WORKLOAD = Workload(
     build_optimizer=build_optimizer,
     hyperparameters=hyperparameters,
     reference_samples=REFERENCE_SAMPLES,
+    departures=departures,
 )

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from mlhpc.workload import Workload
+
 from .data import build_datasets
 from .metric import METRIC
 from .model import ModelConfig, build_model
@@ -21,6 +22,8 @@ from .optim import OptimizerConfig, build_optimizer, hyperparameters
 from .synth import SynthConfig, synthesize
 
 REFERENCE_SAMPLES = (121266, 15158)  # train/validation samples (closed_deepcam.yaml)
+REFERENCE_GRID = (768, 1152)  # CAM5 grid, latitude x longitude
+REFERENCE_GLOBAL_BATCH_SIZE = 2048  # the hpc 3.0.0 reference convergence point (configs/deepcam.yaml)
 
 #: Pixel frequencies of background, tropical cyclone and atmospheric river in the reference
 #: training set, and the power applied to them for the loss weights (reference train.py).
@@ -50,6 +53,40 @@ def build_loss(config: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tens
     return loss
 
 
+def _differences(section: str, value: Any, reference: Any) -> list[str]:
+    """``section.key=value (reference R)`` for each key of two pydantic sections that differs."""
+    ref = reference.model_dump()
+    return [f"{section}.{key}={val!r} (reference {ref.get(key)!r})"
+            for key, val in value.model_dump().items() if ref.get(key) != val]
+
+
+def departures(config: Any) -> list[str]:
+    """Every way ``config`` differs from the reference closed-division DeepCAM setting
+    (configs/deepcam.yaml: CAM5 768 x 1152 x 16 snapshots, 121,266 / 15,158 samples, the full
+    DeepLabv3+ / Xception model, LAMB lr 0.0055 with 400 warm-up steps and x0.1 at step 800,
+    global batch 2048, target eval_accuracy 0.82), one line each; empty for the reference.
+
+    Covers the data (embedded synthetic fields, grid, sample counts), every model key (widths,
+    depth ``middle_blocks``, ...), every optimizer key, the global batch size and the target.
+    """
+    notes: list[str] = []
+    if config.data.synthesize_if_missing and config.synth is not None:
+        synth = config.synth
+        notes.append(f"data: embedded synthetic CAM5-like fields (mlhpc_workloads.deepcam.synth), "
+                     f"{synth.height} x {synth.width} grid (reference {REFERENCE_GRID[0]} x "
+                     f"{REFERENCE_GRID[1]} CAM5 snapshots)")
+        notes.append(f"samples {synth.train_samples}/{synth.validation_samples} "
+                     f"(reference {REFERENCE_SAMPLES[0]}/{REFERENCE_SAMPLES[1]})")
+    notes += _differences("model", config.model, ModelConfig())
+    notes += _differences("optimizer", config.optimizer, OptimizerConfig())
+    if config.train.global_batch_size != REFERENCE_GLOBAL_BATCH_SIZE:
+        notes.append(f"train.global_batch_size={config.train.global_batch_size} "
+                     f"(reference {REFERENCE_GLOBAL_BATCH_SIZE})")
+    if config.train.target is not None and config.train.target != METRIC.target:
+        notes.append(f"target {METRIC.key} >= {config.train.target} (reference {METRIC.target})")
+    return notes
+
+
 WORKLOAD = Workload(
     name="deepcam",
     model_config=ModelConfig,
@@ -63,4 +100,5 @@ WORKLOAD = Workload(
     build_optimizer=build_optimizer,
     hyperparameters=hyperparameters,
     reference_samples=REFERENCE_SAMPLES,
+    departures=departures,
 )
