@@ -1,10 +1,10 @@
-"""CosmoFlow datasets: map-style torch Datasets over the official HDF5 layout.
+"""CosmoFlow datasets: map-style torch Datasets over every on-disk form of the dataset.
 
-Layout (as written by `workloads.cosmoflow.synth.synthesize` and by the reference HDF5 data):
-``<data_dir>/train/*.h5`` and ``<data_dir>/validation/*.h5`` (``*.hdf5`` too), sorted by name.
-A file holds either one sample, ``full`` ``(S, S, S, 4)`` and ``unitPar`` ``(4,)``, or a shard of
-``n``, ``full`` ``(n, S, S, S, 4)`` and ``unitPar`` ``(n, 4)``. ``full`` is int16 particle counts,
-``unitPar`` the four normalised targets (floating point).
+Layout: ``<data_dir>/train/`` and ``<data_dir>/validation/``, each holding samples in one of the
+forms of `workloads.cosmoflow.formats` (detected from the file names, or ``data.format``): the
+GZIP TFRecords MLCommons distributes, NVIDIA's per-sample ``.npy`` files, or HDF5 (``full`` /
+``unitPar`` per sample or sharded, as `synthesize` and ``mlhpc data convert --to hdf5`` write it).
+Samples are ordered by file stem, so one dataset in any form has one order.
 
 Each item is ``(x, y)``: ``x`` the int16 particle counts as stored, ``(S, S, S, 4)``, and ``y``
 float32 ``(4,)``. Decoding is left to the device (`CosmoFlowDataset.device_transform`: ``log(counts
@@ -12,24 +12,21 @@ float32 ``(4,)``. Decoding is left to the device (`CosmoFlowDataset.device_trans
 per-channel standardisation, channels first), so the loader moves half the bytes of float32 and
 the decode runs vectorised where the model runs.
 
-Reading: a file whose ``full`` is stored contiguous and unfiltered (as `synthesize` writes it) is
-memory-mapped at the dataset's byte offset, so a batch is one copy out of the page cache with no
-HDF5 call per sample; chunked or compressed files are read through h5py, one call per sample.
-Start-up reads HDF5 metadata (shapes, dtypes, byte offsets) and the small targets; sample data
-are mapped or read on first access, a bounded number of files per process, reopened after a fork
-(DataLoader workers); a file changed since start-up is re-checked through h5py.
+Reading: HDF5 files whose ``full`` is contiguous and unfiltered, and ``.npy`` files, are
+memory-mapped, so a batch is one copy per sample out of the page cache; chunked or compressed HDF5
+is read through h5py; a TFRecord file is read, inflated, CRC-checked and decoded once when first
+used in a process. Start-up reads metadata (shapes, dtypes, offsets; the first file in full);
+sample data are read on first access, a bounded number of files per process, reopened after a
+fork (DataLoader workers).
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-import h5py
 import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
@@ -37,172 +34,35 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 from mlhpc.errors import DataError
 from mlhpc.loader import PerChannel, channels_first
 
+from . import formats
+from .formats import FileInfo, Source, _short
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from mlhpc.config import Config
     from mlhpc.runtime import Runtime
 
-N_CHANNELS = 4
-N_TARGETS = 4
-FILE_GLOBS = ("*.h5", "*.hdf5")
-MAX_OPEN_FILES = 64  # per process; all shards of a mini dataset, bounded for one file per sample
+N_CHANNELS = formats.N_CHANNELS
+N_TARGETS = formats.N_TARGETS
+MAX_OPEN_FILES = 64  # per process, HDF5 and npy; TFRecord readers keep fewer (decoded bytes)
 
 
-def find_files(folder: Path) -> list[Path]:
-    """Sorted HDF5 files (``*.h5``, ``*.hdf5``) directly under ``folder``.
+def find_files(folder: Path, fmt: str = "hdf5") -> list[Path]:
+    """The sample files of a split folder in format ``fmt`` (see `formats`), in sample order.
 
     Raises:
-        DataError: the folder is missing, not a folder, or holds no HDF5 file.
+        DataError: the folder is missing, not a folder, or holds no sample file of that format.
     """
     folder = Path(folder)
     if not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
-        raise DataError(f"{folder}: dataset folder {what}; expected HDF5 files (run synthesis or "
-                        f"fix data.path)")
-    files = sorted({p for pattern in FILE_GLOBS for p in folder.glob(pattern) if p.is_file()})
+        raise DataError(f"{folder}: dataset folder {what}; expected CosmoFlow samples (run "
+                        f"synthesis or fix data.path)")
+    files = formats.reader(fmt).list_files(folder)
     if not files:
-        raise DataError(f"{folder}: no HDF5 files (*.h5, *.hdf5) in the dataset folder")
+        if fmt == "hdf5":
+            raise DataError(f"{folder}: no HDF5 files (*.h5, *.hdf5) in the dataset folder")
+        raise DataError(f"{folder}: no {fmt} sample files in the dataset folder (an empty split)")
     return files
-
-
-@dataclass(frozen=True)
-class _FileInfo:
-    """What construction learnt of one file: sample count, cube size, the byte offset of a
-    memory-mappable ``full`` (None: read through h5py), the targets float32 ``(n, 4)``, and the
-    file's identity ``(inode, size, mtime_ns)`` to notice a file replaced afterwards."""
-
-    n_samples: int
-    cube: int
-    offset: Optional[int]
-    targets: np.ndarray
-    identity: tuple[int, int, int]
-
-
-def _identity(path: Path) -> tuple[int, int, int]:
-    st = os.stat(path)
-    return st.st_ino, st.st_size, st.st_mtime_ns
-
-
-def _inspect(path: Path) -> _FileInfo:
-    """A file's metadata and targets (no sample data). Raises DataError."""
-    try:
-        identity = _identity(path)
-        handle = h5py.File(path, "r")
-    except OSError as exc:
-        kind = "is not an HDF5 file" if "signature" in str(exc) else "cannot be opened as HDF5"
-        raise DataError(f"{path}: {kind} ({_short(exc)})") from None
-    with handle:
-        n_samples, cube = _check_layout(path, handle)
-        try:
-            targets = np.asarray(handle["unitPar"][()], np.float32).reshape(n_samples, N_TARGETS)
-        except OSError as exc:
-            raise DataError(f"{path}: dataset 'unitPar' cannot be read ({_short(exc)})") from None
-        return _FileInfo(n_samples, cube, _byte_offset(handle["full"]), targets, identity)
-
-
-def _check_layout(path: Path, handle: h5py.File) -> tuple[int, int]:
-    """``(n_samples, cube_size)`` of an open file whose ``full`` and ``unitPar`` have the
-    official layout. Raises DataError naming the file and what was expected."""
-    for name in ("full", "unitPar"):
-        if name not in handle or not isinstance(handle[name], h5py.Dataset):
-            raise DataError(f"{path}: missing dataset {name!r}; expected 'full' (int16 "
-                            f"counts) and 'unitPar' (4 targets)")
-    full, unit = handle["full"], handle["unitPar"]
-    shape = full.shape
-    if len(shape) == 4:
-        n_samples, cube = 1, shape[:3]
-        unit_expected: tuple[int, ...] = (N_TARGETS,)
-    elif len(shape) == 5:
-        n_samples, cube = shape[0], shape[1:4]
-        unit_expected = (shape[0], N_TARGETS)
-    else:
-        raise DataError(f"{path}: dataset 'full' has shape {shape}; expected (S, S, S, 4) or "
-                        f"(n, S, S, S, 4)")
-    if shape[-1] != N_CHANNELS or len(set(cube)) != 1 or n_samples < 1:
-        raise DataError(f"{path}: dataset 'full' has shape {shape}; expected a cube of 4 "
-                        f"redshift channels, (S, S, S, 4) or (n, S, S, S, 4)")
-    if full.dtype != np.int16:
-        raise DataError(f"{path}: dataset 'full' has dtype {full.dtype}; expected int16 "
-                        f"particle counts")
-    if unit.shape != unit_expected:
-        raise DataError(f"{path}: dataset 'unitPar' has shape {unit.shape}; expected "
-                        f"{unit_expected} to match 'full' {shape}")
-    if unit.dtype.kind != "f":
-        raise DataError(f"{path}: dataset 'unitPar' has dtype {unit.dtype}; expected float32")
-    return int(n_samples), int(cube[0])
-
-
-def _byte_offset(full: h5py.Dataset) -> Optional[int]:
-    """File offset of ``full``'s data when it can be memory-mapped (contiguous, unfiltered,
-    allocated, little-endian int16); None otherwise."""
-    if full.chunks is not None or full.compression is not None or full.dtype != np.dtype("<i2"):
-        return None
-    try:
-        return full.id.get_offset()
-    except Exception:  # pragma: no cover - h5py versions without get_offset
-        return None
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text[:160]
-
-
-class _Source:
-    """One file's samples in this process: ``counts[i]`` int16 ``(S, S, S, 4)`` (a memory map of
-    the file, or the h5py dataset) and ``targets`` float32 ``(n, 4)``.
-
-    Raises DataError / ValueError / OSError when the file cannot be opened, or has changed since
-    ``info`` was taken into something the index no longer describes."""
-
-    def __init__(self, path: Path, info: _FileInfo) -> None:
-        self.handle: Optional[h5py.File] = None
-        if _identity(path) != info.identity:  # replaced since construction: look again
-            now = _inspect(path)
-            if (now.n_samples, now.cube) != (info.n_samples, info.cube):
-                raise ValueError(f"{now.n_samples} samples of cube size {now.cube}; the index "
-                                 f"expected {info.n_samples} of {info.cube} (file changed after "
-                                 f"the dataset was built)")
-            info = now
-        self.targets = info.targets
-        shape = (info.n_samples,) + (info.cube,) * 3 + (N_CHANNELS,)
-        if info.offset is not None:
-            self.counts: Any = _map(path, info.offset, shape)
-            return
-        self.handle = h5py.File(path, "r")
-        full = self.handle["full"]
-        self.counts = full if len(full.shape) == 5 else _Single(full)
-
-    def close(self) -> None:
-        if self.handle is not None:
-            self.handle.close()
-            self.handle = None
-        self.counts = None
-
-
-def _map(path: Path, offset: int, shape: tuple[int, ...]) -> np.ndarray:
-    """A read-only int16 ndarray of ``shape`` over the file's bytes from ``offset`` (a private
-    memory map: pages come from the page cache on first touch, nothing is read up front).
-    Raises ValueError when the file is shorter than the array."""
-    nbytes = int(np.prod(shape)) * 2
-    with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        if size < offset + nbytes:
-            raise ValueError(f"file is {size} bytes, dataset 'full' needs {offset + nbytes}")
-        mapping = mmap.mmap(handle.fileno(), offset + nbytes, flags=mmap.MAP_PRIVATE,
-                            prot=mmap.PROT_READ)
-    return np.frombuffer(mapping, dtype=np.int16, count=nbytes // 2, offset=offset).reshape(shape)
-
-
-class _Single:
-    """A one-sample file's ``full`` ``(S, S, S, 4)`` indexed like a shard of one."""
-
-    def __init__(self, full: h5py.Dataset) -> None:
-        self.full = full
-
-    def __getitem__(self, index: int) -> np.ndarray:
-        if index != 0:
-            raise IndexError(index)
-        return self.full[()]
 
 
 def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -222,7 +82,7 @@ def collate(batch: Any) -> Any:
 
 
 class CosmoFlowDataset(Dataset):
-    """The first ``n_samples`` samples of a list of CosmoFlow HDF5 files, in file order.
+    """The first ``n_samples`` samples of a list of CosmoFlow sample files, in file order.
 
     Items are ``(x, y)``: ``x`` int16 ``(S, S, S, 4)`` particle counts as stored, ``y`` float32
     ``(4,)``. ``__getitems__`` (used by DataLoader for a batch) returns ``(x, y)`` stacked,
@@ -230,39 +90,47 @@ class CosmoFlowDataset(Dataset):
     ``collate_fn=dataset.collate_fn``. ``device_transform`` decodes a batch on its device.
 
     Args:
-        files: HDF5 files, read in the given order.
+        files: sample files of one format, read in the given order.
         n_samples: how many samples to use (None: all of them).
         folder: named in messages (default: the first file's folder).
+        fmt: the files' format, one of `formats.FORMATS` (default ``hdf5``).
 
     Attributes:
         files: the files actually used.
         cube_size: S, cells per side.
         sample_shape: ``(4, S, S, S)``, the shape of a decoded sample (model input).
-        memory_mapped: True when every file's ``full`` can be memory-mapped.
+        memory_mapped: True when every file's counts can be memory-mapped.
+        format: the format name.
+
+    Values are checked where it is cheap: targets (NaN or infinite) when a file's targets are
+    first learnt (construction for HDF5, first read for TFRecord and npy), particle counts
+    (negative) the first time each sample is read in a process.
 
     Raises:
-        DataError: (at construction) a file is not HDF5 / truncated, lacks ``full`` or ``unitPar``,
-            has a wrong shape or dtype, or its cube size differs from the first file's; fewer
-            samples exist than asked for. (On access) a sample cannot be read; the message names
-            the file and the sample's index in it.
+        DataError: (at construction) a file is unreadable, truncated or corrupt, lacks its counts
+            or targets, has a wrong shape or dtype, a cube size other than the first file's, or
+            non-finite targets; fewer samples exist than asked for. (On access) a sample cannot
+            be read or holds bad values; the message names the file and the sample's index in it.
     """
 
     collate_fn = staticmethod(collate)
 
     def __init__(self, files: Sequence[Path], n_samples: Optional[int] = None,
-                 folder: Optional[Path] = None) -> None:
+                 folder: Optional[Path] = None, fmt: str = "hdf5") -> None:
         files = [Path(f) for f in files]
         folder = Path(folder) if folder is not None else (files[0].parent if files else Path("."))
         if not files:
-            raise DataError(f"{folder}: no HDF5 files in the dataset folder")
+            raise DataError(f"{folder}: no {fmt} sample files in the dataset folder (an empty split)")
+        self.format = fmt
+        self._reader = formats.reader(fmt)
         used: list[Path] = []
         starts: list[int] = []
-        infos: list[_FileInfo] = []
+        infos: list[FileInfo] = []
         total, cube_size = 0, None
         for path in files:
             if n_samples is not None and total >= n_samples:
                 break
-            info = _inspect(path)
+            info = self._reader.inspect(path, full=not used)  # the first file read in full
             count, size = info.n_samples, info.cube
             if cube_size is None:
                 cube_size = size
@@ -282,9 +150,13 @@ class CosmoFlowDataset(Dataset):
         self._starts = np.asarray(starts, dtype=np.int64)
         self._length = total if n_samples is None else n_samples
         self._infos = infos
-        self._targets = np.concatenate([info.targets for info in infos])[:self._length]
+        self._targets = np.concatenate([
+            info.targets if info.targets is not None
+            else np.full((info.n_samples, N_TARGETS), np.nan, np.float32) for info in infos
+        ])[:self._length]
         self.memory_mapped = all(info.offset is not None for info in infos)
-        self._sources: OrderedDict[int, _Source] = OrderedDict()
+        self._checked = np.zeros(self._length, dtype=bool)  # counts' values seen in this process
+        self._sources: OrderedDict[int, Source] = OrderedDict()
         self._pid = os.getpid()
         self._standardization: Optional[PerChannel] = None
 
@@ -330,26 +202,29 @@ class CosmoFlowDataset(Dataset):
         position = int(np.searchsorted(self._starts, index, side="right")) - 1
         return position, index - int(self._starts[position])
 
-    def _open_sources(self) -> OrderedDict[int, _Source]:
+    def _open_sources(self) -> OrderedDict[int, Source]:
         """This process's open files; empty after a fork (a DataLoader worker never shares
         handles or maps with its parent)."""
         if self._pid != os.getpid():
             self._sources = OrderedDict()
+            self._checked = np.zeros(self._length, dtype=bool)
             self._pid = os.getpid()
         return self._sources
 
-    def _source(self, position: int) -> _Source:
+    def _source(self, position: int) -> Source:
         sources = self._open_sources()
         source = sources.get(position)
         if source is not None:
             sources.move_to_end(position)
             return source
-        source = _Source(self.files[position], self._infos[position])
+        source = self._reader.open(self.files[position], self._infos[position])
         start = int(self._starts[position])
         used = min(self._infos[position].n_samples, self._length - start)
         self._targets[start:start + used] = source.targets[:used]
+        if source.checked:
+            self._checked[start:start + used] = True
         self._sources[position] = source
-        if len(self._sources) > MAX_OPEN_FILES:
+        if len(self._sources) > min(MAX_OPEN_FILES, self._reader.max_open):
             _, oldest = self._sources.popitem(last=False)
             oldest.close()
         return source
@@ -360,6 +235,8 @@ class CosmoFlowDataset(Dataset):
         except (DataError, OSError, KeyError, ValueError) as exc:
             path = self.files[position]
             reason = str(exc).removeprefix(f"{path}: ")
+            if isinstance(exc, DataError) and reason.startswith(("sample ", "record ")):
+                raise  # already names the file and the record or sample
             raise DataError(f"{path}: sample {local}: cannot be read ({_short(reason)})") from None
         try:
             x_out[...] = source.counts[local]
@@ -374,7 +251,22 @@ class CosmoFlowDataset(Dataset):
         x = torch.empty((self.cube_size,) * 3 + (N_CHANNELS,), dtype=torch.int16)
         y = torch.empty(N_TARGETS, dtype=torch.float32)
         self._read(*self._position(index), x.numpy(), y.numpy())
+        self._check_values(np.asarray([index % max(1, self._length)]), x.numpy()[None])
         return x, y
+
+    def _check_values(self, index: np.ndarray, xs: np.ndarray) -> None:
+        """Check the counts of samples read for the first time in this process (>= 0).
+        Raises DataError naming the file and the sample."""
+        rows = np.flatnonzero(~self._checked[index])
+        if not rows.size:
+            return
+        mins = xs[rows].reshape(rows.size, -1).min(axis=1)
+        if (mins < 0).any():
+            row = int(rows[np.flatnonzero(mins < 0)[0]])
+            path, local = self.locate(int(index[row]))
+            raise DataError(f"{path}: sample {local}: negative particle count "
+                            f"{int(mins[mins < 0][0])} (counts are >= 0)")
+        self._checked[index[rows]] = True
 
     def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """A batch: int16 ``(B, S, S, S, 4)`` and float32 ``(B, 4)``, one copy per sample.
@@ -403,6 +295,7 @@ class CosmoFlowDataset(Dataset):
             except Exception:  # the slow path closes the file and raises one clear DataError
                 self._read(position, local, xs[row], ys[row])
         np.take(self._targets, index, axis=0, out=ys)  # every file of the batch is open by now
+        self._check_values(index, xs)
         return x, y
 
     def close(self) -> None:
@@ -427,9 +320,11 @@ def build_datasets(config: "Config", runtime: "Runtime", data_dir: Path
                    ) -> tuple[CosmoFlowDataset, CosmoFlowDataset]:
     """The (train, validation) datasets under ``data_dir/train`` and ``data_dir/validation``.
 
-    Uses the first ``config.data.train_samples`` / ``config.data.eval_samples`` samples in file
-    name order (all when None). ``runtime`` is accepted for the Workload interface; every rank
-    sees the whole dataset and the harness's sampler shards it.
+    The form is ``config.data.format`` (``auto``: detected from the training folder's file names
+    by `formats.detect_format`; both splits must have the same). Uses the first
+    ``config.data.train_samples`` / ``config.data.eval_samples`` samples in stem order (all when
+    None). ``runtime`` is accepted for the Workload interface; every rank sees the whole dataset
+    and the harness's sampler shards it.
 
     Returns:
         Two `CosmoFlowDataset`; each item is ``x`` int16 ``(S, S, S, 4)`` counts, ``y`` float32
@@ -438,13 +333,20 @@ def build_datasets(config: "Config", runtime: "Runtime", data_dir: Path
         split's statistics when ``model.input_standardization`` is ``channel``).
 
     Raises:
-        DataError: a folder is missing or empty, a file is malformed (named, with what was
-            expected), fewer samples exist than asked for, or the two splits' cube sizes differ.
+        DataError: a folder is missing or empty, holds raw 512^3 universes (the message names
+            ``mlhpc data prepare``), a file is malformed (named, with the record or sample and
+            what was expected), fewer samples exist than asked for, or the two splits' forms or
+            cube sizes differ.
     """
     data_dir = Path(data_dir)
     train_dir, eval_dir = data_dir / "train", data_dir / "validation"
-    train = CosmoFlowDataset(find_files(train_dir), config.data.train_samples, folder=train_dir)
-    valid = CosmoFlowDataset(find_files(eval_dir), config.data.eval_samples, folder=eval_dir)
+    if not train_dir.is_dir() and data_dir.is_dir():
+        raw_universes(data_dir)  # a folder of raw universes given as data.path: name the fix
+    fmt = dataset_format(config, data_dir)
+    train = CosmoFlowDataset(find_files(train_dir, fmt), config.data.train_samples,
+                             folder=train_dir, fmt=fmt)
+    valid = CosmoFlowDataset(find_files(eval_dir, fmt), config.data.eval_samples,
+                             folder=eval_dir, fmt=fmt)
     if train.cube_size != valid.cube_size:
         raise DataError(f"{eval_dir}: cube size {valid.cube_size}; expected {train.cube_size} "
                         f"like {train_dir}")
@@ -453,3 +355,28 @@ def build_datasets(config: "Config", runtime: "Runtime", data_dir: Path
         train.standardize(mean, std)
         valid.standardize(mean, std)
     return train, valid
+
+
+def dataset_format(config: Any, data_dir: Path) -> str:
+    """``config.data.format`` if set, else the form detected in ``train/`` (and the same found in
+    ``validation/``). Raises DataError."""
+    chosen = getattr(getattr(config, "data", None), "format", "auto") or "auto"
+    if chosen != "auto":
+        if chosen not in formats.FORMATS:
+            raise DataError(f"data.format: {chosen!r} is not a CosmoFlow form; expected one of "
+                            f"{', '.join(formats.FORMATS)}")
+        return chosen
+    fmt = formats.detect_format(Path(data_dir) / "train")
+    other = formats.detect_format(Path(data_dir) / "validation")
+    if other != fmt:
+        raise DataError(f"{Path(data_dir) / 'validation'}: {other} files; expected {fmt} like "
+                        f"{Path(data_dir) / 'train'}")
+    return fmt
+
+
+def raw_universes(folder: Path) -> None:
+    """Raise DataError naming ``mlhpc data prepare`` when ``folder`` holds raw universes (HDF5
+    ``full`` of 512^3 cells) instead of train/ and validation/ sample folders."""
+    candidates = sorted(p for p in Path(folder).iterdir() if p.name.endswith(formats.HDF5_SUFFIXES))
+    if candidates:
+        formats.reader("hdf5").inspect(candidates[0])  # raises the message naming the command

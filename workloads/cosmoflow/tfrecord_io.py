@@ -1,0 +1,156 @@
+"""TFRecord files as TensorFlow writes them, read without TensorFlow, CRCs verified.
+
+Format (TensorFlow ``tensorflow/core/lib/io/record_writer.cc``; the ``TFRecordDataset`` docs): a
+file is a sequence of records, each::
+
+    uint64 length              little-endian
+    uint32 masked_crc32c(length bytes)
+    byte   data[length]        here a serialised ``tf.train.Example`` protocol buffer
+    uint32 masked_crc32c(data)
+
+with ``masked_crc(c) = ((c >> 15) | (c << 17)) + 0xa282ead8`` (mod 2**32), CRC-32C (Castagnoli).
+A file may be GZIP-compressed as a whole (``compression_type='GZIP'``, as the MLCommons CosmoFlow
+dataset ``cosmoUniverse_2019_05_4parE_tf_v2`` is distributed and as NVIDIA's
+``tools/convert_tfrecord_to_gzip.py``, mlcommons/hpc_results_v3.0, writes it with Python's
+``gzip``); that is detected from the GZIP magic bytes ``1f 8b``, never from the file name.
+
+Why frames are read here and not with the ``tfrecord`` package's ``tfrecord_iterator``: that
+iterator (tfrecord 1.14) reads both CRCs but never checks them, and for a GZIP file it first
+decompresses the whole stream once to learn its length, then again to read it, so every file
+would be inflated twice. Here a file is read into memory once, inflated once with zlib (which
+releases the GIL, so threads overlap), its frames walked over one buffer and both CRCs checked
+with the ``crc32c`` package (hardware CRC-32C instructions where the CPU has them). The Example
+protocol buffers are still decoded with the ``tfrecord`` package's ``example_pb2`` (the
+``tf.train.Example`` schema compiled for the ``protobuf`` runtime).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from pathlib import Path
+from typing import Iterator
+
+import crc32c as _crc32c
+
+from mlhpc.errors import DataError
+
+GZIP_MAGIC = b"\x1f\x8b"
+_MASK_DELTA = 0xA282EAD8
+_HEADER = struct.Struct("<QI")  # length, masked CRC of the length
+_FOOTER = struct.Struct("<I")
+FRAME_OVERHEAD_BYTES = _HEADER.size + _FOOTER.size  # 16 bytes around each record's data
+
+
+def masked_crc(data: bytes | memoryview) -> int:
+    """The TFRecord masked CRC-32C of ``data`` (uint32)."""
+    crc = _crc32c.crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def is_gzip(path: Path) -> bool:
+    """True when the file starts with the GZIP magic bytes. Raises OSError."""
+    with open(path, "rb") as handle:
+        return handle.read(2) == GZIP_MAGIC
+
+
+def gunzip(raw: bytes | memoryview, path: Path) -> bytes:
+    """The inflated contents of a GZIP stream (every member, concatenated).
+
+    Raises:
+        DataError: naming ``path``: the stream is corrupt or ends before its last member does
+            (a truncated download or copy).
+    """
+    parts: list[bytes] = []
+    rest = memoryview(raw)
+    while True:
+        inflater = zlib.decompressobj(wbits=31)
+        try:
+            parts.append(inflater.decompress(rest))
+        except zlib.error as exc:
+            raise DataError(f"{path}: corrupt GZIP stream ({exc})") from None
+        if not inflater.eof:
+            raise DataError(f"{path}: truncated GZIP stream (ends after {len(raw)} compressed "
+                            f"bytes before the end of its data); fetch or copy the file again")
+        rest = memoryview(inflater.unused_data)
+        if bytes(rest[:2]) != GZIP_MAGIC:
+            if bytes(rest).strip(b"\0"):
+                raise DataError(f"{path}: {len(rest)} bytes of garbage after the GZIP stream")
+            break  # trailing zero padding after the last member is allowed, as gzip(1) does
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def read_file(path: Path) -> bytes:
+    """The TFRecord bytes of a file: read once, inflated when it is GZIP. Raises DataError."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    return gunzip(raw, path) if raw[:2] == GZIP_MAGIC else raw
+
+
+def records(data: bytes | memoryview, path: Path) -> Iterator[memoryview]:
+    """Each record's data in a TFRecord buffer, both CRCs checked, as views into ``data``.
+
+    Raises:
+        DataError: naming ``path`` and the record (0-based): a header or data CRC mismatch, or a
+            record that runs past the end of the file (truncated).
+    """
+    view = memoryview(data)
+    offset, index, end = 0, 0, len(view)
+    while offset < end:
+        if end - offset < _HEADER.size:
+            raise DataError(f"{path}: record {index}: truncated header ({end - offset} bytes left "
+                            f"at byte {offset})")
+        length, length_crc = _HEADER.unpack_from(view, offset)
+        if masked_crc(view[offset:offset + 8]) != length_crc:
+            raise DataError(f"{path}: record {index}: length CRC mismatch at byte {offset} "
+                            f"(corrupt or not a TFRecord file)")
+        start = offset + _HEADER.size
+        stop = start + length
+        if stop + _FOOTER.size > end:
+            raise DataError(f"{path}: record {index}: truncated ({length} data bytes announced, "
+                            f"{max(0, end - start - _FOOTER.size)} present)")
+        payload = view[start:stop]
+        (data_crc,) = _FOOTER.unpack_from(view, stop)
+        if masked_crc(payload) != data_crc:
+            raise DataError(f"{path}: record {index}: data CRC mismatch (the file is corrupt)")
+        yield payload
+        offset = stop + _FOOTER.size
+        index += 1
+
+
+def peek_first_length(path: Path) -> tuple[int, bool, int]:
+    """``(data length of record 0, gzip?, uncompressed size mod 2**32 or file size)`` without
+    reading the file: for GZIP, only the first block is inflated and the size comes from the
+    stream's ISIZE trailer (RFC 1952), exact for one member under 4 GiB.
+
+    Raises:
+        DataError: naming ``path``: empty, unreadable, or a first header that is short or whose
+            CRC does not match.
+    """
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as handle:
+            head = handle.read(65536)
+            gz = head[:2] == GZIP_MAGIC
+            if gz:
+                if size < 18:
+                    raise DataError(f"{path}: truncated GZIP stream ({size} bytes)")
+                handle.seek(size - 4)
+                (total,) = struct.unpack("<I", handle.read(4))
+                try:
+                    head = zlib.decompressobj(wbits=31).decompress(head, _HEADER.size)
+                except zlib.error as exc:
+                    raise DataError(f"{path}: corrupt GZIP stream ({exc})") from None
+            else:
+                total = size
+    except OSError as exc:
+        raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if len(head) < _HEADER.size:
+        raise DataError(f"{path}: empty or truncated TFRecord file (no record header)")
+    length, length_crc = _HEADER.unpack_from(head, 0)
+    if masked_crc(head[:8]) != length_crc:
+        raise DataError(f"{path}: record 0: length CRC mismatch (corrupt or not a TFRecord file)")
+    return length, gz, total
