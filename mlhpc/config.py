@@ -11,19 +11,86 @@ pydantic models the workload declares (`mlhpc.workload.Workload`).
 from __future__ import annotations
 
 import copy
+import re
+import typing
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
+                      create_model, field_validator, model_validator)
 
 from mlhpc.errors import ConfigError
 
+#: Every integer a config holds fits a signed 64-bit integer (torch's int64, a C ``long long``).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: The largest ``train.seed``: torch.manual_seed takes -2**63 .. 2**64 - 1, and the loop adds the
+#: instance and epoch numbers to the seed, so a seed up to 2**63 - 1 always leaves room.
+SEED_MAX = INT64_MAX
+
+
+
+def _int_from_json_key(value: Any) -> Any:
+    return int(value) if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,19}", value) else value
+
+
+# Shared numeric types for workload sections (floats are finite in every section anyway).
+#: An epoch number >= 0, also as a mapping key: JSON (a saved config, a checkpoint) writes
+#: mapping keys as strings, so a string of digits is read as its integer; ``true`` or ``1.5`` are not.
+Epoch = Annotated[int, BeforeValidator(_int_from_json_key), Field(ge=0)]
+#: A multiplicative learning-rate decay factor: 0 < factor <= 1.
+DecayFactor = Annotated[float, Field(gt=0.0, le=1.0)]
+
+
+def _is_tuple_type(annotation: Any) -> bool:
+    if typing.get_origin(annotation) is tuple:
+        return True
+    return typing.get_origin(annotation) is Union and any(
+        _is_tuple_type(arg) for arg in typing.get_args(annotation))
+
+
+def _out_of_int64(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return not INT64_MIN <= value <= INT64_MAX
+    if isinstance(value, dict):
+        return any(_out_of_int64(k) or _out_of_int64(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(_out_of_int64(v) for v in value)
+    return False
+
 
 class Section(BaseModel):
-    """Base of every config section: unknown keys are errors, values are checked strictly."""
+    """Base of every config section (the harness's and each workload's): unknown keys are errors
+    and values are checked strictly, in one place for every section:
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    - integers are integers: ``true`` is not 1 and ``1e23`` (a YAML float) is not an integer;
+    - floats are finite: ``.inf`` and ``.nan`` are rejected (``allow_inf_nan=False``), also inside
+      lists, tuples and mappings, so no NaN or Infinity can reach a log or a learning rate;
+    - every integer fits a signed 64-bit integer (what torch takes);
+    - a YAML sequence stands for a tuple (YAML has no tuples) and a string for a path.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, strict=True,
+                              allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_sequences_are_tuples(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            lists = {name: tuple(data[name]) for name, field in cls.model_fields.items()
+                     if isinstance(data.get(name), list) and _is_tuple_type(field.annotation)}
+            if lists:
+                data = {**data, **lists}
+        return data
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _int64(cls, value: Any, info: ValidationInfo) -> Any:
+        if _out_of_int64(value):
+            raise ValueError(f"integers must lie within {INT64_MIN} .. {INT64_MAX}")
+        return value
 
 
 class SubmissionConfig(Section):
@@ -38,19 +105,43 @@ class SubmissionConfig(Section):
 
 
 class StagingConfig(Section):
-    """Copy of the dataset to node-local storage before ``run_start`` (MLPerf HPC v3.0 rules)."""
+    """Copy of the dataset to node-local storage (`mlhpc.staging`; docs/staging-at-scale.md).
+
+    ``dest`` may hold ``{node_rank}`` and ``{hostname}``; ``shard``: ``node`` (each node stages
+    and reads its own share of train/ and validation/; the default when the job spans several
+    nodes) or ``none`` (every node holds everything); ``placement``: ``init`` (before
+    ``run_start``, as v3.0 allows within the init limit) or ``run`` (inside the timed run,
+    always compliant).
+    """
 
     enabled: bool = True
-    dest: Optional[Path] = None  # None: a fresh temporary folder on this node
+    dest: Optional[Path] = Field(None, strict=False)  # None: a fresh temporary folder on this node
     workers: int = Field(4, ge=1, le=256)  # copy threads per rank
-    scope: Literal["all", "rank_files"] = "all"
+    shard: Optional[Literal["node", "none"]] = None  # None: node when num_nodes > 1
+    placement: Literal["init", "run"] = "init"
     verify: bool = True
+
+    @field_validator("dest")
+    @classmethod
+    def _dest_placeholders(cls, value: Optional[Path]) -> Optional[Path]:
+        import string
+
+        if value is not None:
+            try:
+                names = {name for _, name, _, _ in string.Formatter().parse(str(value)) if name is not None}
+            except ValueError as exc:
+                raise ValueError(f"bad placeholder in {str(value)!r} ({exc})") from None
+            unknown = names - {"node_rank", "hostname"}
+            if unknown:
+                raise ValueError(f"unknown placeholder {{{sorted(unknown)[0]}}} in {str(value)!r}; "
+                                 "use {node_rank} or {hostname}")
+        return value
 
 
 class DataConfig(Section):
     """Where the dataset lives and how much of it a run uses."""
 
-    path: Path = Path("data")
+    path: Path = Field(Path("data"), strict=False)
     synthesize_if_missing: bool = True
     train_samples: Optional[int] = Field(None, ge=1)  # None: every sample found
     eval_samples: Optional[int] = Field(None, ge=1)
@@ -64,21 +155,21 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 class TrainConfig(Section):
     """The training loop (`mlhpc.train`)."""
 
-    global_batch_size: int = Field(..., ge=1)
-    gradient_accumulation_steps: int = Field(1, ge=1)
-    max_epochs: int = Field(..., ge=1)
-    target: Optional[float] = None  # None: the workload's reference target
-    seed: int = Field(0, ge=0)
+    global_batch_size: int = Field(..., ge=1, le=2**31 - 1)
+    gradient_accumulation_steps: int = Field(1, ge=1, le=2**31 - 1)
+    max_epochs: int = Field(..., ge=1, le=1_000_000)
+    target: Optional[float] = None  # None: the workload's reference target (finite: Section)
+    seed: int = Field(0, ge=0, le=SEED_MAX)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     amp: bool = False  # bf16 autocast on CUDA
     # torch.compile the model (the first epoch pays the compilation): false, true (= "default"),
     # or a torch.compile mode; "reduce-overhead" replays the step with CUDA graphs on a GPU
     compile: Union[bool, str] = False
-    threads: Optional[int] = Field(None, ge=1)  # torch intra-op threads; None: torch's default
+    threads: Optional[int] = Field(None, ge=1, le=65536)  # torch intra-op threads; None: torch's default
     log_every_steps: int = Field(0, ge=0)  # progress lines; 0: once per epoch
     check_every_steps: int = Field(10, ge=1)  # how often ranks agree on stop (SIGTERM, NaN loss)
     checkpoint_every_epochs: int = Field(0, ge=0)  # 0: only on SIGTERM
-    instances: int = Field(1, ge=1)  # throughput (weak scaling) mode: K independent models
+    instances: int = Field(1, ge=1, le=65536)  # throughput (weak scaling) mode: K independent models
 
     @field_validator("compile", mode="before")
     @classmethod
@@ -92,7 +183,7 @@ class TrainConfig(Section):
 class OutputConfig(Section):
     """Where results go: ``<dir>/result_N.txt``, ``summary.json``, ``config.yaml``, ``env.json``."""
 
-    dir: Path = Path("results")
+    dir: Path = Field(Path("results"), strict=False)
 
 
 class _CommonConfig(Section):
@@ -159,41 +250,84 @@ def _set_path(tree: dict[str, Any], dotted: str, value: Any, source: str) -> Non
     node[parts[-1]] = value
 
 
+_KEY_PATH = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+
+
 def parse_override(text: str) -> tuple[str, Any]:
-    """``"train.max_epochs=5"`` -> ``("train.max_epochs", 5)``; the value is read as YAML.
+    """``"train.max_epochs=5"`` -> ``("train.max_epochs", 5)``; the value is read as YAML (with
+    the same duplicate-key check as a config file).
 
     Raises:
-        ConfigError: no ``=``, or a value that is not valid YAML.
+        ConfigError: no ``=``, a key path that is not dot-separated names (letters, digits, ``_``,
+            ``-``), or a value that is not valid YAML; the message starts with ``--set``.
     """
     if "=" not in text:
         raise ConfigError(f"--set {_show(text)}: expected section.key=value")
     key, raw = text.split("=", 1)
+    key = key.strip()
+    if not _KEY_PATH.fullmatch(key):
+        raise ConfigError(f"--set {_show(key)}: the key must be a dotted path of names, "
+                          f"e.g. train.max_epochs")
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = yaml.load(raw, Loader=UniqueKeyLoader) if raw != "" else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"--set {_show(key)}: value {raw!r} is not valid YAML "
+        raise ConfigError(f"--set {_show(key)}: value {_show(raw)} is not valid YAML "
                           f"({_show(getattr(exc, 'problem', None) or type(exc).__name__)})") from None
-    return key.strip(), value
+    return key, value
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last
+    silently). Keys brought in by a merge (``<<: *anchor``) may be overridden, as YAML intends."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key {_show(key)} (first at line {seen[key]})",
+                            key_node.start_mark)
+                    seen[key] = key_node.start_mark.line + 1
+                except TypeError:
+                    continue  # unhashable key: SafeConstructor reports it
+        return super().construct_mapping(node, deep=deep)
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """The mapping in a YAML file, read with ``yaml.safe_load``.
+    """The mapping in a UTF-8 YAML file, read with a safe loader that refuses duplicate keys.
 
     Raises:
-        ConfigError: the file is missing, unreadable, not YAML, or not a mapping.
+        ConfigError: the file is missing, unreadable (permissions, a folder), not UTF-8 text, not
+            YAML, holds a key twice in one mapping (named with its line), or is not a mapping.
     """
     try:
-        text = Path(path).read_text()
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder, not a config file") from None
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config file ({exc.strerror})") from None
+        raise ConfigError(f"{path}: cannot read config file ({exc.strerror or exc})") from None
+    if b"\0" in data:
+        raise ConfigError(f"{path}: not a text file (holds NUL bytes); expected a YAML config")
     try:
-        tree = yaml.safe_load(text)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                          f"{exc.start}); save the config as UTF-8") from None
+    try:
+        tree = yaml.load(text, Loader=UniqueKeyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}: not valid YAML{where}") from None
+        problem = getattr(exc, "problem", None) or ""
+        detail = f": {_show(problem)}" if problem.startswith("duplicate key") else ""
+        raise ConfigError(f"{path}: not valid YAML{where}{detail}") from None
     if tree is None:
         tree = {}
     if not isinstance(tree, dict):
@@ -236,8 +370,11 @@ def from_dict(tree: dict[str, Any], source: str = "<dict>", overrides: tuple[str
     except ValidationError as exc:
         first = exc.errors()[0]
         key = _key_path(tuple(first["loc"]))
-        if first["type"] == "extra_forbidden" and any(key == k for k in override_keys):
-            raise ConfigError(f"--set {key}: names no config key") from None  # key: _key_path
+        for k in reversed(override_keys):  # the last --set of a key is the one in force
+            if key == _show(k) or key.startswith(_show(k) + "."):
+                if first["type"] == "extra_forbidden" and key == _show(k):
+                    raise ConfigError(f"--set {key}: names no config key") from None
+                raise ConfigError(f"--set {key}: {_describe(first)}") from None
         _raise(source, exc)
     return config  # type: ignore[return-value]
 
