@@ -46,8 +46,10 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import heapq
 import json
 import os
+import random
 import socket
 import stat
 import threading
@@ -56,7 +58,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 import xxhash
 
@@ -72,8 +74,8 @@ LOCK_NAME = ".mlhpc-lock"
 PART_SUFFIX = ".mlhpc-part"
 CHECKSUM = "xxh3_128"
 MANIFEST_FORMAT = "mlhpc-staging-manifest"
-MANIFEST_VERSION = 1
-BUFFER_BYTES = 1 << 20  # 1 MiB per read: large enough for hashlib to drop the GIL, fits in L2
+MANIFEST_VERSION = 2  # 2: source identity (size, mtime, ctime, inode), shard, pruned folder
+BUFFER_BYTES = 1 << 20  # 1 MiB per read: large enough for xxhash to drop the GIL, fits in L2
 
 
 @dataclass
@@ -82,37 +84,156 @@ class StagingResult:
 
     Attributes:
         source: the shared folder read from.
-        dest: the node-local folder written to (same path on every node).
-        files / bytes: files and bytes each node holds after staging, summed over nodes.
+        dest: this node's folder written to (``data.staging.dest`` with its placeholders filled).
+        staged_files / staged_bytes: files and bytes the nodes hold after staging, summed over
+            nodes (with a sharded stage: the whole training and validation sets once, plus the
+            shared files such as ``stats.h5`` once per node).
         copied_files / copied_bytes: files and bytes actually copied, summed over nodes.
         skipped_files: files already present and verified (resume), summed over nodes.
-        seconds: wall time of the slowest rank, barriers included.
-        gb_per_s: ``copied_bytes / seconds / 1e9``: aggregate copy bandwidth of the job (0 when
+        pruned_files: files removed from the destinations because the plan does not hold them
+            (an earlier dataset, a file deleted from the source), summed over nodes.
+        elapsed_s: wall time of the slowest rank, barriers included.
+        gb_per_s: ``copied_bytes / elapsed_s / 1e9``: aggregate copy bandwidth of the job (0 when
             nothing was copied).
         per_node: one dict per node, ordered by node rank: ``node_rank``, ``hostname``, ``ranks``,
-            ``files``, ``bytes``, ``copied_files``, ``copied_bytes``, ``skipped_files``,
-            ``seconds``, ``gb_per_s``.
-        manifest: the manifest written on each node (``dest/.mlhpc-manifest.json``).
+            ``dest``, ``staged_files``, ``staged_bytes``, ``copied_files``, ``copied_bytes``,
+            ``skipped_files``, ``pruned_files``, ``elapsed_s``, ``gb_per_s``.
+        shard: ``None`` (every node holds everything) or the split, as recorded in each node's
+            manifest: ``{"mode": "node", "num_nodes", "seed", "splits", "balance": "bytes"}``.
+        offline: the source was not reachable and every node used its complete, verified copy.
+        manifest: this node's manifest (``dest/.mlhpc-manifest.json``).
     """
 
     source: Path
     dest: Path
-    files: int
-    bytes: int
+    staged_files: int
+    staged_bytes: int
     copied_files: int
     copied_bytes: int
     skipped_files: int
-    seconds: float
+    pruned_files: int
+    elapsed_s: float
     gb_per_s: float
     per_node: list[dict[str, Any]] = field(default_factory=list)
+    shard: Optional[dict[str, Any]] = None
+    offline: bool = False
     manifest: Path = Path(MANIFEST_NAME)
 
+    def node_summary(self) -> dict[str, Any]:
+        """Per-node figures for the run summary and the log: ``nodes``, ``slowest_node_s``,
+        ``mean_node_s``, ``node_gb_per_s`` (copy bandwidth of each node, GB/s = 1e9 bytes/s),
+        ``aggregate_gb_per_s``, ``node_staged_bytes`` (bytes each node holds),
+        ``max_node_staged_bytes``."""
+        nodes = self.per_node
+        times = [n["elapsed_s"] for n in nodes]
+        return {
+            "nodes": len(nodes),
+            "slowest_node_s": max(times, default=0.0),
+            "mean_node_s": sum(times) / len(times) if times else 0.0,
+            "node_gb_per_s": [n["gb_per_s"] for n in nodes],
+            "aggregate_gb_per_s": self.gb_per_s,
+            "node_staged_bytes": [n["staged_bytes"] for n in nodes],
+            "max_node_staged_bytes": max((n["staged_bytes"] for n in nodes), default=0),
+        }
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict (paths as strings) for ``summary.json``."""
+        """JSON-able dict (paths as strings) for ``summary.json``, with `node_summary` under
+        ``"nodes_summary"``."""
         out = asdict(self)
         for key in ("source", "dest", "manifest"):
             out[key] = str(out[key])
+        out["nodes_summary"] = self.node_summary()
         return out
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Which share of the dataset this node stages (``data.staging.shard: node``).
+
+    The files of each folder in ``splits`` are put in sorted order, permuted once with ``seed``
+    (sorted names put the 64 sub-volumes of one CosmoFlow universe side by side, so contiguous
+    shares would give a node few universes), and dealt to ``num_nodes`` shares of about equal
+    bytes (`assign_shards`). Files outside ``splits`` (``stats.h5``, a README) are staged
+    whole on every node. The split depends only on the file list, ``num_nodes`` and ``seed``, so
+    every node computes the same one without talking, and a later run finds it in the manifest.
+    """
+
+    node_rank: int
+    num_nodes: int
+    seed: int
+    splits: tuple[str, ...] = ("train", "validation")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The job-wide description recorded in every node's manifest (node rank apart)."""
+        return {"mode": "node", "num_nodes": self.num_nodes, "seed": self.seed,
+                "splits": list(self.splits), "balance": "bytes"}
+
+
+def assign_shards(files: Sequence[tuple[str, int]], num_nodes: int, seed: int,
+                  splits: Sequence[str] = ("train", "validation")) -> list[list[str]]:
+    """Split ``files`` (``(relative POSIX path, size in bytes)``) over ``num_nodes`` nodes.
+
+    Each folder named in ``splits`` is split on its own: its files, sorted by path, are permuted
+    with ``random.Random(f"{seed}:{split}")``, then dealt largest first (equal sizes in the
+    permuted order) each to the node holding the fewest bytes so far (longest-processing-time
+    scheduling). Each node so holds about ``1/N`` of the split's bytes (within one file of it);
+    the shares are disjoint and cover the split; with files of one size the deal is round-robin
+    over the permuted order, so the files of one universe spread over the nodes. Every other
+    file goes to every node.
+
+    Returns:
+        ``num_nodes`` lists of relative paths, sorted.
+
+    Raises:
+        StagingError: a split holds files, but fewer than ``num_nodes`` (a node would get none);
+            ``num_nodes < 1``.
+    """
+    if num_nodes < 1:
+        raise StagingError(f"staging shard: expected at least 1 node, got {num_nodes}")
+    shares: list[list[str]] = [[] for _ in range(num_nodes)]
+    by_split: dict[str, list[tuple[str, int]]] = {split: [] for split in splits}
+    for rel, size in files:
+        top = rel.split("/", 1)[0] if "/" in rel else ""
+        if top in by_split:
+            by_split[top].append((rel, size))
+        else:
+            for share in shares:
+                share.append(rel)
+    for split, members in by_split.items():
+        if not members:
+            continue
+        if len(members) < num_nodes:
+            raise StagingError(f"{split}/: {len(members)} files cannot be sharded over {num_nodes} "
+                               "nodes (each node needs at least one); set data.staging.shard: none "
+                               "or write the split in more files")
+        members = sorted(members)
+        random.Random(f"{seed}:{split}").shuffle(members)
+        members.sort(key=lambda m: -m[1])  # stable: equal sizes keep the permuted order
+        load = [(0, 0, n) for n in range(num_nodes)]  # heap of (bytes so far, files so far, node)
+        for rel, size in members:
+            held, count, node = heapq.heappop(load)
+            shares[node].append(rel)
+            heapq.heappush(load, (held + size, count + 1, node))
+    for n, share in enumerate(shares):
+        for split, members in by_split.items():
+            if members and not any(rel.startswith(split + "/") for rel in share):
+                raise StagingError(f"{split}/: node {n} of {num_nodes} gets no file (a few files "
+                                   "hold most of the bytes); set data.staging.shard: none")
+    return [sorted(share) for share in shares]
+
+
+def resolve_dest(template: "Path | str", runtime: "Runtime") -> Path:
+    """``data.staging.dest`` with ``{node_rank}`` and ``{hostname}`` filled for this node.
+
+    Raises:
+        StagingError: the template names another placeholder or has an unmatched brace.
+    """
+    text = str(template)
+    try:
+        return Path(text.format(node_rank=runtime.node_rank, hostname=socket.gethostname()))
+    except (KeyError, IndexError, ValueError) as exc:
+        raise StagingError(f"data.staging.dest: {text!r}: bad placeholder ({exc}); only "
+                           "{node_rank} and {hostname} are filled") from None
 
 
 @dataclass(frozen=True)
@@ -120,15 +241,18 @@ class _Planned:
     rel: str  # POSIX relative path under source and dest
     size_bytes: int
     mtime_ns: int
+    ctime_ns: int = 0  # inode change time: moves on any rewrite, even one that restores the mtime
+    ino: int = 0
 
 
 @dataclass
 class _Counts:
-    files: int = 0
-    bytes: int = 0
+    staged_files: int = 0
+    staged_bytes: int = 0
     copied_files: int = 0
     copied_bytes: int = 0
     skipped_files: int = 0
+    pruned_files: int = 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,8 +264,9 @@ def default_dest(source: Path, runtime: "Runtime") -> Path:
 
     ``$TMPDIR`` (else ``/tmp``) / ``mlhpc-<user>-<job id>-<12 hex of SHA-256(resolved source)>``;
     the job id is ``SLURM_JOB_ID`` (or ``TORCHELASTIC_RUN_ID`` under torchrun) and is left out
-    when there is none. Every input is the same for all ranks of a node, so they agree without
-    talking; two datasets, two users or two jobs never share a folder.
+    when there is none; ``-node<N>`` ends it when the job spans several nodes. Every input is
+    the same for all ranks of a node, so they agree without talking; two datasets, two users or
+    two jobs never share a folder.
 
     Args:
         source: the shared dataset folder.
@@ -159,19 +284,32 @@ def default_dest(source: Path, runtime: "Runtime") -> Path:
         job = os.environ.get("TORCHELASTIC_RUN_ID", "")
     digest = hashlib.sha256(str(Path(source).resolve()).encode()).hexdigest()[:12]
     parts = ["mlhpc", _safe_name(user)] + ([_safe_name(job)] if job else []) + [digest]
+    if runtime.num_nodes > 1:  # nodes sharing one file system (or one machine) never collide
+        parts.append(f"node{runtime.node_rank}")
     return base / "-".join(parts)
 
 
 def stage(source: Path, dest: Path, runtime: "Runtime", workers: int = 4,
-          files: Optional[list[Path]] = None, verify: bool = True) -> StagingResult:
+          files: Optional[list[Path]] = None, verify: bool = True,
+          shard: Optional[Shard] = None) -> StagingResult:
     """Copy ``files`` (default: every regular file) of ``source`` to node-local ``dest``.
 
-    Called on every rank of the job; the ranks of a node split the files and each rank copies its
-    share with ``workers`` threads. Resumes an interrupted staging (see the module docstring).
+    Called on every rank of the job; the ranks of a node split the node's files and each rank
+    copies its share with ``workers`` threads. With ``shard``, a node plans only its share of the
+    training and validation files (`Shard`, `assign_shards`). Resumes an interrupted staging (see
+    the module docstring). Afterwards ``dest`` holds exactly the planned files: anything else in
+    it (an earlier dataset staged to the same folder, a file since deleted from the source) is
+    removed, so a loader that reads every file of ``dest`` reads the plan and nothing more.
+
+    When ``source`` is not reachable and ``dest`` holds a complete manifest of this source (and
+    this shard), the files are verified against it (sizes; with ``verify`` also checksums) and
+    used without the source: a site can stage in one job step and train in the next after the
+    shared copy is gone.
 
     Args:
         source: shared dataset folder; only read.
-        dest: node-local folder; created if missing. Must not lie inside ``source``.
+        dest: node-local folder; created if missing. Must not lie inside ``source``, and must be
+            empty or an mlhpc staging folder (staging prunes it to the plan).
         runtime: this process's place in the job (``local_rank``, ``local_world_size``,
             ``node_rank``).
         workers: copy threads per rank (>= 1).
@@ -180,16 +318,18 @@ def stage(source: Path, dest: Path, runtime: "Runtime", workers: int = 4,
         verify: read every copied chunk back and compare it with the source's bytes; on resume,
             re-hash files already present against the manifest. ``False``: sizes only (the
             manifest still records each source file's XXH3-128 checksum).
+        shard: this node's share of a sharded stage; ``None``: every node stages everything.
 
     Returns:
         a `StagingResult`, the same on every rank when ``torch.distributed`` is initialised.
 
     Raises:
-        StagingError: the source folder is missing or holds no file; a listed file is missing,
-            outside ``source`` or not a regular file; a source file cannot be read; the
-            destination is not writable or is full (ENOSPC); a copied file does not read back
-            with the source's checksum. The message names the file. With a process group the
-            error is raised on every rank.
+        StagingError: the source folder is missing (and no complete staged copy is at ``dest``)
+            or holds no file; a listed file is missing, outside ``source`` or not a regular file;
+            a split has fewer files than nodes; a source file cannot be read; the destination is
+            not writable, is full (ENOSPC), or holds files mlhpc did not stage; a copied file does
+            not read back with the source's checksum. The message names the file. With a process
+            group the error is raised on every rank.
     """
     if workers < 1:
         raise StagingError(f"staging workers: expected at least 1, got {workers}")
@@ -199,14 +339,16 @@ def stage(source: Path, dest: Path, runtime: "Runtime", workers: int = 4,
     t0 = time.perf_counter()
     failure: Optional[BaseException] = None
     counts = _Counts()
+    offline = False
     try:
-        plan = _plan(source, dest, files)
-        counts.files = len(plan)
-        counts.bytes = sum(p.size_bytes for p in plan)
-        _make_dest(dest)
+        plan, offline = _plan_node(source, dest, files, shard)
+        counts.staged_files = len(plan)
+        counts.staged_bytes = sum(p.size_bytes for p in plan)
+        _claim_dest(dest)
     except BaseException as exc:  # noqa: BLE001 - re-raised below, after the other ranks hear
         failure, plan = exc, []
     host = socket.gethostname()
+    shard_doc = None if shard is None else {**shard.to_dict(), "node_rank": shard.node_rank}
 
     if coordinated:
         _raise_if_any(failure, _gather(None if failure is None else failure), runtime)
@@ -220,67 +362,87 @@ def stage(source: Path, dest: Path, runtime: "Runtime", workers: int = 4,
         _raise_if_any(failure, _gather(failure), runtime)
         if runtime.local_rank == 0:
             try:
-                _write_manifest(dest, source, plan, _read_state(dest, source))
+                _write_manifest(dest, source, plan, _read_state(dest, source), shard_doc)
+                counts.pruned_files = _prune(dest, plan)
             except BaseException as exc:  # noqa: BLE001
                 failure = exc
         _raise_if_any(failure, _gather(failure), runtime)
         seconds = time.perf_counter() - t0
-        rows = _gather_rows(runtime, host, counts, seconds)
+        rows = _gather_rows(runtime, host, dest, counts, seconds, offline)
     else:
         if failure is not None:
             raise failure
         with _node_lock(dest):
             known = _read_state(dest, source)
             _copy_share(source, dest, _order(plan), known, workers, verify, counts, host)
-            _write_manifest(dest, source, plan, _read_state(dest, source))
+            _write_manifest(dest, source, plan, _read_state(dest, source), shard_doc)
+            counts.pruned_files = _prune(dest, plan)
         seconds = time.perf_counter() - t0
-        rows = [dict(rank=runtime.rank, node_rank=runtime.node_rank, local_rank=runtime.local_rank,
-                     hostname=host, seconds=seconds, **asdict(counts))]
-    return _result(source, dest, rows)
+        rows = [_row(runtime, host, dest, counts, seconds, offline)]
+    return _result(source, dest, rows, None if shard is None else shard.to_dict())
+
+
+def shard_mode(config: "Config", runtime: "Runtime") -> str:
+    """``"node"`` or ``"none"``: ``data.staging.shard``, or its default (``node`` when the job
+    spans several nodes and trains one model; ``none`` otherwise)."""
+    chosen = config.data.staging.shard
+    if chosen is not None:
+        return chosen
+    instances = getattr(getattr(config, "train", None), "instances", 1)
+    return "node" if runtime.num_nodes > 1 and instances == 1 else "none"
+
+
+def staging_dest(config: "Config", runtime: "Runtime") -> Path:
+    """This node's staging folder: ``data.staging.dest`` with its placeholders filled
+    (`resolve_dest`), else `default_dest`."""
+    options = config.data.staging
+    source = Path(config.data.path)
+    return resolve_dest(options.dest, runtime) if options.dest is not None else default_dest(source, runtime)
 
 
 def stage_dataset(config: "Config", runtime: "Runtime") -> Optional[StagingResult]:
     """Stage ``config.data.path`` as ``config.data.staging`` asks; ``None`` when disabled.
 
-    ``staging.dest`` defaults to `default_dest`. ``staging.scope``:
-    ``"all"`` stages the whole tree on every node; ``"rank_files"`` stages, on each node, only
-    the ``train/`` files its ranks read under the harness's sharding (see `rank_files`) plus every
-    file outside ``train/``.
+    This is the one staging function of the project: ``mlhpc run`` and ``mlhpc stage`` both call
+    it, so a separate stage step leaves exactly what a run's own staging would (and the run then
+    finds it complete and copies nothing). ``staging.shard`` (`shard_mode`): ``node`` stages on
+    node ``n`` of ``N`` its share of ``train/`` and ``validation/`` (`Shard`, permuted with
+    ``train.seed``); ``none`` stages everything on every node. ``staging.dest``: see
+    `staging_dest`.
 
     Raises:
-        StagingError: as `stage`.
+        StagingError: as `stage`; ``shard: node`` with ``train.instances > 1``.
     """
     options = config.data.staging
     if not options.enabled:
         return None
     source = Path(config.data.path)
-    dest = Path(options.dest) if options.dest is not None else default_dest(source, runtime)
-    files = rank_files(source, runtime) if options.scope == "rank_files" else None
-    return stage(source, dest, runtime, workers=options.workers, files=files, verify=options.verify)
+    shard = None
+    if shard_mode(config, runtime) == "node":
+        if getattr(config.train, "instances", 1) > 1:
+            raise StagingError("data.staging.shard: node stages one share per node of one model; "
+                               "with train.instances > 1 each instance needs the whole dataset "
+                               "(set data.staging.shard: none)")
+        shard = Shard(runtime.node_rank, runtime.num_nodes, config.train.seed)
+    return stage(source, staging_dest(config, runtime), runtime, workers=options.workers,
+                 verify=options.verify, shard=shard)
 
 
-def rank_files(source: Path, runtime: "Runtime", train_dir: str = "train") -> list[Path]:
-    """The files the ranks of this node need: their shards of ``train/`` and everything else.
+def init_limit_s(division: str) -> float:
+    """The time allowed between ``init_start`` and ``run_start`` under the MLPerf HPC v3.0 rules:
+    30 minutes in the closed division, 4 hours in the open one."""
+    return 30 * 60.0 if division == "closed" else 4 * 3600.0
 
-    The training files (sorted by relative path) are sharded by global rank, file ``i`` going to
-    rank ``i % world_size``; the ranks of node ``n`` are taken to be
-    ``n * local_world_size ... + local_world_size - 1`` (block placement, the default of Slurm and
-    torchrun). A data loader that shards its files the same way reads only staged files.
 
-    Returns:
-        relative paths, sorted.
-
-    Raises:
-        StagingError: the source folder is missing or empty.
-    """
-    plan = _plan(Path(source), None, None)
-    prefix = train_dir.rstrip("/") + "/"
-    train = [p.rel for p in plan if p.rel.startswith(prefix)]
-    other = [p.rel for p in plan if not p.rel.startswith(prefix)]
-    first = runtime.node_rank * runtime.local_world_size
-    mine = {r % runtime.world_size for r in range(first, first + runtime.local_world_size)}
-    chosen = [rel for i, rel in enumerate(train) if i % runtime.world_size in mine]
-    return [Path(rel) for rel in sorted(chosen + other)]
+def init_limit_warning(init_s: float, division: str, placement: str) -> Optional[str]:
+    """A one-line warning when staging sits in init and init took longer than the rules allow
+    (`init_limit_s`); ``None`` otherwise."""
+    limit = init_limit_s(division)
+    if placement != "init" or init_s <= limit:
+        return None
+    return (f"initialisation took {init_s / 60:.1f} min with staging before run_start; the "
+            f"{division} division allows {limit / 60:.0f} min (set data.staging.placement: run "
+            "to time staging inside the run, as before v3.0)")
 
 
 def read_manifest(dest: Path) -> dict[str, dict[str, Any]]:
@@ -358,10 +520,53 @@ def _plan(source: Path, dest: Optional[Path], files: Optional[list[Path]]) -> li
             raise StagingError(f"{path}: staging file list: source file {_reason(exc)}") from None
         if not stat.S_ISREG(st.st_mode):
             raise StagingError(f"{path}: staging file list: not a regular file")
-        plan.append(_Planned(rel.as_posix(), st.st_size, st.st_mtime_ns))
+        plan.append(_Planned(rel.as_posix(), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
     if not plan:
         raise StagingError(f"{source}: staging file list is empty")
     return sorted({p.rel: p for p in plan}.values(), key=lambda p: p.rel)
+
+
+def _plan_node(source: Path, dest: Path, files: Optional[list[Path]],
+               shard: Optional[Shard]) -> tuple[list[_Planned], bool]:
+    """This node's plan and whether it comes from the manifest (source unreachable)."""
+    if not source.exists():
+        plan = _plan_from_manifest(dest, source, shard)
+        if plan is None:
+            raise StagingError(f"{source}: staging source folder not found (and {dest} holds no "
+                               "complete staged copy of it)")
+        return plan, True
+    plan = _plan(source, dest, files)
+    if shard is not None:
+        mine = set(assign_shards([(p.rel, p.size_bytes) for p in plan], shard.num_nodes, shard.seed,
+                                 shard.splits)[shard.node_rank])
+        plan = [p for p in plan if p.rel in mine]
+    return plan, False
+
+
+def _plan_from_manifest(dest: Path, source: Path, shard: Optional[Shard]) -> Optional[list[_Planned]]:
+    """The plan recorded by a finished staging of ``source`` (and ``shard``) at ``dest``."""
+    try:
+        doc = json.loads((dest / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    wanted = None if shard is None else {**shard.to_dict(), "node_rank": shard.node_rank}
+    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT \
+            or doc.get("version") != MANIFEST_VERSION or doc.get("algorithm") != CHECKSUM \
+            or doc.get("source") != str(source.absolute()) and doc.get("source") != str(_resolved(source)) \
+            or doc.get("shard") != wanted:
+        return None
+    entries = doc.get("files")
+    if not isinstance(entries, list) or not entries or not all(_valid_entry(e) for e in entries):
+        return None
+    return [_Planned(e["path"], e["size_bytes"], e["source_mtime_ns"], e["source_ctime_ns"],
+                     e["source_ino"]) for e in entries]
+
+
+def _resolved(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except OSError:
+        return path.absolute()
 
 
 def _is_under(path: Path, root: Path) -> bool:
@@ -387,7 +592,7 @@ def _walk(folder: Path, prefix: str) -> Iterator[_Planned]:
         except OSError as exc:
             raise StagingError(f"{entry.path}: cannot stat source file ({_reason(exc)})") from None
         if stat.S_ISREG(st.st_mode):  # FIFOs, sockets, devices and dangling links are skipped
-            yield _Planned(rel, st.st_size, st.st_mtime_ns)
+            yield _Planned(rel, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
 def _order(plan: list[_Planned]) -> list[_Planned]:
@@ -410,11 +615,11 @@ def _reason(exc: OSError) -> str:
 def _read_state(dest: Path, source: Path) -> dict[str, dict[str, Any]]:
     """Entries from the manifest, then from every journal (later wins); for this source only."""
     known: dict[str, dict[str, Any]] = {}
-    src = str(source.resolve())
+    src = str(_resolved(source))
     try:
         doc = json.loads((dest / MANIFEST_NAME).read_text())
         if isinstance(doc, dict) and doc.get("format") == MANIFEST_FORMAT and doc.get("source") == src \
-                and doc.get("algorithm") == CHECKSUM:
+                and doc.get("algorithm") == CHECKSUM and doc.get("version") == MANIFEST_VERSION:
             known.update({e["path"]: e for e in doc.get("files", []) if _valid_entry(e)})
     except (OSError, ValueError):
         pass  # no manifest or a damaged one: nothing is trusted, everything is checked or copied
@@ -433,13 +638,21 @@ def _read_state(dest: Path, source: Path) -> dict[str, dict[str, Any]]:
     return known
 
 
+IDENTITY = ("source_mtime_ns", "source_ctime_ns", "source_ino")  # with size_bytes: "same file"
+
+
 def _valid_entry(entry: Any) -> bool:
     return (isinstance(entry, dict) and isinstance(entry.get("path"), str)
-            and isinstance(entry.get("size_bytes"), int)
-            and isinstance(entry.get("checksum"), str) and isinstance(entry.get("source_mtime_ns"), int))
+            and isinstance(entry.get("size_bytes"), int) and isinstance(entry.get("checksum"), str)
+            and all(isinstance(entry.get(key), int) for key in IDENTITY))
 
 
-def _write_manifest(dest: Path, source: Path, plan: list[_Planned], known: dict[str, dict[str, Any]]) -> None:
+def _identity(item: _Planned) -> dict[str, int]:
+    return {"source_mtime_ns": item.mtime_ns, "source_ctime_ns": item.ctime_ns, "source_ino": item.ino}
+
+
+def _write_manifest(dest: Path, source: Path, plan: list[_Planned], known: dict[str, dict[str, Any]],
+                    shard: Optional[dict[str, Any]] = None) -> None:
     """Check every planned file is recorded and on disk, write the manifest atomically, drop journals."""
     entries = []
     for item in plan:
@@ -453,9 +666,9 @@ def _write_manifest(dest: Path, source: Path, plan: list[_Planned], known: dict[
         if on_disk != item.size_bytes:
             raise StagingError(f"{dest / item.rel}: staged file has {on_disk} bytes, expected {item.size_bytes}")
         entries.append({"path": item.rel, "size_bytes": item.size_bytes, "checksum": entry["checksum"],
-                        "source_mtime_ns": entry["source_mtime_ns"]})
+                        **{key: entry[key] for key in IDENTITY}})
     doc = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "algorithm": CHECKSUM,
-           "source": str(source.resolve()), "files": entries,
+           "source": str(_resolved(source)), "shard": shard, "files": entries,
            "total_bytes": sum(e["size_bytes"] for e in entries)}
     tmp = dest / f"{MANIFEST_NAME}.{socket.gethostname()}-{os.getpid()}.tmp"
     try:
@@ -498,13 +711,59 @@ class _Journal:
 # copy
 
 
-def _make_dest(dest: Path) -> None:
+MARKER_NAME = ".mlhpc-staging"  # written into every folder staging has claimed
+
+
+def _claim_dest(dest: Path) -> None:
+    """Create ``dest`` and make sure it is ours to prune: empty, or already an mlhpc staging
+    folder (its marker, manifest, lock or journals at the top; ``*.mlhpc-part`` leftovers)."""
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise _dest_error(dest, exc) from None
     if not os.access(dest, os.W_OK | os.X_OK):
         raise StagingError(f"{dest}: staging destination not writable (permission denied)")
+    if not any((dest / name).exists() for name in (MARKER_NAME, MANIFEST_NAME, LOCK_NAME)):
+        for root, dirs, names in os.walk(dest):
+            for name in names:
+                top = Path(root) == dest and name.startswith(".mlhpc")
+                if not top and not name.endswith(PART_SUFFIX):
+                    raise StagingError(
+                        f"{Path(root) / name}: the staging destination {dest} holds files mlhpc did "
+                        "not stage; staging prunes its destination to the plan, so give it an empty "
+                        "folder (data.staging.dest, e.g. /dev/shm/mlhpc-{node_rank})")
+    try:
+        (dest / MARKER_NAME).touch()
+    except OSError as exc:
+        raise _dest_error(dest / MARKER_NAME, exc) from None
+
+
+def _prune(dest: Path, plan: list[_Planned]) -> int:
+    """Remove every file and empty folder under ``dest`` that the plan does not hold (the
+    staging state files at the top stay); returns the number of files removed."""
+    keep = {p.rel for p in plan}
+    removed = 0
+    for root, dirs, names in os.walk(dest, topdown=False):
+        folder = Path(root)
+        rel_root = folder.relative_to(dest).as_posix()
+        for name in names + [d for d in dirs if (folder / d).is_symlink()]:
+            rel = name if rel_root == "." else f"{rel_root}/{name}"
+            if rel in keep or (folder == dest and name.startswith(".mlhpc")):
+                continue
+            try:
+                os.unlink(folder / name)
+                removed += 1
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise StagingError(f"{folder / name}: cannot remove a file the staging plan does "
+                                   f"not hold ({_reason(exc)})") from None
+        if folder != dest:
+            try:
+                os.rmdir(folder)  # only succeeds when empty
+            except OSError:
+                pass
+    return removed
 
 
 def _copy_share(source: Path, dest: Path, share: list[_Planned], known: dict[str, dict[str, Any]],
@@ -518,7 +777,7 @@ def _copy_share(source: Path, dest: Path, share: list[_Planned], known: dict[str
         except OSError as exc:
             raise _dest_error(parent, exc) from None
     journal = _Journal(dest, host)
-    src_root = str(source.resolve())
+    src_root = str(_resolved(source))
     lock = threading.Lock()
 
     def one(item: _Planned) -> None:
@@ -530,7 +789,7 @@ def _copy_share(source: Path, dest: Path, share: list[_Planned], known: dict[str
             return
         size, checksum = _copy_file(src, dst, host, verify)
         journal.add({"path": item.rel, "size_bytes": size, "checksum": checksum,
-                     "source_mtime_ns": item.mtime_ns, "source": src_root})
+                     **_identity(item), "source": src_root})
         with lock:
             counts.copied_files += 1
             counts.copied_bytes += size
@@ -549,8 +808,9 @@ def _copy_share(source: Path, dest: Path, share: list[_Planned], known: dict[str
 
 
 def _still_good(dst: Path, item: _Planned, entry: dict[str, Any], verify: bool) -> bool:
-    """The recorded copy is of the current source and is intact on disk."""
-    if entry["size_bytes"] != item.size_bytes or entry["source_mtime_ns"] != item.mtime_ns:
+    """The recorded copy is of the current source (same size, mtime, ctime and inode: a rewrite
+    that keeps size and mtime still moves the ctime) and is intact on disk."""
+    if entry["size_bytes"] != item.size_bytes or any(entry[k] != v for k, v in _identity(item).items()):
         return False
     try:
         if os.stat(dst).st_size != item.size_bytes:
@@ -706,36 +966,44 @@ def _raise_if_any(own: Optional[BaseException], gathered: list[Any], runtime: "R
             raise StagingError(f"staging failed on rank {rank} ({item['host']}): {item['error']}")
 
 
-def _gather_rows(runtime: "Runtime", host: str, counts: _Counts, seconds: float) -> list[dict[str, Any]]:
-    row = dict(rank=runtime.rank, node_rank=runtime.node_rank, local_rank=runtime.local_rank,
-               hostname=host, seconds=seconds, **asdict(counts))
-    return [r for r in _gather(row) if isinstance(r, dict)]
+def _row(runtime: "Runtime", host: str, dest: Path, counts: _Counts, seconds: float,
+         offline: bool) -> dict[str, Any]:
+    return dict(rank=runtime.rank, node_rank=runtime.node_rank, local_rank=runtime.local_rank,
+                hostname=host, dest=str(dest), elapsed_s=seconds, offline=offline, **asdict(counts))
 
 
-def _result(source: Path, dest: Path, rows: list[dict[str, Any]]) -> StagingResult:
+def _gather_rows(runtime: "Runtime", host: str, dest: Path, counts: _Counts, seconds: float,
+                 offline: bool) -> list[dict[str, Any]]:
+    return [r for r in _gather(_row(runtime, host, dest, counts, seconds, offline)) if isinstance(r, dict)]
+
+
+def _result(source: Path, dest: Path, rows: list[dict[str, Any]],
+            shard: Optional[dict[str, Any]]) -> StagingResult:
     """Fold per-rank rows into per-node rows and job totals."""
     nodes: dict[int, dict[str, Any]] = {}
     for row in rows:
         node = nodes.setdefault(row["node_rank"], {
-            "node_rank": row["node_rank"], "hostname": row["hostname"], "ranks": [],
-            "files": 0, "bytes": 0, "copied_files": 0, "copied_bytes": 0, "skipped_files": 0,
-            "seconds": 0.0})
+            "node_rank": row["node_rank"], "hostname": row["hostname"], "dest": row["dest"],
+            "ranks": [], "staged_files": 0, "staged_bytes": 0, "copied_files": 0,
+            "copied_bytes": 0, "skipped_files": 0, "pruned_files": 0, "elapsed_s": 0.0})
         node["ranks"].append(row["rank"])
-        node["seconds"] = max(node["seconds"], row["seconds"])
-        for key in ("copied_files", "copied_bytes", "skipped_files"):
+        node["elapsed_s"] = max(node["elapsed_s"], row["elapsed_s"])
+        for key in ("copied_files", "copied_bytes", "skipped_files", "pruned_files"):
             node[key] += row[key]
-        if row["local_rank"] == 0 or not node["files"]:  # every rank planned the same node list
-            node["files"], node["bytes"] = row["files"], row["bytes"]
+        if row["local_rank"] == 0 or not node["staged_files"]:  # every rank planned the same node list
+            node["staged_files"], node["staged_bytes"] = row["staged_files"], row["staged_bytes"]
     per_node = [nodes[k] for k in sorted(nodes)]
     for node in per_node:
         node["ranks"].sort()
-        node["gb_per_s"] = node["copied_bytes"] / node["seconds"] / 1e9 if node["seconds"] > 0 else 0.0
-    seconds = max((n["seconds"] for n in per_node), default=0.0)
+        node["gb_per_s"] = node["copied_bytes"] / node["elapsed_s"] / 1e9 if node["elapsed_s"] > 0 else 0.0
+    seconds = max((n["elapsed_s"] for n in per_node), default=0.0)
     copied_bytes = sum(n["copied_bytes"] for n in per_node)
     return StagingResult(
-        source=source, dest=dest, files=sum(n["files"] for n in per_node),
-        bytes=sum(n["bytes"] for n in per_node),
+        source=source, dest=dest, staged_files=sum(n["staged_files"] for n in per_node),
+        staged_bytes=sum(n["staged_bytes"] for n in per_node),
         copied_files=sum(n["copied_files"] for n in per_node), copied_bytes=copied_bytes,
-        skipped_files=sum(n["skipped_files"] for n in per_node), seconds=seconds,
+        skipped_files=sum(n["skipped_files"] for n in per_node),
+        pruned_files=sum(n["pruned_files"] for n in per_node), elapsed_s=seconds,
         gb_per_s=copied_bytes / seconds / 1e9 if seconds > 0 and copied_bytes else 0.0,
-        per_node=per_node, manifest=dest / MANIFEST_NAME)
+        per_node=per_node, shard=shard, offline=bool(rows) and all(r["offline"] for r in rows),
+        manifest=dest / MANIFEST_NAME)

@@ -16,7 +16,7 @@ import pytest
 from mlhpc import staging
 from mlhpc.errors import StagingError
 from mlhpc.runtime import Runtime
-from mlhpc.staging import MANIFEST_NAME, StagingResult, default_dest, rank_files, read_manifest, stage
+from mlhpc.staging import MANIFEST_NAME, Shard, StagingResult, assign_shards, default_dest, read_manifest, stage
 
 SIZES = {  # relative path -> bytes: empty, small, one buffer and a bit, nested folders
     "train/a.bin": 3 * staging.BUFFER_BYTES + 17,
@@ -78,11 +78,11 @@ def test_stage_copies_tree_writes_manifest_and_leaves_source_alone(source: Path,
 
     _assert_staged(source, dest)
     assert _snapshot(source) == before  # bytes, sizes and modification times
-    assert (result.files, result.bytes) == (len(SIZES), sum(SIZES.values()))
+    assert (result.staged_files, result.staged_bytes) == (len(SIZES), sum(SIZES.values()))
     assert (result.copied_files, result.copied_bytes, result.skipped_files) == \
         (len(SIZES), sum(SIZES.values()), 0)
     assert result.manifest == dest / MANIFEST_NAME and result.dest == dest
-    assert result.seconds > 0 and result.gb_per_s == pytest.approx(result.copied_bytes / result.seconds / 1e9)
+    assert result.elapsed_s > 0 and result.gb_per_s == pytest.approx(result.copied_bytes / result.elapsed_s / 1e9)
     assert [n["hostname"] for n in result.per_node] == [socket.gethostname()]
     assert json.loads(json.dumps(result.to_dict()))["dest"] == str(dest)
     doc = json.loads((dest / MANIFEST_NAME).read_text())
@@ -232,7 +232,7 @@ def test_destination_not_writable_or_inside_source(source: Path, tmp_path: Path)
 def test_file_subset_and_bad_entries(source: Path, tmp_path: Path) -> None:
     dest = tmp_path / "dst"
     result = stage(source, dest, Runtime(), files=[Path("README"), source / "validation/v0.bin"])
-    assert result.files == 2 and sorted(read_manifest(dest)) == ["README", "validation/v0.bin"]
+    assert result.staged_files == 2 and sorted(read_manifest(dest)) == ["README", "validation/v0.bin"]
     with pytest.raises(StagingError, match=r"\.\./x: staging file list: expected a path inside"):
         stage(source, dest, Runtime(), files=[Path("../x")])
     with pytest.raises(StagingError, match=r"nope\.bin: staging file list: source file not found"):
@@ -249,14 +249,6 @@ def test_default_dest_is_stable_and_distinct(tmp_path: Path, monkeypatch: pytest
     assert a != default_dest(Path("/data/deepcam"), rt)
     monkeypatch.delenv("SLURM_JOB_ID")
     assert "4242" not in default_dest(Path("/data/cosmo"), rt).name
-
-
-def test_rank_files_shards_train_by_global_rank(source: Path) -> None:
-    train = sorted(rel for rel in SIZES if rel.startswith("train/"))
-    other = sorted(rel for rel in SIZES if not rel.startswith("train/"))
-    node1 = Runtime(rank=2, world_size=4, local_rank=0, local_world_size=2, node_rank=1, num_nodes=2)
-    got = [p.as_posix() for p in rank_files(source, node1)]
-    assert got == sorted([train[i] for i in range(len(train)) if i % 4 in (2, 3)] + other)
 
 
 def test_stage_dataset_follows_the_config(source: Path, tmp_path: Path) -> None:
@@ -319,7 +311,7 @@ def test_two_ranks_split_the_copy_agree_on_totals_and_share_errors(source: Path,
 
     assert ok0["result"] == ok1["result"]  # same totals on every rank
     res = ok0["result"]
-    assert (res["files"], res["copied_files"], res["skipped_files"]) == (len(SIZES), len(SIZES), 0)
+    assert (res["staged_files"], res["copied_files"], res["skipped_files"]) == (len(SIZES), len(SIZES), 0)
     assert res["per_node"][0]["ranks"] == [0, 1]
     assert ok0["calls"] and ok1["calls"] and not set(ok0["calls"]) & set(ok1["calls"])  # a real split
     _assert_staged(source, tmp_path / "ok")
@@ -327,3 +319,183 @@ def test_two_ranks_split_the_copy_agree_on_totals_and_share_errors(source: Path,
     # the rank owning v0.bin fails; the other rank hears of it and raises too, naming the file
     assert "v0.bin: injected failure" in bad0["error"] and "v0.bin: injected failure" in bad1["error"]
     assert not (tmp_path / "bad" / MANIFEST_NAME).exists()
+
+
+# ------------------------------------------------------------------------------------------
+# sharded staging (issue 13) and a staged folder that is exactly the plan (issue 15.2)
+
+
+def _sized(n_files: int, split: str = "train", size: int = 100) -> list[tuple[str, int]]:
+    return [(f"{split}/f{i:03d}.h5", size) for i in range(n_files)]
+
+
+@pytest.mark.parametrize("num_nodes", [1, 2, 3, 7])
+def test_assign_shards_is_disjoint_covering_balanced_and_deterministic(num_nodes: int) -> None:
+    sizes = [(f"train/u{i // 8:02d}_{i % 8}.h5", 1000 + 37 * (i % 5)) for i in range(61)]
+    files = sizes + _sized(9, "validation", 500) + [("stats.h5", 10)]
+    shares = assign_shards(files, num_nodes, seed=3)
+    assert shares == assign_shards(list(reversed(files)), num_nodes, seed=3)  # order-free
+    for split, members in (("train", sizes), ("validation", _sized(9, "validation", 500))):
+        per_node = [[r for r in share if r.startswith(split + "/")] for share in shares]
+        flat = [r for share in per_node for r in share]
+        assert sorted(flat) == sorted(r for r, _ in members) and len(set(flat)) == len(flat)
+        size = dict(members)
+        total = sum(size.values())
+        largest = max(size.values())
+        for share in per_node:  # each node within one file of 1/N of the split's bytes
+            assert abs(sum(size[r] for r in share) - total / num_nodes) <= largest
+    assert all("stats.h5" in share for share in shares)  # shared files go to every node
+    if num_nodes > 1:  # the seed permutes: names of one universe (u00_*) spread over nodes
+        assert shares != assign_shards(files, num_nodes, seed=4)
+        assert len({n for n, share in enumerate(shares) for r in share if r.startswith("train/u00_")}) > 1
+
+
+def test_assign_shards_balances_bytes_not_files() -> None:
+    files = [("train/big.h5", 9000)] + [(f"train/s{i}.h5", 1000) for i in range(9)]
+    a, b = assign_shards(files, 2, seed=0)
+    size = dict(files)
+    assert sum(size[r] for r in a) == sum(size[r] for r in b) == 9000
+    assert sorted([len(a), len(b)]) == [1, 9]  # the node holding big.h5 holds nothing else
+
+
+def test_assign_shards_refuses_fewer_files_than_nodes() -> None:
+    with pytest.raises(StagingError, match=r"validation/: 2 files cannot be sharded over 3 nodes"):
+        assign_shards(_sized(6) + _sized(2, "validation"), 3, seed=0)
+    assert assign_shards([("train/huge.h5", 10**6), ("train/tiny.h5", 1)], 2, seed=0) == \
+        [["train/huge.h5"], ["train/tiny.h5"]]
+
+
+def _tree(root: Path, files: dict[str, bytes]) -> Path:
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return root
+
+
+@pytest.fixture()
+def dataset(tmp_path: Path) -> Path:
+    files = {f"train/t{i}.h5": os.urandom(1000 + i) for i in range(8)}
+    files.update({f"validation/v{i}.h5": os.urandom(700 + i) for i in range(4)})
+    files["stats.h5"] = b"stats"
+    return _tree(tmp_path / "ds", files)
+
+
+def test_two_nodes_stage_disjoint_shares_whose_union_is_the_dataset(dataset: Path, tmp_path: Path) -> None:
+    staged = {}
+    for node in range(2):
+        rt = Runtime(node_rank=node, num_nodes=2)
+        result = stage(dataset, tmp_path / f"n{node}", rt, shard=Shard(node, 2, seed=5))
+        assert result.shard == {"mode": "node", "num_nodes": 2, "seed": 5,
+                                "splits": ["train", "validation"], "balance": "bytes"}
+        doc = json.loads((tmp_path / f"n{node}" / MANIFEST_NAME).read_text())
+        assert doc["shard"] == {**result.shard, "node_rank": node}  # recorded in the manifest
+        staged[node] = set(read_manifest(tmp_path / f"n{node}"))
+        on_disk = {p.relative_to(tmp_path / f"n{node}").as_posix()
+                   for p in (tmp_path / f"n{node}").rglob("*") if p.is_file() and not p.name.startswith(".mlhpc")}
+        assert on_disk == staged[node]
+    everything = {p.relative_to(dataset).as_posix() for p in dataset.rglob("*") if p.is_file()}
+    data = everything - {"stats.h5"}
+    assert (staged[0] - {"stats.h5"}) & (staged[1] - {"stats.h5"}) == set()
+    assert (staged[0] | staged[1]) == everything and {"stats.h5"} <= staged[0] & staged[1]
+    assert all(any(r.startswith("validation/") for r in staged[n]) for n in range(2))
+    assert len(data) == 12
+
+
+def test_a_complete_shard_is_used_when_the_source_is_gone(dataset: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "n1"
+    rt = Runtime(node_rank=1, num_nodes=2)
+    first = stage(dataset, dest, rt, shard=Shard(1, 2, seed=0))
+    moved = tmp_path / "moved-away"
+    dataset.rename(moved)
+    again = stage(dataset, dest, rt, shard=Shard(1, 2, seed=0))
+    assert again.offline and again.copied_files == 0 and again.skipped_files == first.staged_files
+    # another shard, or a damaged copy, needs the source: one line naming it
+    with pytest.raises(StagingError, match=r"ds: staging source folder not found \(and .*n1 holds no complete"):
+        stage(dataset, dest, rt, shard=Shard(0, 2, seed=0))
+    victim = sorted(read_manifest(dest))[0]
+    (dest / victim).write_bytes(b"damaged")
+    with pytest.raises(StagingError, match=r"cannot read source file \(not found\)"):
+        stage(dataset, dest, rt, shard=Shard(1, 2, seed=0))
+
+
+def test_staged_folder_is_pruned_to_the_plan(source: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "dst"
+    stage(source, dest, Runtime())
+    (source / "train/b.bin").unlink()  # deleted from the source after staging
+    result = stage(source, dest, Runtime())
+    assert result.pruned_files == 1 and not (dest / "train/b.bin").exists()
+    _assert_staged(source, dest)
+
+
+def test_a_second_dataset_in_the_same_dest_does_not_train_on_the_union(source: Path, dataset: Path,
+                                                                       tmp_path: Path) -> None:
+    dest = tmp_path / "shared-dest"
+    stage(source, dest, Runtime())
+    result = stage(dataset, dest, Runtime())
+    assert result.pruned_files == len(SIZES) - 0 and result.copied_files == 13
+    _assert_staged(dataset, dest)
+    assert sorted(p.name for p in (dest / "train").iterdir()) == [f"t{i}.h5" for i in range(8)]
+
+
+def test_rewrite_keeping_size_and_mtime_is_noticed(source: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "dst"
+    stage(source, dest, Runtime())
+    victim = source / "train/b.bin"
+    st = victim.stat()
+    victim.write_bytes(bytes(reversed(victim.read_bytes())))  # same size, other bytes
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))  # and the old modification time
+    assert victim.stat().st_size == st.st_size and victim.stat().st_mtime_ns == st.st_mtime_ns
+    result = stage(source, dest, Runtime(), verify=False)
+    assert result.copied_files == 1
+    _assert_staged(source, dest)
+
+
+def test_dest_with_foreign_files_is_refused(source: Path, tmp_path: Path) -> None:
+    dest = _tree(tmp_path / "home", {"thesis.tex": b"precious"})
+    with pytest.raises(StagingError, match=r"thesis\.tex: the staging destination .* holds files mlhpc did not stage"):
+        stage(source, dest, Runtime())
+    assert (dest / "thesis.tex").read_bytes() == b"precious"
+
+
+def test_dest_placeholders_and_shard_default(source: Path, tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from mlhpc.config import StagingConfig
+
+    rt = Runtime(rank=1, world_size=2, node_rank=1, num_nodes=2)
+    assert staging.resolve_dest(tmp_path / "n{node_rank}-{hostname}", rt) == \
+        tmp_path / f"n1-{socket.gethostname()}"
+    with pytest.raises(StagingError, match=r"data\.staging\.dest: .*bad placeholder"):
+        staging.resolve_dest("/x/{rank}", rt)
+    config = SimpleNamespace(data=SimpleNamespace(path=source, staging=StagingConfig()),
+                             train=SimpleNamespace(instances=1, seed=0))
+    assert staging.shard_mode(config, rt) == "node" and staging.shard_mode(config, Runtime()) == "none"
+    config.train.instances = 2
+    assert staging.shard_mode(config, rt) == "none"
+    assert default_dest(source, rt) != default_dest(source, Runtime(rank=0, world_size=2, num_nodes=2))
+
+
+def test_staging_config_checks_placeholders() -> None:
+    from mlhpc.config import StagingConfig
+    from pydantic import ValidationError
+
+    assert StagingConfig(dest="/dev/shm/mlhpc-{node_rank}").dest == Path("/dev/shm/mlhpc-{node_rank}")
+    with pytest.raises(ValidationError, match=r"unknown placeholder \{rank\}"):
+        StagingConfig(dest="/tmp/{rank}")
+    with pytest.raises(ValidationError):
+        StagingConfig(shard="rank")
+
+
+def test_init_limit_warning() -> None:
+    assert staging.init_limit_warning(29 * 60, "closed", "init") is None
+    assert "allows 30 min" in staging.init_limit_warning(31 * 60, "closed", "init")
+    assert staging.init_limit_warning(3 * 3600, "open", "init") is None
+    assert "allows 240 min" in staging.init_limit_warning(5 * 3600, "open", "init")
+    assert staging.init_limit_warning(5 * 3600, "closed", "run") is None
+
+
+def test_node_summary(source: Path, tmp_path: Path) -> None:
+    result = stage(source, tmp_path / "dst", Runtime())
+    summary = result.to_dict()["nodes_summary"]
+    assert summary["nodes"] == 1 and summary["slowest_node_s"] == result.elapsed_s
+    assert summary["node_staged_bytes"] == [sum(SIZES.values())] == [summary["max_node_staged_bytes"]]
