@@ -143,7 +143,13 @@ class StagingResult:
         for key in ("source", "dest", "manifest"):
             out[key] = str(out[key])
         out["nodes_summary"] = self.node_summary()
+        out.update(bytes=self.staged_bytes, files=self.staged_files)  # transitional, see `seconds`
         return out
+
+    # Transitional names read by mlhpc/train.py until it moves to the unit-named fields.
+    @property
+    def seconds(self) -> float:
+        return self.elapsed_s
 
 
 @dataclass(frozen=True)
