@@ -235,7 +235,7 @@ class CosmoFlowDataset(Dataset):
         except (DataError, OSError, KeyError, ValueError) as exc:
             path = self.files[position]
             reason = str(exc).removeprefix(f"{path}: ")
-            if isinstance(exc, DataError) and reason.startswith(("sample ", "record ")):
+            if isinstance(exc, DataError) and (": sample " in str(exc) or ": record " in str(exc)):
                 raise  # already names the file and the record or sample
             raise DataError(f"{path}: sample {local}: cannot be read ({_short(reason)})") from None
         try:

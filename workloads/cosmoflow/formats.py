@@ -340,6 +340,22 @@ def decode_examples(path: Path, cube: Optional[int] = None) -> tuple[np.ndarray,
     return counts, targets
 
 
+def _delimited(n_bytes: int) -> int:
+    """Encoded size of a length-delimited protobuf field of ``n_bytes`` (field number < 16)."""
+    varint = 1
+    while n_bytes >= 1 << (7 * varint):
+        varint += 1
+    return 1 + varint + n_bytes
+
+
+def example_length(cube: int) -> int:
+    """Serialised size of the Example ``prepare.py`` writes for a cube of side ``cube``: features
+    ``x`` (one bytes value of int16 counts) and ``y`` (4 packed floats), nothing else."""
+    x_entry = _delimited(1) + _delimited(_delimited(_delimited(cube**3 * N_CHANNELS * 2)))
+    y_entry = _delimited(1) + _delimited(_delimited(_delimited(N_TARGETS * 4)))
+    return _delimited(_delimited(x_entry) + _delimited(y_entry))
+
+
 class TFRecordFormat:
     """Reader of TFRecord files (GZIP or plain), see the module doc and `tfrecord_io`.
 
@@ -375,6 +391,8 @@ class TFRecordFormat:
         side = max(1, round((length / (2 * N_CHANNELS)) ** (1 / 3)))
         while side > 1 and side**3 * 2 * N_CHANNELS > length:
             side -= 1
+        if length != example_length(side):  # not the plain x/y Example: decode it to say why
+            return self.inspect(path, full=True)
         if total % frame == 0 and total // frame >= 1 and (not gz or total < 2**32):
             n = total // frame
         else:  # records of several sizes, or a stream over 4 GiB: count them for real
@@ -408,7 +426,10 @@ def read_npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, bool, int]:
     try:
         with open(path, "rb") as handle:
             version = npy_format.read_magic(handle)
-            shape, fortran, dtype = npy_format._read_array_header(handle, version)  # noqa: SLF001
+            if version == (1, 0):
+                shape, fortran, dtype = npy_format.read_array_header_1_0(handle)
+            else:
+                shape, fortran, dtype = npy_format.read_array_header_2_0(handle)
             return tuple(shape), np.dtype(dtype), bool(fortran), handle.tell()
     except OSError as exc:
         raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
