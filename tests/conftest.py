@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = REPO.parent / "shared" / "fixtures" / "mlperf-hpc-results"
+# Published MLCommons result logs, shipped in the repository (see tests/data/mlperf-hpc-results/README.md).
+FIXTURES = REPO / "tests" / "data" / "mlperf-hpc-results"
+FIXTURES_ARCHIVE = FIXTURES / "mlperf-hpc-results.tar.xz"
 
 
 def compliance_check(log: Path) -> subprocess.CompletedProcess:
@@ -25,6 +28,16 @@ def compliance_check(log: Path) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+def mlperf_results(tmp_path_factory) -> Path:
+    """The published trees (``hpc_results_v1.0``, ``hpc_results_v3.0``, ``expected_scores.csv``),
+    unpacked once per session from the archive in tests/data into a temporary folder (about 1 s)."""
+    root = tmp_path_factory.mktemp("mlperf-hpc-results")
+    with tarfile.open(FIXTURES_ARCHIVE) as archive:
+        archive.extractall(root, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    return root
 
 
 @pytest.fixture

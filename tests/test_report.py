@@ -21,32 +21,24 @@ from mlhpc.report.plots import write_plots
 from mlhpc.report.rcp import reference_point
 from mlhpc.report.score import compute_olympic_average, score_folder
 
-FIXTURES = Path(__file__).parents[1].parent / "shared" / "fixtures" / "mlperf-hpc-results"
 DATA = Path(__file__).parent / "data" / "report"
 MINI_RUNS = DATA / "cosmoflow-mini-runs"
 
 
-def _fixtures() -> Path:
-    if not (FIXTURES / "expected_scores.csv").is_file():
-        pytest.fail(f"MLPerf HPC fixtures missing at {FIXTURES} (clone ../shared beside the repo)")
-    return FIXTURES
-
-
 @pytest.fixture(scope="module")
-def round_reports() -> dict[str, object]:
-    root = _fixtures()
-    return {name: build_report([root / name]) for name in ("hpc_results_v1.0", "hpc_results_v3.0")}
+def round_reports(mlperf_results) -> dict[str, object]:
+    return {name: build_report([mlperf_results / name]) for name in ("hpc_results_v1.0", "hpc_results_v3.0")}
 
 
-def _expected_rows() -> list[dict[str, str]]:
-    with open(_fixtures() / "expected_scores.csv", newline="") as handle:
+def _expected_rows(root: Path) -> list[dict[str, str]]:
+    with open(root / "expected_scores.csv", newline="") as handle:
         return list(csv.DictReader(handle))
 
 
-def test_every_official_score_is_reproduced(round_reports):
+def test_every_official_score_is_reproduced(round_reports, mlperf_results):
     got = {(f.round, f.submitter, f.system, f.kind, f.benchmark): f
            for report in round_reports.values() for f in report.folders}
-    rows = _expected_rows()
+    rows = _expected_rows(mlperf_results)
     assert len(rows) == 50
     assert len(got) == len(rows), "one scored folder per expected row, pruned_results excluded"
     for row in rows:
@@ -62,9 +54,9 @@ def test_every_official_score_is_reproduced(round_reports):
             assert f.instance_scale == int(row["instance_scale"])
 
 
-def test_round_table_renders_fast_and_names_every_system():
+def test_round_table_renders_fast_and_names_every_system(mlperf_results):
     started = time.perf_counter()
-    report = build_report([_fixtures() / "hpc_results_v3.0"])
+    report = build_report([mlperf_results / "hpc_results_v3.0"])
     text = render(report, "table")
     assert time.perf_counter() - started < 10.0
     for system in ("eos_n64_ngc23.09_pytorch", "perlmutter_128x4", "lonestar6-pytorch"):
@@ -186,8 +178,8 @@ def _official_verdict(path: Path, ruleset: str) -> bool:
         logging.disable(logging.NOTSET)
 
 
-def test_compliance_verdicts_equal_the_official_checker(tmp_path):
-    source = _fixtures() / "hpc_results_v3.0/NVIDIA/results/eos_n64_ngc23.09_pytorch/strong/cosmoflow/result_0.txt"
+def test_compliance_verdicts_equal_the_official_checker(tmp_path, mlperf_results):
+    source = mlperf_results / "hpc_results_v3.0/NVIDIA/results/eos_n64_ngc23.09_pytorch/strong/cosmoflow/result_0.txt"
     lines = source.read_text().splitlines(keepends=True)
     variants = {
         "ok": lines,
@@ -205,9 +197,9 @@ def test_compliance_verdicts_equal_the_official_checker(tmp_path):
         assert mine.ok == (name in ("ok", "two_run_starts")), name  # identical repeats: a warning only
 
 
-def test_dropped_runs_count_as_slowest_and_two_make_the_result_invalid(tmp_path):
+def test_dropped_runs_count_as_slowest_and_two_make_the_result_invalid(tmp_path, mlperf_results):
     folder = tmp_path / "Org" / "results" / "sys" / "strong" / "deepcam"
-    shutil.copytree(_fixtures() / "hpc_results_v3.0/HPE+LBNL/results/perlmutter_512x4/strong/deepcam", folder)
+    shutil.copytree(mlperf_results / "hpc_results_v3.0/HPE+LBNL/results/perlmutter_512x4/strong/deepcam", folder)
     files = sorted(folder.glob("result_*.txt"))
     full = score_folder(folder, files)
     ttt = sorted(r.time_to_train_min for r in full.runs)

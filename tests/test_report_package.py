@@ -15,16 +15,13 @@ from mlhpc.errors import ConfigError
 from mlhpc.report.cli import report_command
 from mlhpc.report.package import SYSTEM_FIELDS, check_package, package_runs
 
-FIXTURES = Path(__file__).parents[1].parent / "shared" / "fixtures" / "mlperf-hpc-results"
 MINI_RUNS = Path(__file__).parent / "data" / "report" / "cosmoflow-mini-runs"
 PUBLISHED = "hpc_results_v3.0/HPE+LBNL/results/perlmutter_128x4/strong/cosmoflow"
 
 
-def _run_folders(tmp_path: Path) -> list[Path]:
+def _run_folders(tmp_path: Path, results: Path) -> list[Path]:
     """Ten published, compliant closed-division CosmoFlow logs dressed as two mlhpc run folders."""
-    source = FIXTURES / PUBLISHED
-    if not source.is_dir():
-        pytest.fail(f"MLPerf HPC fixtures missing at {FIXTURES}")
+    source = results / PUBLISHED
     logs = sorted(source.glob("result_*.txt"))
     assert len(logs) == 10
     env = json.loads((MINI_RUNS / "env_0.json").read_text())
@@ -44,8 +41,8 @@ def _run_folders(tmp_path: Path) -> list[Path]:
     return folders
 
 
-def test_package_is_accepted_by_the_official_package_checker(tmp_path):
-    folders = _run_folders(tmp_path)
+def test_package_is_accepted_by_the_official_package_checker(tmp_path, mlperf_results):
+    folders = _run_folders(tmp_path, mlperf_results)
     out = tmp_path / "submission"
     result = package_runs(folders, out, org="TestOrg", system="perlmutter_128x4")
     bench = out / "TestOrg" / "results" / "perlmutter_128x4" / "strong" / "cosmoflow"
