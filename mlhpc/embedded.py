@@ -1,0 +1,337 @@
+"""Embedded (synthetic) datasets that are complete or absent, never half-written.
+
+A workload's ``synthesize(out_dir, synth_config, seed)`` writes its official on-disk layout. This
+module wraps it so that an interrupted synthesis (SIGKILL, a full disk, a node failure) can never
+be trained or evaluated on:
+
+1. synthesis writes into a hidden sibling folder ``.<name>.mlhpc-synth`` (same file system), with
+   an intent record ``.mlhpc-intent.json`` (workload, seed, synth settings) written first;
+2. leftover partial files (``.*.part``, ``.*.tmp-<pid>``: the per-file temporaries of the
+   workloads' writers) are removed before it resumes, so they are never staged or read;
+3. when ``synthesize`` returns, the marker ``.mlhpc-complete.json`` is written last, holding the
+   workload, seed, synth settings and, per split folder and top-level file, the number of files
+   and bytes; then the folder is renamed into place (one atomic ``rename``).
+
+On use, a folder with a marker is checked against it (file and byte counts per split, and the
+synth settings against the config's): a disagreement means mlhpc's own data were changed or
+truncated, and they are synthesised again (or refused when ``data.synthesize_if_missing`` is
+false). A folder without a marker that holds data -- a real dataset, a user's own files -- is
+used as it is and never rewritten; one that holds the partial files of an interrupted mlhpc
+writer is completed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+from mlhpc.config import SEED_MAX
+from mlhpc.errors import ConfigError, DataError
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from mlhpc.config import Config
+    from mlhpc.runtime import Runtime
+    from mlhpc.workload import Workload
+
+MARKER = ".mlhpc-complete.json"
+INTENT = ".mlhpc-intent.json"
+MARKER_FORMAT = 1
+SPLITS = ("train", "validation")
+#: Per-file temporaries of the workloads' writers (cosmoflow ``.NAME.PID.part``, deepcam
+#: ``.NAME.tmp-PID``) and of this module; a folder holding one was left by an interrupted writer.
+PARTIAL_FILE = re.compile(r"^\..+(\.part|\.tmp-\d+)$")
+#: Synth settings that change how fast data are written, not which bytes.
+NOT_CONTENT = frozenset({"workers"})
+
+
+def staging_folder(path: Path) -> Path:
+    """The hidden sibling folder a synthesis of ``path`` writes into before it is renamed."""
+    return path.parent / f".{path.name}.mlhpc-synth"
+
+
+def is_partial_file(path: Path) -> bool:
+    """True for a leftover per-file temporary of an interrupted writer (never data to read)."""
+    return bool(PARTIAL_FILE.match(path.name))
+
+
+def _settings(workload: str, synth: Any, seed: int) -> dict[str, Any]:
+    dumped = synth.model_dump(mode="json") if hasattr(synth, "model_dump") else dict(synth or {})
+    return {"workload": workload, "seed": seed,
+            "synth": {k: v for k, v in dumped.items() if k not in NOT_CONTENT}}
+
+
+def inventory(path: Path) -> dict[str, dict[str, int]]:
+    """``{entry: {"files": n, "bytes": b}}`` for each split folder and top-level file of
+    ``path`` (hidden names, such as the marker, excluded; files counted recursively).
+
+    Raises:
+        OSError: a folder cannot be listed.
+    """
+    counts: dict[str, dict[str, int]] = {}
+    for entry in sorted(Path(path).iterdir()):
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir():
+            files = [p for p in entry.rglob("*") if p.is_file()]
+            counts[entry.name] = {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
+        elif entry.is_file():
+            counts[entry.name] = {"files": 1, "bytes": entry.stat().st_size}
+    return counts
+
+
+def _partial_files(path: Path) -> list[Path]:
+    return [p for p in Path(path).rglob(".*") if p.is_file() and is_partial_file(p)]
+
+
+def read_marker(path: Path) -> dict[str, Any] | None:
+    """The completion marker of dataset folder ``path``, or None when it has none or it is not
+    a JSON object of the expected format."""
+    try:
+        marker = json.loads((Path(path) / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(marker, dict) or marker.get("format") != MARKER_FORMAT:
+        return None
+    return marker
+
+
+def check_complete(path: Path, marker: dict[str, Any]) -> str | None:
+    """Why the files under ``path`` disagree with its ``marker`` (one phrase), or None when they
+    agree: every split folder and top-level file with the recorded file and byte counts."""
+    try:
+        found = inventory(path)
+    except OSError as exc:
+        return f"cannot be listed ({exc.strerror or exc})"
+    expected = marker.get("inventory") or {}
+    for split in SPLITS:
+        if split not in expected:
+            return f"the marker records no {split}/ folder"
+    for name, want in expected.items():
+        have = found.get(name)
+        if have is None:
+            return f"{name} is missing"
+        if have != want:
+            return (f"{name} holds {have['files']} files / {have['bytes']} bytes, the synthesis "
+                    f"wrote {want['files']} files / {want['bytes']} bytes")
+    extra = sorted(set(found) - set(expected))
+    if extra:
+        return f"{extra[0]} was not written by the synthesis"
+    partial = _partial_files(path)
+    if partial:
+        return f"{partial[0].relative_to(path)} is a partial file"
+    return None
+
+
+def _first_difference(recorded: dict[str, Any], wanted: dict[str, Any]) -> str | None:
+    for key in ("workload", "seed"):
+        if recorded.get(key) != wanted[key]:
+            return f"{key}={recorded.get(key)!r}, the config asks for {wanted[key]!r}"
+    old, new = recorded.get("synth") or {}, wanted["synth"]
+    for key in sorted(set(old) | set(new)):
+        if key not in NOT_CONTENT and old.get(key) != new.get(key):
+            return f"synth.{key}={old.get(key)!r}, the config asks for {new.get(key)!r}"
+    return None
+
+
+def check_seed(seed: Any) -> int:
+    """``seed`` if it is an integer in ``0 .. 2**63 - 1`` (what `mlhpc.config` allows for
+    ``train.seed``).
+
+    Raises:
+        ConfigError: any other value (the message names the seed).
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise ConfigError(f"seed {seed!r}: must be an integer within 0 .. {SEED_MAX}")
+    return seed
+
+
+@contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on ``path``'s parent folder while ``path`` is synthesised
+    (concurrent runs on one folder); the folder itself is locked, so no lock file is left."""
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _remove(path: Path) -> None:
+    """Delete a folder mlhpc wrote: renamed aside first, so no half-deleted dataset is seen."""
+    if not path.exists():
+        return
+    aside = path.parent / f".{path.name}.mlhpc-stale-{os.getpid()}"
+    os.rename(path, aside)
+    shutil.rmtree(aside)
+
+
+def synthesize(path: Path, workload: "Workload", synth: Any, seed: int) -> bool:
+    """Make ``path`` a complete embedded dataset of ``workload`` (synth settings ``synth``, seed
+    ``seed``), marked as such. Used by `ensure_data` and ``mlhpc data synth``.
+
+    Nothing is done to a folder whose marker agrees with its files and with these settings. A
+    marked folder whose files disagree with its marker is synthesised again from nothing. An
+    unmarked folder is completed: moved into the hidden staging folder, its partial files
+    removed, the missing files written by ``workload.synthesize`` (which keeps the files
+    present), marked, and renamed back.
+
+    Returns:
+        True when anything was written, False when ``path`` was already complete.
+
+    Raises:
+        ConfigError: ``seed`` outside 0 .. 2**63 - 1 (checked before anything is written).
+        DataError: ``path`` is marked as synthesised with other settings (names the first
+            differing key), is not a folder, or cannot be written (names the folder).
+    """
+    seed = check_seed(seed)
+    path = Path(path)
+    wanted = _settings(workload.name, synth, seed)
+    tmp = staging_folder(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _lock(path):
+            if path.exists() and not path.is_dir():
+                raise DataError(f"{path}: data.path is a file, not a dataset folder")
+            marker = read_marker(path) if path.is_dir() else None
+            if marker is not None:
+                differs = _first_difference(marker, wanted)
+                if differs:
+                    raise DataError(f"{path}: data were synthesised with {differs}; delete the "
+                                    "folder or choose another data.path")
+                if check_complete(path, marker) is None:
+                    return False
+                _remove(path)  # mlhpc's own data, changed since: synthesise afresh
+            intent = _read_json(tmp / INTENT) if tmp.is_dir() else None
+            if tmp.exists() and intent != wanted:
+                _remove(tmp)  # a different, interrupted synthesis: start afresh
+            adopted = path.is_dir()
+            if adopted:  # unmarked (older mlhpc, interrupted, or the user's): complete it
+                if tmp.exists():
+                    _remove(tmp)
+                os.rename(path, tmp)
+            tmp.mkdir(exist_ok=True)
+            _write_json(tmp / INTENT, wanted)
+            for leftover in _partial_files(tmp):
+                leftover.unlink()
+            try:
+                workload.synthesize(tmp, synth, seed)
+            except BaseException:
+                if adopted and not path.exists():  # give the folder back where it was
+                    (tmp / INTENT).unlink(missing_ok=True)
+                    os.rename(tmp, path)
+                raise
+            for leftover in _partial_files(tmp):
+                leftover.unlink()
+            (tmp / INTENT).unlink()
+            _write_json(tmp / MARKER, {"format": MARKER_FORMAT, **wanted,
+                                       "inventory": inventory(tmp)})
+            os.rename(tmp, path)
+            _fsync_dir(path.parent)
+    except OSError as exc:
+        where = exc.filename or path
+        raise DataError(f"{where}: cannot write the synthetic dataset "
+                        f"({exc.strerror or exc})") from None
+    return True
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json(path: Path, value: Any) -> None:
+    partial = path.with_name(f".{path.name}.{os.getpid()}.part")
+    with open(partial, "w") as f:
+        f.write(json.dumps(value, indent=1, sort_keys=True, allow_nan=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def describe(path: Path) -> str:
+    """What ``path`` holds, for messages and `ensure_data`: ``"missing"``, ``"complete"``
+    (marked and agreeing), ``"changed"`` (marked, files disagree), ``"interrupted"`` (no marker,
+    partial files of an mlhpc writer, or an interrupted hidden synthesis folder beside it),
+    ``"unmarked"`` (data without a marker: used as they are) or ``"empty"``."""
+    path = Path(path)
+    if not path.is_dir():
+        return "interrupted" if staging_folder(path).is_dir() else "missing"
+    marker = read_marker(path)
+    if marker is not None:
+        return "complete" if check_complete(path, marker) is None else "changed"
+    if _partial_files(path):
+        return "interrupted"
+    if not any(p.is_file() for p in path.rglob("*") if not p.name.startswith(".")):
+        return "empty"
+    return "unmarked"
+
+
+def ensure_data(config: "Config", workload: "Workload", rt: "Runtime") -> float:
+    """Make sure ``config.data.path`` holds a complete dataset before anything reads it;
+    synthesise the embedded one when it is missing, was interrupted, or (mlhpc's own) no longer
+    matches its completion marker, and ``data.synthesize_if_missing`` allows it.
+
+    Rank 0 writes; every rank first looks, then waits, then checks the result. A folder without
+    a marker that holds data (a real dataset) is used as it is.
+
+    Returns:
+        Seconds spent synthesising (0.0 when the data were there).
+
+    Raises:
+        DataError: the data are missing, interrupted or changed and synthesis is not allowed (the
+            message says which and names the folder); synthesised with other settings; a split
+            folder (train/, validation/) is missing or empty; the folder cannot be written.
+        ConfigError: ``train.seed`` outside what synthesis accepts.
+    """
+    from mlhpc import runtime
+
+    path = Path(config.data.path)
+    runtime.barrier(rt)  # every rank looks before rank 0 may start writing ...
+    state = describe(path)
+    if state == "complete":  # every rank, so that all raise together
+        marker = read_marker(path) or {}
+        differs = _first_difference(marker, _settings(workload.name, config.synth, config.train.seed))
+        if differs:
+            raise DataError(f"{path}: data were synthesised with {differs}; delete the folder or "
+                            "choose another data.path")
+    runtime.barrier(rt)  # ... so all ranks agree on `state`
+    start = time.perf_counter()
+    work = state in ("missing", "changed", "interrupted", "empty")
+    if work:
+        if not config.data.synthesize_if_missing:
+            reason = {"missing": "dataset folder not found (expected train/ and validation/)",
+                      "empty": "dataset folder is empty",
+                      "changed": "files differ from the completion marker of the synthesis "
+                                 f"({check_complete(path, read_marker(path) or {})})",
+                      "interrupted": "an interrupted synthesis (partial files, no completion marker)",
+                      }[state]
+            raise DataError(f"{path}: {reason}; set data.synthesize_if_missing: true to "
+                            "synthesise it, or data.path")
+        if rt.is_main:
+            synthesize(path, workload, config.synth, config.train.seed)
+        runtime.barrier(rt)
+    for split in SPLITS:
+        folder = path / split
+        if not folder.is_dir() or not any(p.is_file() and not is_partial_file(p)
+                                          for p in folder.iterdir()):
+            raise DataError(f"{folder}: dataset folder is missing or empty "
+                            "(expected train/ and validation/ with data files)")
+    return time.perf_counter() - start if work else 0.0

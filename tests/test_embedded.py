@@ -1,0 +1,193 @@
+"""Embedded data are complete (marked last, counts checked on use) or synthesised again; an
+interrupted ``mlhpc data synth`` is never trained or evaluated on (issue 15, item 3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from mlhpc import config as cfg
+from mlhpc import embedded
+from mlhpc.errors import ConfigError, DataError
+from mlhpc.workload import get
+
+SYNTH = {"cube_size": 8, "train_samples": 12, "eval_samples": 6, "workers": 1}
+ONE_RANK = SimpleNamespace(is_main=True, distributed=False)
+
+
+def config_for(path: Path, synthesize: bool = True, seed: int = 0, **synth):
+    return cfg.from_dict({"workload": "cosmoflow",
+                          "train": {"global_batch_size": 4, "max_epochs": 1, "seed": seed},
+                          "data": {"path": str(path), "synthesize_if_missing": synthesize},
+                          "synth": {**SYNTH, **synth}})
+
+
+def files(path: Path, split: str) -> list[str]:
+    return sorted(p.name for p in (path / split).iterdir())
+
+
+def all_names(root: Path) -> list[str]:
+    return [p.name for p in root.rglob("*")]
+
+
+def test_synthesised_folder_is_marked_and_checked(tmp_path):
+    path = tmp_path / "data"
+    config = config_for(path)
+    cosmo = get("cosmoflow")
+    assert embedded.ensure_data(config, cosmo, ONE_RANK) > 0
+    marker = json.loads((path / embedded.MARKER).read_text())
+    assert marker["inventory"]["train"]["files"] == 12
+    assert marker["inventory"]["validation"]["files"] == 6
+    assert marker["seed"] == 0 and marker["workload"] == "cosmoflow"
+    assert embedded.describe(path) == "complete"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]  # no temporaries, no lock file
+    assert embedded.ensure_data(config, cosmo, ONE_RANK) == 0.0  # nothing to do
+
+    # the marker's settings must be the config's: other seed -> refused, named
+    with pytest.raises(DataError, match=r"data were synthesised with seed=0, the config asks for 3"):
+        embedded.ensure_data(config_for(path, seed=3), cosmo, ONE_RANK)
+    with pytest.raises(DataError, match=r"synth.eval_samples=6, the config asks for 8"):
+        embedded.ensure_data(config_for(path, eval_samples=8), cosmo, ONE_RANK)
+    # synth.workers changes speed, not bytes
+    assert embedded.ensure_data(config_for(path, workers=2), cosmo, ONE_RANK) == 0.0
+
+
+def test_changed_marked_folder_is_synthesised_again_or_refused(tmp_path):
+    path = tmp_path / "data"
+    cosmo = get("cosmoflow")
+    embedded.ensure_data(config_for(path), cosmo, ONE_RANK)
+    before = {n: (path / "validation" / n).read_bytes() for n in files(path, "validation")}
+    (path / "validation" / sorted(before)[-1]).unlink()  # a lost file
+    with open(path / "validation" / sorted(before)[0], "r+b") as f:  # and a truncated one
+        f.truncate(100)
+    assert embedded.describe(path) == "changed"
+    with pytest.raises(DataError, match="files differ from the completion marker.*validation holds 5 files"):
+        embedded.ensure_data(config_for(path, synthesize=False), cosmo, ONE_RANK)
+    assert embedded.ensure_data(config_for(path), cosmo, ONE_RANK) > 0
+    assert {n: (path / "validation" / n).read_bytes() for n in files(path, "validation")} == before
+
+
+def test_unmarked_data_are_used_as_they_are(tmp_path):
+    """A real dataset (or a user's own files) has no marker: never rewritten, even when the synth
+    section describes something else."""
+    path = tmp_path / "mine"
+    for split in ("train", "validation"):
+        (path / split).mkdir(parents=True)
+        (path / split / "univ_000000.h5").write_bytes(b"user data")
+    assert embedded.describe(path) == "unmarked"
+    assert embedded.ensure_data(config_for(path), get("cosmoflow"), ONE_RANK) == 0.0
+    assert sorted(all_names(path)) == sorted(["train", "validation", "univ_000000.h5", "univ_000000.h5"])
+    assert (path / "train" / "univ_000000.h5").read_bytes() == b"user data"
+
+
+def test_missing_data_without_synthesis_is_refused(tmp_path):
+    with pytest.raises(DataError, match="dataset folder not found"):
+        embedded.ensure_data(config_for(tmp_path / "none", synthesize=False), get("cosmoflow"), ONE_RANK)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="empty"):
+        embedded.ensure_data(config_for(tmp_path / "empty", synthesize=False), get("cosmoflow"), ONE_RANK)
+
+
+def test_leftover_partial_files_are_removed_and_the_folder_completed(tmp_path):
+    """A folder an older mlhpc (or a writer killed in place) left: partial ``.part`` and
+    ``.tmp-PID`` files beside complete ones. It is completed; the partial files are gone."""
+    path = tmp_path / "data"
+    cosmo = get("cosmoflow")
+    cosmo.synthesize(path, config_for(path).synth, 0)  # the workload's writer alone: no marker
+    names = files(path, "validation")
+    for name in names[3:]:
+        (path / "validation" / name).unlink()
+    (path / "validation" / f".{names[3]}.4242.part").write_bytes(b"half")
+    (path / "train" / ".data-2100-01-01-00-0.h5.tmp-77").write_bytes(b"half")
+    assert embedded.describe(path) == "interrupted"
+    with pytest.raises(DataError, match="interrupted synthesis"):
+        embedded.ensure_data(config_for(path, synthesize=False), cosmo, ONE_RANK)
+    assert embedded.ensure_data(config_for(path), cosmo, ONE_RANK) > 0
+    assert files(path, "validation") == names
+    assert not [n for n in all_names(path) if n.endswith(".part") or ".tmp-" in n]
+    assert embedded.describe(path) == "complete"
+
+
+def test_bad_seed_is_refused_before_anything_is_written(tmp_path):
+    for seed in (-1, 2**63, True, 1.5):
+        with pytest.raises(ConfigError, match="seed"):
+            embedded.synthesize(tmp_path / "d", get("cosmoflow"), config_for(tmp_path).synth, seed)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("seed", ["-1", "9223372036854775808", "99999999999999999999999"])
+def test_data_synth_cli_bad_seed(tmp_path, mlhpc_cmd, seed):
+    proc = subprocess.run([*mlhpc_cmd, "data", "synth", "cosmoflow", "--out", str(tmp_path / "d"),
+                           "--seed", seed, "--set", "synth.cube_size=8"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"mlhpc: error: seed {seed}: must be an integer within 0 .. {2**63 - 1}"]
+    assert list(tmp_path.iterdir()) == []  # nothing left behind
+
+
+def _synth_cmd(mlhpc_cmd, out: Path, **synth) -> list[str]:
+    sets = [a for k, v in {**SYNTH, **synth}.items() for a in ("--set", f"synth.{k}={v}")]
+    return [*mlhpc_cmd, "data", "synth", "cosmoflow", "--out", str(out), *sets]
+
+
+def test_killed_data_synth_is_never_used(tmp_path, mlhpc_cmd):
+    """SIGKILL a real ``mlhpc data synth`` once its first validation file is written: the dataset
+    folder does not exist (the work lies in a hidden sibling), a run refuses it when synthesis
+    is off, and otherwise completes it -- never evaluating on a partial validation set; no
+    partial file survives to be staged."""
+    out = tmp_path / "data"
+    hidden = embedded.staging_folder(out)
+    synth = {"cube_size": 16, "train_samples": 8, "eval_samples": 400}
+    proc = subprocess.Popen(_synth_cmd(mlhpc_cmd, out, **synth), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, cwd=tmp_path, start_new_session=True)
+    deadline = time.monotonic() + 120
+    try:
+        while not (hidden / "validation").is_dir() or not any((hidden / "validation").iterdir()):
+            assert proc.poll() is None, "synthesis ended before it could be interrupted"
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    written = len(list((hidden / "validation").iterdir()))
+    assert 0 < written < 400
+    assert not out.exists()  # nothing half-written under the name a run reads
+    assert embedded.describe(out) == "interrupted"
+
+    cosmo = get("cosmoflow")
+    with pytest.raises(DataError, match="interrupted synthesis"):
+        embedded.ensure_data(config_for(out, synthesize=False, **synth), cosmo, ONE_RANK)
+    assert embedded.ensure_data(config_for(out, **synth), cosmo, ONE_RANK) > 0
+    assert len(files(out, "validation")) == 400
+    assert embedded.describe(out) == "complete"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+    assert not [n for n in all_names(out) if n.endswith(".part") or ".tmp-" in n]
+
+    # the same data as one uninterrupted synthesis, byte for byte
+    again = tmp_path / "again"
+    done = subprocess.run(_synth_cmd(mlhpc_cmd, again, **synth), capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for split in ("train", "validation"):
+        assert files(again, split) == files(out, split)
+        for name in files(out, split)[::50]:
+            assert (again / split / name).read_bytes() == (out / split / name).read_bytes()
+
+
+def test_data_synth_onto_a_file_is_one_line(tmp_path, mlhpc_cmd):
+    target = tmp_path / "f"
+    target.write_text("not a folder")
+    proc = subprocess.run(_synth_cmd(mlhpc_cmd, target), capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"mlhpc: error: {target}: data.path is a file, not a dataset folder"]
+    assert target.read_text() == "not a folder"
