@@ -145,6 +145,8 @@ class DataConfig(Section):
     synthesize_if_missing: bool = True
     train_samples: Optional[int] = Field(None, ge=1)  # None: every sample found
     eval_samples: Optional[int] = Field(None, ge=1)
+    # on-disk form of the samples; auto: detected from the file names (the workload's reader)
+    format: Literal["auto", "hdf5", "tfrecord", "npy"] = "auto"
     num_workers: int = Field(0, ge=0, le=64)  # DataLoader worker processes per rank
     staging: StagingConfig = StagingConfig()
 

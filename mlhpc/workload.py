@@ -76,6 +76,9 @@ class Workload:
         departures: ``config -> [str]``, every way ``config`` departs from the reference run
             (optimizer, target, sample counts, model size, ...), one short phrase each. When None,
             the harness lists the model fields that differ from the model config's defaults.
+        data_tools: a `mlhpc.datasets.DataTools` (list, check, convert and prepare the
+            workload's files, one file at a time) for ``mlhpc data convert | prepare | check``;
+            None when the workload offers none.
     """
 
     name: str
@@ -91,6 +94,7 @@ class Workload:
     hyperparameters: Callable[["Config"], dict[str, Any]]
     reference_samples: tuple[int, int] = (0, 0)
     departures: Callable[["Config"], list[str]] | None = None
+    data_tools: Any = None  # `mlhpc.datasets.DataTools`: data convert / prepare / check
 
 
 # ---- the registry -------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from typing import Any
 
 from mlhpc.workload import QualityMetric, Workload
 
+from .convert import DATA_TOOLS
 from .data import build_datasets
 from .model import ModelConfig, build_model
 from .optim import OptimizerConfig, build_optimizer, hyperparameters
@@ -94,4 +95,5 @@ WORKLOAD = Workload(
     hyperparameters=hyperparameters,
     reference_samples=REFERENCE_SAMPLES,
     departures=departures,
+    data_tools=DATA_TOOLS,
 )

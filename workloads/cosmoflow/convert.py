@@ -1,0 +1,173 @@
+"""CosmoFlow's data tools (`mlhpc.datasets.DataTools`): check, convert and prepare its files.
+
+- convert: any form `formats` reads -> ``hdf5`` (one file per source file, ``full`` int16
+  ``(S, S, S, 4)`` or ``(n, S, S, S, 4)`` and ``unitPar`` float32, contiguous and unfiltered so
+  the loader memory-maps it) or ``npy`` (NVIDIA's layout: ``<stem>_data.npy`` int16
+  ``(S, S, S, 4)``, ``<stem>_label.npy`` float32 ``(4,)``, then ``files_data.lst`` /
+  ``files_label.lst`` sorted, as hpc_results_v1.0 ``tools/init_datasets.sh`` lists them). Counts
+  stay int16 and labels float32, bit for bit.
+- prepare: mlcommons/hpc ``cosmoflow/prepare.py``: a raw universe (HDF5 ``full`` int16
+  ``(512, 512, 512, 4)`` and ``unitPar`` ``(4,)``) split along each axis into sub-volumes of
+  ``sample_size`` (64 of 128^3 per universe), in ``split_universe``'s order (axis 0 outermost),
+  each with its universe's ``unitPar``, named ``<universe>_<iii>`` as prepare.py names them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from mlhpc.datasets import FileCheck, atomic_output
+from mlhpc.errors import DataError
+
+from . import formats
+
+CONVERT_TO = ("hdf5", "npy")
+
+
+def write_hdf5(path: Path, counts: np.ndarray, targets: np.ndarray) -> Path:
+    """One HDF5 file: ``full`` int16 and ``unitPar`` float32, contiguous (memory-mappable);
+    written under a temporary name and renamed."""
+    with atomic_output(path) as tmp:
+        with h5py.File(tmp, "w") as f:
+            f.create_dataset("full", data=np.ascontiguousarray(counts, dtype="<i2"))
+            f.create_dataset("unitPar", data=np.asarray(targets, dtype="<f4"))
+    return path
+
+
+def write_npy(out_dir: Path, name: str, counts: np.ndarray, target: np.ndarray) -> list[Path]:
+    """``<name>_data.npy`` int16 ``(S, S, S, 4)`` and ``<name>_label.npy`` float32 ``(4,)``."""
+    written = []
+    for suffix, array in ((formats.NPY_DATA, np.ascontiguousarray(counts, dtype="<i2")),
+                          (formats.NPY_LABEL, np.asarray(target, dtype="<f4"))):
+        final = out_dir / f"{name}{suffix}"
+        with atomic_output(final) as tmp:
+            with open(tmp, "wb") as handle:
+                np.lib.format.write_array(handle, array, allow_pickle=False)
+        written.append(final)
+    return written
+
+
+def _write(out_dir: Path, name: str, counts: np.ndarray, targets: np.ndarray, to: str
+           ) -> list[tuple[Path, int]]:
+    """Write samples ``counts`` ``(n, S, S, S, 4)`` / ``targets`` ``(n, 4)`` named after ``name``."""
+    n = counts.shape[0]
+    if to == "hdf5":
+        single = n == 1
+        path = write_hdf5(out_dir / f"{name}.h5", counts[0] if single else counts,
+                          targets[0] if single else targets)
+        return [(path, n)]
+    out: list[tuple[Path, int]] = []
+    for i in range(n):
+        data, label = write_npy(out_dir, name if n == 1 else f"{name}_{i:03d}", counts[i], targets[i])
+        out += [(data, 1), (label, 0)]
+    return out
+
+
+class CosmoFlowDataTools:
+    """`mlhpc.datasets.DataTools` for CosmoFlow."""
+
+    formats = formats.FORMATS
+    convert_to = CONVERT_TO
+    root_files: tuple[str, ...] = ()
+
+    def detect(self, split_dir: Path) -> str:
+        return formats.detect_format(split_dir)
+
+    def list_files(self, split_dir: Path, fmt: str) -> list[Path]:
+        return formats.reader(fmt).list_files(Path(split_dir))
+
+    def check_file(self, path: Path, fmt: str, full: bool) -> FileCheck:
+        """Metadata and labels (TFRecord: headers only, unless ``full``); ``full`` reads every
+        sample and checks counts >= 0 and finite labels. Raises DataError."""
+        reader = formats.reader(fmt)
+        info = reader.inspect(path, full=full or fmt != "tfrecord")
+        size = path.stat().st_size + (formats.label_path(path).stat().st_size if fmt == "npy" else 0)
+        if full:
+            source = reader.open(path, info)
+            try:
+                for i in range(info.n_samples):
+                    formats.check_counts(path, np.asarray(source.counts[i])[None], i)
+            finally:
+                source.close()
+        return FileCheck(info.n_samples, (info.cube,) * 3 + (formats.N_CHANNELS,), "int16", size)
+
+    def convert_file(self, path: Path, fmt: str, out_dir: Path, to: str) -> list[tuple[Path, int]]:
+        """Every sample of one source file, written in form ``to``. Raises DataError."""
+        reader = formats.reader(fmt)
+        info = reader.inspect(path, full=True)
+        source = reader.open(path, info)
+        try:
+            stored = source.counts
+            counts = (stored if isinstance(stored, np.ndarray)
+                      else np.stack([np.asarray(stored[i]) for i in range(info.n_samples)]))
+            formats.check_counts(path, counts)
+            return _write(Path(out_dir), formats.stem(path.name), counts, source.targets, to)
+        finally:
+            source.close()
+
+    def finish_split(self, out_dir: Path, to: str) -> list[Path]:
+        """For ``npy``: ``files_data.lst`` and ``files_label.lst``, sorted names."""
+        if to != "npy":
+            return []
+        written = []
+        for listing, suffix in ((formats.DATA_LIST, formats.NPY_DATA),
+                                (formats.LABEL_LIST, formats.NPY_LABEL)):
+            names = sorted(p.name for p in Path(out_dir).iterdir() if p.name.endswith(suffix))
+            with atomic_output(Path(out_dir) / listing) as tmp:
+                tmp.write_text("".join(f"{name}\n" for name in names))
+            written.append(Path(out_dir) / listing)
+        return written
+
+    def list_raw(self, raw_dir: Path) -> list[Path]:
+        """Raw universes: ``*.hdf5`` / ``*.h5`` under ``raw_dir`` (recursively, as prepare.py's
+        ``find_files`` walks), sorted."""
+        raw_dir = Path(raw_dir)
+        if not raw_dir.is_dir():
+            raise DataError(f"{raw_dir}: raw data folder does not exist")
+        return sorted(p for p in raw_dir.rglob("*") if p.name.endswith(formats.HDF5_SUFFIXES)
+                      and p.is_file())
+
+    def prepare_file(self, path: Path, out_dir: Path, to: str, sample_size: int
+                     ) -> list[tuple[Path, int]]:
+        """Split one raw universe into ``(universe / sample_size)**3`` samples. Raises DataError
+        naming the file: not HDF5, no ``full``/``unitPar``, a shape not divisible."""
+        try:
+            handle = h5py.File(path, "r")
+        except OSError as exc:
+            raise DataError(f"{path}: cannot be opened as HDF5 ({formats._short(exc)})") from None
+        with handle:
+            for key in ("full", "unitPar"):
+                if key not in handle:
+                    raise DataError(f"{path}: missing dataset {key!r}; a raw universe holds 'full' "
+                                    f"(int16 (512, 512, 512, 4)) and 'unitPar' (4,)")
+            full, unit = handle["full"], handle["unitPar"]
+            shape = full.shape
+            if (len(shape) != 4 or shape[3] != formats.N_CHANNELS or len(set(shape[:3])) != 1
+                    or shape[0] % sample_size or full.dtype != np.int16):
+                raise DataError(f"{path}: 'full' {shape} {full.dtype}; expected int16 (N, N, N, 4) "
+                                f"with N divisible by the sample size {sample_size}")
+            if unit.shape != (formats.N_TARGETS,):
+                raise DataError(f"{path}: 'unitPar' has shape {unit.shape}; expected (4,)")
+            target = np.asarray(unit[()], np.float32)
+            formats.check_targets(path, target[None])
+            n = shape[0] // sample_size
+            out: list[tuple[Path, int]] = []
+            name = formats.stem(path.name)
+            index = 0
+            for i in range(n):  # one slab of the universe in memory at a time
+                slab = full[i * sample_size:(i + 1) * sample_size]
+                for j in range(n):
+                    for k in range(n):
+                        sub = slab[:, j * sample_size:(j + 1) * sample_size,
+                                   k * sample_size:(k + 1) * sample_size]
+                        if sub.min() < 0:
+                            raise DataError(f"{path}: sub-volume {index}: negative particle count")
+                        out += _write(Path(out_dir), f"{name}_{index:03d}", sub[None], target[None], to)
+                        index += 1
+        return out
+
+
+DATA_TOOLS = CosmoFlowDataTools()
