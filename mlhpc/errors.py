@@ -25,3 +25,8 @@ class StagingError(MlhpcError):
 
 class LogFormatError(MlhpcError):
     """A result log cannot be read (names the file and line)."""
+
+
+class OutputError(MlhpcError):
+    """A results folder or file cannot be written: a file in the way, permissions, a read-only
+    or full file system (names the folder or file and the config key)."""
