@@ -16,8 +16,8 @@ import torch
 import cosmoflow_writers as w
 from mlhpc.config import DataConfig
 from mlhpc.errors import DataError
-from workloads.cosmoflow import formats, tfrecord_io
-from workloads.cosmoflow.data import CosmoFlowDataset, build_datasets, find_files
+from mlhpc_workloads.cosmoflow import formats, tfrecord_io
+from mlhpc_workloads.cosmoflow.data import CosmoFlowDataset, build_datasets, find_files
 
 FORMS = ("tfrecord", "tfrecord-plain", "npy", "npy-lst", "hdf5", "hdf5-xy")
 TRAIN, VALID = w.samples(6, seed=1), w.samples(3, seed=2)

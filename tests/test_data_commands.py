@@ -1,0 +1,145 @@
+"""`mlhpc data convert | prepare | check` (mlhpc/datasets.py over CosmoFlow's data tools): lossless,
+resumable, parallel, with a manifest; bad files named, exit 2. Sources come from the independent
+writers in tests/cosmoflow_writers.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import cosmoflow_writers as w
+from mlhpc import datasets
+from mlhpc.config import DataConfig
+from mlhpc.errors import DataError
+from mlhpc.workload import get
+from mlhpc_workloads.cosmoflow.convert import CosmoFlowDataTools
+from mlhpc_workloads.cosmoflow.data import build_datasets
+
+TRAIN, VALID = w.samples(6, seed=3), w.samples(3, seed=4)
+
+
+@pytest.fixture(scope="module")
+def workload():
+    return get("cosmoflow")
+
+
+@pytest.fixture()
+def src(tmp_path) -> Path:
+    return w.write_dataset(tmp_path / "tf", "tfrecord", TRAIN, VALID)
+
+
+def _tensors(root: Path) -> tuple[torch.Tensor, ...]:
+    train, valid = build_datasets(SimpleNamespace(data=DataConfig()), None, root)
+    return (*train.__getitems__(range(len(train))), *valid.__getitems__(range(len(valid))))
+
+
+@pytest.mark.parametrize("to", ["hdf5", "npy"])
+def test_convert_is_bit_exact_with_manifest(workload, src, tmp_path, to):
+    result = datasets.convert(workload, src, tmp_path / to, to, workers=2)
+    assert (result.source_files, result.samples, result.skipped_files) == (9, 9, 0)
+    assert result.bytes_read == sum(p.stat().st_size for p in src.rglob("*.tfrecord"))
+    for a, b in zip(_tensors(src), _tensors(tmp_path / to)):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    manifest = json.loads((tmp_path / to / "manifest.json").read_text())
+    assert manifest["samples"] == 9
+    for rel, entry in manifest["files"].items():
+        assert (tmp_path / to / rel).stat().st_size == entry["bytes"]
+        assert datasets.checksum(tmp_path / to / rel) == entry["xxh3_128"]
+    if to == "npy":
+        listed = (tmp_path / to / "train" / "files_data.lst").read_text().split()
+        assert listed == sorted(listed) and len(listed) == 6
+    else:
+        with h5py.File(next((tmp_path / to / "train").glob("*.h5"))) as f:
+            assert f["full"].dtype == np.int16 and f["full"].chunks is None  # memory-mappable
+
+
+def test_convert_resumes_and_never_leaves_a_partial_file(workload, src, tmp_path, monkeypatch):
+    real = CosmoFlowDataTools.convert_file
+    calls = []
+
+    def flaky(self, path, fmt, out_dir, to):
+        calls.append(path.name)
+        if len(calls) == 4:  # dies while writing the 4th file's output
+            from mlhpc.datasets import atomic_output
+            with atomic_output(out_dir / "x.h5") as tmp:
+                tmp.write_bytes(b"half")
+                raise DataError(f"{path}: simulated failure")
+        return real(self, path, fmt, out_dir, to)
+
+    monkeypatch.setattr(CosmoFlowDataTools, "convert_file", flaky)
+    with pytest.raises(DataError, match="simulated failure"):
+        datasets.convert(workload, src, tmp_path / "out", "hdf5")
+    leftovers = [p.name for p in (tmp_path / "out").rglob("*") if ".part" in p.name or p.name == "x.h5"]
+    assert leftovers == []
+    monkeypatch.setattr(CosmoFlowDataTools, "convert_file", real)
+    result = datasets.convert(workload, src, tmp_path / "out", "hdf5")
+    assert result.skipped_files == 3 and result.source_files == 9 and result.samples == 9
+    for a, b in zip(_tensors(src), _tensors(tmp_path / "out")):
+        assert torch.equal(a, b)
+
+
+def test_prepare_splits_universes_like_the_reference(workload, tmp_path):
+    rng = np.random.default_rng(0)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    universes = []
+    for i in range(2):
+        full = rng.integers(0, 100, (16, 16, 16, 4)).astype(np.int16)
+        unit = rng.uniform(-1, 1, 4).astype(np.float32)
+        with h5py.File(raw / f"univ_ics_2019-03_a{i:08d}.hdf5", "w") as f:
+            f["full"], f["unitPar"] = full, unit
+        universes.append((full, unit))
+    result = datasets.prepare(workload, raw, tmp_path / "prep", "npy", sample_size=8, workers=2)
+    assert result.samples == 16 and result.source_files == 2
+    # prepare.py's split_universe: np.split along axis 0, then 1, then 2
+    expected = [xijk for xi in np.split(universes[1][0], 2, axis=0)
+                for xij in np.split(xi, 2, axis=1) for xijk in np.split(xij, 2, axis=2)]
+    x, y = build_datasets(SimpleNamespace(data=DataConfig()), None, tmp_path / "prep")[1].__getitems__(range(8))
+    assert torch.equal(x, torch.from_numpy(np.stack(expected)))
+    assert torch.equal(y, torch.from_numpy(np.tile(universes[1][1], (8, 1))))
+    names = sorted(p.name for p in (tmp_path / "prep" / "validation").glob("*_data.npy"))
+    assert names[0] == "univ_ics_2019-03_a00000001_000_data.npy"
+
+
+def test_check_reports_bad_files_and_exits_2(workload, src, tmp_path):
+    from mlhpc.cli import main
+
+    bad = sorted((src / "train").iterdir())[2]
+    data = bytearray(bad.read_bytes())
+    bad.write_bytes(bytes(data[:-20]))  # a truncated download
+    report = datasets.check(workload, src, full=True)
+    assert not report.ok and report.splits["train"].samples == 5
+    assert report.splits["train"].bad == [f"{bad}: truncated GZIP stream (ends after "
+                                          f"{len(data) - 20} compressed bytes before the end of "
+                                          f"its data); fetch or copy the file again"]
+    out = CliRunner().invoke(main, ["data", "check", "cosmoflow", str(src), "--full"])
+    assert out.exit_code == 2, out.output
+    assert f"bad: {bad}: truncated GZIP stream" in out.output
+    good = CliRunner().invoke(main, ["data", "check", "cosmoflow", str(w.write_dataset(
+        tmp_path / "ok", "npy", TRAIN, VALID))])
+    assert good.exit_code == 0 and "form npy" in good.output and "6 samples of 8x8x8x4 int16" in good.output
+
+
+def test_cli_convert_summary_and_one_line_errors(src, tmp_path):
+    from mlhpc.cli import main
+
+    out = CliRunner().invoke(main, ["data", "convert", "cosmoflow", str(src), str(tmp_path / "n"),
+                                    "--to", "npy", "--workers", "2"])
+    assert out.exit_code == 0, out.output
+    assert "converted 9 files" in out.output and "9 samples" in out.output and "GB/s" in out.output
+    again = CliRunner().invoke(main, ["data", "convert", "cosmoflow", str(src), str(tmp_path / "n"),
+                                      "--to", "npy"])
+    assert "(9 already done)" in again.output
+    for args, message in ((["--to", "parquet"], "--to 'parquet': expected one of hdf5, npy"),
+                          (["--to", "hdf5", "--format", "npy"], "no npy files")):
+        bad = CliRunner().invoke(main, ["data", "convert", "cosmoflow", str(src),
+                                        str(tmp_path / "m"), *args])
+        assert bad.exit_code == 2 and message in bad.output
+        assert "Traceback" not in bad.output
