@@ -69,44 +69,50 @@ class _Progress:
                                highlight=False)
 
 
-def _print_summary(result: Any) -> None:
+def _print_summary(summary: dict[str, Any]) -> None:
+    """The end-of-run table: `mlhpc.results` figures, read back from the run's log."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{result.workload}: {result.status}"
-                  + (f" ({result.reason})" if result.reason else ""), show_header=False)
+    s, perf = summary, summary.get("perf", {})
+    table = Table(title=f"{s['workload']}: {s['status']}" + (f" ({s['reason']})" if s.get("reason") else ""),
+                  show_header=False)
     table.add_column("quantity")
     table.add_column("value", justify="right")
+    sign = "<=" if s.get("target_direction") == "min" else ">="
     rows = [
-        ("time to train (run_stop - run_start)", f"{result.time_to_train_s:.2f} s"),
-        ("staging", f"{result.staging_s:.2f} s ({result.staging.get('bytes', 0) / 1e6:.1f} MB)"),
-        ("init", f"{result.init_s:.2f} s"),
-        ("data synthesis (before init)", f"{result.synthesis_s:.2f} s"),
-        ((f"epochs to target ({result.metric_key} {'<=' if result.metric_key == 'eval_error' else '>='} "
-          f"{result.target})" if result.status == "success" else "epochs run (target not reached)"),
-         f"{result.epochs}"),
-        (f"final {result.metric_key}", "n/a" if result.metric_value is None else f"{result.metric_value:.4f}"),
-        ("mean epoch time", f"{result.mean_epoch_s:.2f} s"),
-        ("training throughput", f"{result.samples_per_s:.1f} samples/s"),
-        ("evaluation time (total)", f"{result.eval_s:.2f} s"),
-        ("residual (time to train - epochs - evals)", f"{result.residual_s:.2f} s"),
+        ("time to train (run_stop - run_start)", _secs(s.get("time_to_train_s"))),
+        ("staging", f"{_secs(s.get('staging_s'))} ({(s.get('staged_bytes') or 0) / 1e6:.1f} MB)"),
+        ("init", _secs(s.get("init_s"))),
+        ("data synthesis (before init)", _secs(s.get("synthesis_s"))),
+        ((f"epochs to target ({s['metric_key']} {sign} {s['target']})" if s["status"] == "success"
+          else "epochs run (target not reached)"), f"{s['epochs']}"),
+        (f"final {s['metric_key']}", "n/a" if s.get("metric_value") is None else f"{s['metric_value']:.4f}"),
+        ("mean epoch time", _secs(s.get("mean_epoch_s"))),
+        ("training throughput", f"{s.get('samples_per_s') or 0:.1f} samples/s"),
+        ("evaluation time (total)", _secs(s.get("total_eval_s"))),
+        ("residual (time to train - epochs - evals)", _secs(s.get("residual_s"))),
         ("training FLOPs per sample (FlopCounterMode)",
-         f"{result.perf.get('train_flops_per_sample', 0) / 1e9:.3f} GFLOP"),
-        ("achieved FLOP/s (MFU)", f"{result.perf.get('achieved_flop_per_s', 0) / 1e9:.2f} GFLOP/s "
-         f"({100 * (result.perf.get('mfu') or 0):.1f}% of {result.perf.get('peak_source', '?')})"),
+         f"{perf.get('train_flops_per_sample', 0) / 1e9:.3f} GFLOP"),
+        ("achieved FLOP/s (MFU)", f"{perf.get('achieved_flop_per_s', 0) / 1e9:.2f} GFLOP/s "
+         f"({100 * (perf.get('mfu') or 0):.1f}% of {perf.get('peak_source', '?')})"),
         ("global batch size / ranks / nodes",
-         f"{result.global_batch_size} / {result.world_size} / {result.num_nodes}"),
-        ("result log", str(result.result_file)),
-        *([("resumed from", result.resumed_from)] if result.resumed_from else []),
-        *([("checkpoint", result.checkpoint)] if result.checkpoint else []),
+         f"{s.get('global_batch_size')} / {s.get('world_size')} / {s.get('num_nodes')}"),
+        ("result log", str(s["path"])),
+        *([("resumed from", s["resumed_from"])] if s.get("resumed_from") else []),
+        *([("checkpoint", s["checkpoint"])] if s.get("checkpoint") else []),
     ]
     for name, value in rows:
         table.add_row(name, value)
     console = Console()
     console.print(table)
-    if result.departs_from_reference:
-        console.print("departs from the reference: " + "; ".join(result.departs_from_reference),
+    if s.get("departs_from_reference"):
+        console.print("departs from the reference: " + "; ".join(s["departs_from_reference"]),
                       highlight=False)
+
+
+def _secs(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} s"
 
 
 @main.command("run")
@@ -135,8 +141,8 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
             raise ConfigError("run: give a CONFIG file (or --resume RUN_FOLDER)")
         config = cfg.load(config_path, overrides)
         result = train.run(config, on_progress=_Progress())
-    if result.result_file:
-        _print_summary(result)
+    if result.summary:
+        _print_summary(result.summary)
     sys.exit(0 if result.status == "success" else 1)
 
 
@@ -147,20 +153,15 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
 def stage_command(config_path: Path, overrides: tuple[str, ...]) -> None:
     """Copy CONFIG's dataset to node-local storage, timed and verified."""
     from mlhpc import config as cfg
-    from mlhpc import runtime, staging
+    from mlhpc.train import stage_only
 
-    config = cfg.load(config_path, overrides)
-    rt = runtime.detect(device="cpu")
-    runtime.init_process_group(rt)
-    try:
-        result = staging.stage_dataset(config, rt)
-    finally:
-        runtime.destroy_process_group()
-    if rt.is_main:
-        if result is None:
-            click.echo("staging is disabled in this config (data.staging.enabled: false); nothing copied")
-        else:
-            click.echo(json.dumps(result.to_dict(), indent=2, default=str))
+    result, reports = stage_only(cfg.load(config_path, overrides))
+    if not reports:
+        return
+    if result is None:
+        click.echo("staging is disabled in this config (data.staging.enabled: false); nothing copied")
+    else:
+        click.echo(json.dumps(result.to_dict(), indent=2, default=str))
 
 
 @main.command("submit")
@@ -244,7 +245,7 @@ def profile_command(config_path: Path, steps: int, warmup: int, trace_path: Path
 
 @main.group("data")
 def data_group() -> None:
-    """Embedded datasets."""
+    """Datasets: synthesise, check, convert, prepare."""
 
 
 @data_group.command("synth")
@@ -265,10 +266,150 @@ def synth_command(workload_name: str, out_dir: Path, config_path: Path | None, s
     tree = cfg.read_yaml(config_path) if config_path else {"train": {"global_batch_size": 1, "max_epochs": 1}}
     tree["workload"] = workload_name
     config = cfg.from_dict(tree, source=str(config_path or "<defaults>"), overrides=overrides)
+    from mlhpc import embedded
     from mlhpc.workload import get
 
-    get(workload_name).synthesize(out_dir, config.synth, seed)
-    click.echo(f"wrote {workload_name} data to {out_dir}")
+    # atomic: a hidden sibling folder renamed into place, marked complete (mlhpc.embedded)
+    if embedded.synthesize(out_dir, get(workload_name), config.synth, seed):
+        click.echo(f"wrote {workload_name} data to {out_dir}")
+    else:
+        click.echo(f"{out_dir}: already a complete {workload_name} dataset with these settings")
+
+
+class _DataProgress:
+    """Progress of `data check | convert | prepare`: a rich bar on a terminal, otherwise a plain
+    line per tenth of the files (a Slurm log)."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stdout.isatty()
+        self.bar: Any = None
+        self.task: Any = None
+        self.step = 1
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        kind = event["kind"]
+        if kind == "start":
+            files = event["files"]
+            skipped = event.get("skipped", 0)
+            if skipped:
+                click.echo(f"{event['what']}: {skipped} of {files} files already done (resumed)")
+            self.step = max(1, files // 10)
+            if self.tty:
+                from rich.progress import Progress
+
+                self.bar = Progress(transient=True)
+                self.bar.start()
+                self.task = self.bar.add_task(event["what"], total=files, completed=skipped)
+        elif kind == "file":
+            if self.bar is not None:
+                self.bar.update(self.task, completed=event["done"])
+            elif event["done"] % self.step == 0 or event["done"] == event["files"]:
+                gb = event.get("bytes_read")
+                read = f", {gb / 1e9:.3f} GB read" if gb is not None else ""
+                print(f"{event['done']}/{event['files']} files{read}", flush=True)
+        elif kind == "done":
+            self.close()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
+def _data_tools_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    progress = _DataProgress()
+    try:
+        return fn(*args, on_progress=progress, **kwargs)
+    finally:
+        progress.close()
+
+
+@data_group.command("check")
+@click.argument("workload_name")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--full", is_flag=True, help="Read every sample and check its values too.")
+@click.option("--format", "fmt", default="auto", show_default=True,
+              help="The form of the files (auto: detected from their names).")
+@click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="Processes reading files in parallel.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@_friendly
+def check_command(workload_name: str, path: Path, full: bool, fmt: str, workers: int,
+                  as_json: bool) -> None:
+    """Check a dataset folder (train/, validation/): form, samples, shapes, bytes, bad files."""
+    from mlhpc import datasets
+    from mlhpc.workload import get
+
+    report = _data_tools_call(datasets.check, get(workload_name), path, full=full, fmt=fmt,
+                              workers=workers)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        click.echo(f"{path}: {workload_name} data in form {report.format}"
+                   f"{' (every sample read)' if full else ''}")
+        for name, split in report.splits.items():
+            shape = "x".join(str(d) for d in split.sample_shape or ())
+            click.echo(f"  {name}: {split.files} files, {split.samples} samples of {shape} "
+                       f"{split.dtype}, {split.bytes / 1e9:.3f} GB, {len(split.bad)} bad")
+    bad = [line for split in report.splits.values() for line in split.bad]
+    for line in bad:
+        click.echo(f"bad: {line}", err=True)
+    if bad:
+        click.echo(f"mlhpc: error: {len(bad)} bad file(s) in {path}", err=True)
+        sys.exit(2)
+
+
+@data_group.command("convert")
+@click.argument("workload_name")
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path))
+@click.option("--to", "to", required=True, help="Form to write (e.g. hdf5, npy).")
+@click.option("--format", "fmt", default="auto", show_default=True,
+              help="The form of SRC (auto: detected from the file names).")
+@click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="Processes converting files in parallel.")
+@_friendly
+def convert_command(workload_name: str, src: Path, dst: Path, to: str, fmt: str,
+                    workers: int) -> None:
+    """Convert a dataset losslessly to another form (resumable; writes DST/manifest.json)."""
+    from mlhpc import datasets
+    from mlhpc.workload import get
+
+    result = _data_tools_call(datasets.convert, get(workload_name), src, dst, to, fmt=fmt,
+                              workers=workers)
+    click.echo(_summary("converted", result))
+
+
+@data_group.command("prepare")
+@click.argument("workload_name")
+@click.argument("raw_dir", type=click.Path(path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path))
+@click.option("--to", "to", default="hdf5", show_default=True, help="Form to write (hdf5, npy).")
+@click.option("--sample-size", type=click.IntRange(1), default=128, show_default=True,
+              help="Cells per side of a sample (the reference splits 512^3 universes into 128^3).")
+@click.option("--validation-fraction", type=float, default=0.1111, show_default=True,
+              help="Share of the raw files (whole files, the last in name order) for validation/.")
+@click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="Processes preparing files in parallel.")
+@_friendly
+def prepare_command(workload_name: str, raw_dir: Path, dst: Path, to: str, sample_size: int,
+                    validation_fraction: float, workers: int) -> None:
+    """Split raw simulation files into training samples (the reference's prepare.py)."""
+    from mlhpc import datasets
+    from mlhpc.workload import get
+
+    result = _data_tools_call(datasets.prepare, get(workload_name), raw_dir, dst, to,
+                              workers=workers, sample_size=sample_size,
+                              validation_fraction=validation_fraction)
+    click.echo(_summary("prepared", result))
+
+
+def _summary(verb: str, result: Any) -> str:
+    skipped = f" ({result.skipped_files} already done)" if result.skipped_files else ""
+    return (f"{verb} {result.source_files} files{skipped} -> {result.dest} ({result.to}): "
+            f"{result.samples} samples, {result.bytes_read / 1e9:.3f} GB read, "
+            f"{result.bytes_written / 1e9:.3f} GB written, {result.seconds:.1f} s, "
+            f"{result.gb_per_s:.3f} GB/s")
 
 
 from mlhpc.report.cli import report_command  # noqa: E402 (the report command lives with its package)
