@@ -105,3 +105,97 @@ def test_train_sampler_factory_single_process() -> None:
     flat = train_sampler(30, rt, seed=0, sharded=False)
     assert (flat.global_samples, flat.padded_samples, len(flat)) == (30, 0, 30)
     assert len(eval_sampler(7, rt, sharded=True)) == 7 and global_count(7, rt, sharded=True) == 7
+
+
+# ------------------------------------------------------------------------------------------
+# two nodes on one machine: two torchrun agents, --nnodes 2, each node with its own dest
+
+TINY = ["--set", "synth.cube_size=16", "--set", "synth.train_samples=64",
+        "--set", "synth.eval_samples=32", "--set", "synth.samples_per_file=8",
+        "--set", "model.input_size=16", "--set", "model.conv_channels=4",
+        "--set", "model.n_conv_layers=3", "--set", "model.dropout=0.0",
+        "--set", "train.global_batch_size=8", "--set", "train.max_epochs=2",
+        "--set", "train.threads=1"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_nodes(args: list[str], cwd: Path, timeout_s: float = 300) -> list[subprocess.CompletedProcess]:
+    """Run ``mlhpc ARGS`` as a 2-node job: two torchrun agents, one process per node."""
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("SLURM_JOB_ID", None)
+    procs = [subprocess.Popen(
+        [str(BIN / "torchrun"), "--nnodes", "2", "--node_rank", str(node), "--nproc-per-node", "1",
+         "--master_addr", "127.0.0.1", "--master_port", str(port), "--no-python", str(BIN / "mlhpc"),
+         *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for node in range(2)]
+    out = []
+    for proc in procs:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+            raise
+        out.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    return out
+
+
+@pytest.fixture(scope="module")
+def small_files_data(tmp_path_factory, repo) -> Path:
+    data = tmp_path_factory.mktemp("multinode") / "data"
+    proc = subprocess.run([sys.executable, "-m", "mlhpc", "data", "synth", "cosmoflow", "--out",
+                           str(data), "--config", str(repo / "configs" / "cosmoflow-mini.yaml"), *TINY],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return data
+
+
+def _files(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*")
+            if p.is_file() and not p.name.startswith(".mlhpc")}
+
+
+def test_two_nodes_stage_disjoint_halves_and_reuse_them_without_the_source(tmp_path, repo,
+                                                                          small_files_data):
+    source = tmp_path / "shared" / "cosmoflow"
+    source.parent.mkdir()
+    shutil.copytree(small_files_data, source)
+    dests = [tmp_path / f"node{n}-local" for n in range(2)]
+    args = ["stage", str(repo / "configs" / "cosmoflow-mini.yaml"), *TINY,
+            "--set", f"data.path={source}", "--set", f"data.staging.dest={tmp_path}/node{{node_rank}}-local"]
+    procs = two_nodes(args, tmp_path)
+    for proc in procs:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(procs[0].stdout)  # rank 0 prints the job's result
+    assert report["shard"]["mode"] == "node" and report["shard"]["num_nodes"] == 2
+    assert [n["node_rank"] for n in report["per_node"]] == [0, 1]
+    assert [n["dest"] for n in report["per_node"]] == [str(d) for d in dests]
+    summary = report["nodes_summary"]
+    assert summary["nodes"] == 2 and summary["slowest_node_s"] >= summary["mean_node_s"] > 0
+
+    held = [_files(d) for d in dests]
+    everything = _files(source)
+    shared = {rel for rel in everything if not rel.startswith(("train/", "validation/"))}
+    for split in ("train/", "validation/"):
+        halves = [{r for r in h if r.startswith(split)} for h in held]
+        assert halves[0] and halves[1] and not halves[0] & halves[1]  # disjoint, none empty
+        assert halves[0] | halves[1] == {r for r in everything if r.startswith(split)}  # the split
+    assert all(shared <= h for h in held)
+    train = sorted(r for r in everything if r.startswith("train/"))
+    assert len(train) == 8 and all(len([r for r in h if r.startswith("train/")]) == 4 for h in held)
+
+    # the source moves away: a second stage (as a run's own staging would) copies nothing
+    source.rename(tmp_path / "shared" / "moved")
+    again = two_nodes(args, tmp_path)
+    for proc in again:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(again[0].stdout)
+    assert report["offline"] and report["copied_files"] == 0
+    assert report["skipped_files"] == sum(len(h) for h in held)
+    assert [_files(d) for d in dests] == held
