@@ -1,25 +1,26 @@
 """Per-run compliance verdicts from MLCommons' own checker (mlperf_logging.compliance_checker).
 
 The official rules are data (``hpc_<ruleset>/*.yaml``) interpreted by
-``mlp_compliance.ComplianceChecker``. We hand it the records we already parsed, as the
-``mlp_parser.LogLine`` tuples it reads, and collect its messages instead of letting it log them.
-The checker re-reads its YAML rule files for every log (80% of its run time) and compiles
-each rule's Python expression again for every record; while `check_run` runs, both are served
-from caches (rule files by path, expressions by source text). Nothing the rules say changes,
-and a whole round is checked in seconds.
+``mlp_compliance.ComplianceChecker``. `check_run` hands the records already parsed to the
+checker's public ``check_loglines`` (as ``mlp_parser.LogLine`` tuples, the form it reads) and
+collects its messages instead of letting it log them. The checker itself is not altered.
+
+The checker re-reads its rule files for every log (about 17 ms a log), so a round of a thousand
+logs takes about 20 s; verdicts are therefore cached by the SHA-256 of the log's bytes, the
+ruleset and the mlperf-logging version, in memory and on disk (``$MLHPC_CACHE_DIR``, else
+``$XDG_CACHE_HOME/mlhpc``, else ``~/.cache/mlhpc``; a cache that cannot be written is skipped).
+An unchanged log is checked once.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
+import json
+import os
 import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
-
-import yaml
 
 from mlhpc.errors import ConfigError
 from mlhpc.report.parse import TOKEN, ParsedLog
@@ -28,6 +29,7 @@ SUPPORTED_RULESETS = ("1.0.0", "2.0.0", "3.0.0")
 DEFAULT_RULESET = "3.0.0"
 _ROUND_RE = re.compile(r"(?:^|[_\-/])v(\d+)\.(\d+)(?:$|[_\-/])")
 _lock = threading.Lock()
+_memory: dict[tuple[str, str, str], "Verdict"] = {}
 
 
 @dataclass(frozen=True)
@@ -39,11 +41,43 @@ class Verdict:
     messages: tuple[str, ...] = ()
 
 
-def ruleset_for(path: Path | str, override: str | None = None) -> str:
+@functools.lru_cache(maxsize=1)
+def mlperf_logging_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mlperf-logging")
+    except PackageNotFoundError:
+        return "?"
+
+
+def round_of(path: Path | str) -> str | None:
+    """The round named in ``path`` (``hpc_results_v1.0`` -> ``"v1.0"``), else ``None``."""
+    for part in reversed(Path(path).parts):
+        match = _ROUND_RE.search("/" + part + "/")
+        if match:
+            return f"v{int(match.group(1))}.{int(match.group(2))}"
+    return None
+
+
+def ruleset_of_round(round_: str | None) -> str | None:
+    """The hpc ruleset mlperf_logging ships for a round (``"v2.0"`` -> ``"2.0.0"``); ``None`` for
+    a round it has no rules for (v0.7). ``None`` round: mlhpc's own logs, `DEFAULT_RULESET`."""
+    if round_ is None:
+        return DEFAULT_RULESET
+    candidate = round_.lstrip("v") + ".0"
+    return candidate if candidate in SUPPORTED_RULESETS else None
+
+
+def not_checked_reason(round_: str | None) -> str:
+    return f"not checked: no ruleset for round {round_} in mlperf-logging {mlperf_logging_version()}"
+
+
+def ruleset_for(path: Path | str, override: str | None = None) -> str | None:
     """The hpc ruleset a log is checked against.
 
     ``override`` wins; otherwise the round named in the path (``hpc_results_v1.0`` -> ``1.0.0``,
-    ``v2.0`` -> ``2.0.0``, ``v0.7`` -> ``1.0.0``, the oldest hpc ruleset mlperf_logging ships);
+    ``v2.0`` -> ``2.0.0``; ``v0.7`` -> ``None``: mlperf_logging ships no hpc ruleset for it);
     otherwise ``3.0.0`` (the rules mlhpc's own logs follow).
 
     Raises:
@@ -53,71 +87,38 @@ def ruleset_for(path: Path | str, override: str | None = None) -> str:
         if override not in SUPPORTED_RULESETS:
             raise ConfigError(f"--ruleset {override}: expected one of {', '.join(SUPPORTED_RULESETS)}")
         return override
-    for part in reversed(Path(path).parts):
-        match = _ROUND_RE.search("/" + part + "/")
-        if match:
-            major, minor = int(match.group(1)), int(match.group(2))
-            if major == 0:
-                return "1.0.0"
-            candidate = f"{major}.{minor}.0"
-            if candidate in SUPPORTED_RULESETS:
-                return candidate
-    return DEFAULT_RULESET
+    return ruleset_of_round(round_of(path))
 
 
-class _CachedYaml:
-    """Stands in for the ``yaml`` module inside mlp_compliance: ``load`` of a rule file is cached."""
-
-    def __init__(self) -> None:
-        self._cache: dict[str, Any] = {}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(yaml, name)
-
-    def load(self, stream: Any, Loader: Any = None) -> Any:  # noqa: N803 - yaml's own name
-        name = getattr(stream, "name", None)
-        if name is None:
-            return yaml.load(stream, Loader=Loader)
-        key = (name, Loader)
-        if key not in self._cache:
-            self._cache[key] = yaml.load(stream, Loader=getattr(yaml, "CBaseLoader", Loader)
-                                         if Loader is yaml.BaseLoader else Loader)
-        return self._cache[key]
+def _cache_dir() -> Path:
+    if os.environ.get("MLHPC_CACHE_DIR"):
+        return Path(os.environ["MLHPC_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "mlhpc"
 
 
-_CACHED_YAML = _CachedYaml()
+def _disk_path(key: tuple[str, str, str]) -> Path:
+    digest, ruleset, version = key
+    return _cache_dir() / f"compliance-hpc-{ruleset}-mlperf-logging-{version}" / f"{digest}.json"
 
 
-@functools.lru_cache(maxsize=4096)
-def _compiled(source: str, mode: str) -> Any:
-    return compile(source, "<mlperf rule>", mode)
+def _load(key: tuple[str, str, str]) -> Verdict | None:
+    try:
+        data = json.loads(_disk_path(key).read_text())
+        return Verdict(ok=bool(data["ok"]), ruleset=key[1], messages=tuple(str(m) for m in data["messages"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
-def _cached_eval(source: Any, *args: Any) -> Any:
-    code = _compiled(source, "eval") if isinstance(source, str) else source
-    return eval(code, *args)  # noqa: S307 - the official rule expressions, as mlp_compliance does
-
-
-def _cached_exec(source: Any, *args: Any) -> Any:
-    code = _compiled(source, "exec") if isinstance(source, str) else source
-    return exec(code, *args)  # noqa: S102 - the official rule code, as mlp_compliance does
-
-
-@contextlib.contextmanager
-def _cached_rules() -> Iterator[Any]:
-    from mlperf_logging.compliance_checker import mlp_compliance
-
-    with _lock:
-        saved = mlp_compliance.yaml
-        mlp_compliance.enqueued_configs.clear()
-        mlp_compliance.yaml = _CACHED_YAML
-        mlp_compliance.eval, mlp_compliance.exec = _cached_eval, _cached_exec
-        try:
-            yield mlp_compliance
-        finally:
-            mlp_compliance.yaml = saved
-            del mlp_compliance.eval, mlp_compliance.exec
-            mlp_compliance.enqueued_configs.clear()
+def _store(key: tuple[str, str, str], verdict: Verdict) -> None:
+    path = _disk_path(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"ok": verdict.ok, "messages": list(verdict.messages)}))
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def check_run(parsed: ParsedLog, ruleset: str = DEFAULT_RULESET) -> Verdict:
@@ -133,12 +134,29 @@ def check_run(parsed: ParsedLog, ruleset: str = DEFAULT_RULESET) -> Verdict:
 
     Returns:
         a `Verdict`; never raises for a bad log (the checker's own failures become messages).
+        Cached by the log's SHA-256 (`ParsedLog.sha256`), the ruleset and mlperf-logging's version.
     """
+    key = (parsed.sha256, ruleset, mlperf_logging_version())
+    if parsed.sha256:
+        cached = _memory.get(key) or _load(key)
+        if cached is not None:
+            _memory[key] = cached
+            return cached
+    verdict = _check(parsed, ruleset)
+    if parsed.sha256:
+        _memory[key] = verdict
+        _store(key, verdict)
+    return verdict
+
+
+def _check(parsed: ParsedLog, ruleset: str) -> Verdict:
+    from mlperf_logging.compliance_checker import mlp_compliance
     from mlperf_logging.compliance_checker.mlp_parser.ruleset_300 import LogLine
 
     lines = [LogLine(TOKEN + "{...}", e.time_ms, e.key, {"value": e.value, "metadata": e.metadata},
                      e.record_index) for e in parsed.events]
-    with _cached_rules() as mlp_compliance:
+    with _lock:  # the checker keeps its queue of rule files in a module global
+        mlp_compliance.enqueued_configs.clear()
         checker = mlp_compliance.make_checker(usage="hpc", ruleset=ruleset, quiet=True, werror=False)
         if parsed.malformed:
             checker.put_message("Log lines had parsing errors.")
@@ -147,5 +165,6 @@ def check_run(parsed: ParsedLog, ruleset: str = DEFAULT_RULESET) -> Verdict:
         except Exception as exc:  # the checker evaluates rule code; report, never crash
             checker.put_message(f"compliance checker failed: {type(exc).__name__}: {exc}")
         messages = (*checker.overwritable.values(), *checker.not_overwritable)
+        mlp_compliance.enqueued_configs.clear()
     first_lines = tuple(str(m).splitlines()[0] if str(m) else "" for m in messages)
     return Verdict(ok=not messages, ruleset=ruleset, messages=first_lines)

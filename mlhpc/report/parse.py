@@ -14,8 +14,10 @@ Every key set from MLPerf HPC v0.7 to v3.0 parses the same way; meaning is given
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,12 +77,15 @@ class ParsedLog:
         malformed: lines with the token that could not be read (file and line in each).
         n_lines: physical lines in the file.
         n_records: lines that carry the token (``len(events) + len(malformed)``).
+        sha256: hex SHA-256 of the bytes read (of the UTF-8 text for `parse_text`); verdicts on
+            the log are cached under it.
     """
 
     path: str
     events: list[Event] = field(default_factory=list)
     malformed: list[Malformed] = field(default_factory=list)
     n_lines: int = 0
+    sha256: str = ""
 
     @property
     def n_records(self) -> int:
@@ -141,7 +146,7 @@ def parse_text(text: str, path: str = "<text>") -> ParsedLog:
     Returns:
         a `ParsedLog`; never raises for bad content (bad lines go to ``malformed``).
     """
-    parsed = ParsedLog(path=path)
+    parsed = ParsedLog(path=path, sha256=hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest())
     lines = _split_lines(text)
     if lines and lines[-1] == "":
         lines.pop()
@@ -164,6 +169,29 @@ def parse_text(text: str, path: str = "<text>") -> ParsedLog:
     return parsed
 
 
+def file_kind(path: Path | str) -> str:
+    """``"file"`` for a regular file (links followed), else what it is, in words: ``"no such
+    file or folder"``, ``"a folder"``, ``"a FIFO, not a regular file"``, ``"a character
+    device, not a regular file"``, ... Never opens the path."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "no such file or folder"
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return f"{name}, not a regular file"
+    return "not a regular file"
+
+
 def parse_log(path: Path | str) -> ParsedLog:
     """Read and parse one log file (UTF-8, falling back to Latin-1 as ``mlp_parser`` reads it).
 
@@ -174,8 +202,12 @@ def parse_log(path: Path | str) -> ParsedLog:
         a `ParsedLog` (malformed lines are listed in it, never raised).
 
     Raises:
-        LogFormatError: the file cannot be read (missing, a folder, no permission), naming it.
+        LogFormatError: the file cannot be read (missing, a folder, a FIFO or device, no
+            permission), naming it. A FIFO or device is never opened (a FIFO would block).
     """
+    kind = file_kind(path)
+    if kind != "file":
+        raise LogFormatError(f"{path}: cannot read result log ({kind})")
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
@@ -185,4 +217,6 @@ def parse_log(path: Path | str) -> ParsedLog:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         text = data.decode("latin-1")
-    return parse_text(text, str(path))
+    parsed = parse_text(text, str(path))
+    parsed.sha256 = hashlib.sha256(data).hexdigest()
+    return parsed

@@ -1,112 +1,178 @@
-"""Reference convergence points (RCPs) shipped with mlperf_logging, per benchmark and batch size.
+"""Reference convergence point (RCP) verdicts, taken from MLCommons' own rcp_checker.
 
-The data and their statistics come from ``mlperf_logging.rcp_checker.rcp_checker.RCP_Checker``
-(olympic mean of the reference runs' epochs to converge, the largest allowed speed-up from a
-one-sided t-test, pruning of non-convex points). For a batch size with no reference run the
-point is interpolated between its neighbours, as ``rcp_checker.check_directory`` does. The
-comparison of a result folder with its RCP follows ``RCP_Checker._eval_submission_record``:
-the olympic mean of the runs' epochs must be at least ``RCP mean / max speed-up``; when it is
-faster than the RCP mean the score is normalised by ``RCP mean / mean epochs``.
+mlperf_logging is the authority on RCPs. `check_folder` calls the checker's public entry point
+``mlperf_logging.rcp_checker.rcp_checker.check_directory`` exactly as ``package_checker`` and
+``result_summarizer`` call it (usage ``hpc``, ``rcp_pass="pruned_rcps"``, no bypass), but with
+``set_scaling=False``, so it reads the folder and writes nothing. Its verdict, message and
+normalisation factor are returned as they are; the figures shown beside them (the RCP mean, the
+smallest mean a submission may show, the submission's mean) are the ones the checker itself logs
+while it decides ("RCP Record: ...", "Submission mean epochs: ..."), and the submission's epochs
+come from its public ``get_submission_epochs``, as result_summarizer reads them. mlhpc computes
+nothing here: it presents.
+
+When no verdict applies the reason says why, and no factor is applied:
+
+- open division: the official tools run no RCP check on open results (package_checker and
+  result_summarizer: ``division == 'closed'``);
+- a round for which mlperf_logging ships no hpc ruleset (v0.7: its rules had no RCPs);
+- a benchmark without an RCP file in that ruleset.
 """
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import logging
-from dataclasses import dataclass
+import math
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlhpc.report.compliance import mlperf_logging_version
+
+RCP_PASS = "pruned_rcps"
+_lock = threading.Lock()
+_cache: dict[tuple[Any, ...], "RcpVerdict"] = {}
 
 
 @dataclass(frozen=True)
-class ReferencePoint:
-    """The reference convergence of one benchmark at one global batch size.
+class RcpVerdict:
+    """rcp_checker's verdict on one result folder.
 
     Attributes:
-        benchmark / global_batch_size: what it is for.
-        mean_epochs: olympic mean of the reference runs' epochs to converge.
-        min_epochs: the fewest mean epochs a submission may show (mean / max speed-up).
-        kind: ``"exact"`` (a reference run at this batch size) or ``"interpolated"``.
+        passed: the checker's verdict; ``None`` when no check applies (``message`` says why).
+        message: the checker's own message (``"RCP found"``, ``"RCP Interpolation"``,
+            ``"Insufficient convergence"``, ``"RCP not found but slower convergence on smaller
+            batch size"``, ``"Missing RCP, please submit RCP with BS = 8"``, ...), or
+            ``"not checked: <reason>"``.
+        normalization: the factor the checker computes (``RCP mean / submission mean`` when the
+            runs converge faster than the RCP mean, else 1.0); the factor a score is multiplied by
+            when the checker writes ``scaling.json``.
+        global_batch_size: as the checker read it (``None`` when not checked).
+        mean_epochs: olympic mean of the runs' epochs (samples for OpenFold) to converge, as the
+            checker and result_summarizer compute it; ``None`` with more than one run not
+            converged, or fewer than three runs.
+        rcp_mean_epochs / rcp_min_epochs: the RCP the checker compared with (exact, interpolated
+            or the smallest batch size's), its mean and ``mean / max speed-up``; ``None`` when it
+            compared with none.
     """
 
-    benchmark: str
-    global_batch_size: int
-    mean_epochs: float
-    min_epochs: float
-    kind: str
+    passed: bool | None
+    message: str
+    normalization: float = 1.0
+    global_batch_size: int | None = None
+    mean_epochs: float | None = None
+    rcp_mean_epochs: float | None = None
+    rcp_min_epochs: float | None = None
+    epochs: tuple[float, ...] = field(default=(), repr=False)
+
+    @property
+    def label(self) -> str:
+        """``pass``/``FAIL`` with the checker's message, or the reason it was not checked."""
+        if self.passed is None:
+            return self.message
+        return f"{'pass' if self.passed else 'FAIL'}: {self.message}"
 
 
-@dataclass(frozen=True)
-class ConvergenceCheck:
-    """A result folder against its reference point.
+def rcp_rulesets() -> tuple[str, ...]:
+    """The hpc rulesets for which the installed mlperf_logging ships RCP files."""
+    import mlperf_logging.rcp_checker as package
 
-    Attributes:
-        reference: the point compared with.
-        mean_epochs: olympic mean of the runs' epochs to converge (non-converged runs count as
-            infinitely slow, as in rcp_checker).
-        passed: ``mean_epochs >= reference.min_epochs``.
-        normalization: ``max(1, reference.mean_epochs / mean_epochs)``, the factor a score is
-            scaled by when the runs converge faster than the reference.
+    root = Path(package.__file__).parent
+    return tuple(sorted(p.name.split("_", 1)[1] for p in root.glob("hpc_*") if p.is_dir()))
+
+
+def has_rcps(benchmark: str | None, ruleset: str) -> bool:
+    """mlperf_logging ships ``hpc_<ruleset>/rcps_<benchmark>.json``."""
+    import mlperf_logging.rcp_checker as package
+
+    return bool(benchmark) and (Path(package.__file__).parent / f"hpc_{ruleset}" / f"rcps_{benchmark}.json").is_file()
+
+
+class _Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def _fingerprint(files: list[Path]) -> tuple[tuple[str, str], ...]:
+    return tuple((f.name, hashlib.sha256(f.read_bytes()).hexdigest()) for f in files)
+
+
+def _olympic(epochs: list[float]) -> float | None:
+    ordered = sorted(epochs)[1:-1]
+    return float(sum(ordered) / len(ordered)) if ordered else None
+
+
+def check_folder(folder: Path | str, *, benchmark: str | None, ruleset: str | None,
+                 division: str | None, files: list[Path] | None = None) -> RcpVerdict:
+    """rcp_checker's verdict on the ``result_*.txt`` files of ``folder``.
+
+    Args:
+        folder: a result folder (read, never written).
+        benchmark / division: from the logs (``submission_benchmark``/``submission_division``).
+        ruleset: the hpc ruleset of the round (``None``: the round has none in mlperf_logging).
+        files: the folder's result files (for the cache key; default: ``result_*.txt``).
+
+    Returns:
+        an `RcpVerdict`; never raises for a bad or missing folder (the reason is the message).
+        Verdicts are cached in-process by the files' content hashes.
     """
-
-    reference: ReferencePoint
-    mean_epochs: float
-    passed: bool
-    normalization: float
-
-
-@functools.lru_cache(maxsize=None)
-def _checker(benchmark: str, ruleset: str):  # type: ignore[no-untyped-def]
     from mlperf_logging.rcp_checker import rcp_checker
 
-    logging.getLogger().disabled, was = True, logging.getLogger().disabled
+    if division == "open":
+        return RcpVerdict(None, "not checked: open division (the official tools check closed results only)")
+    if ruleset is None or ruleset not in rcp_rulesets():
+        return RcpVerdict(None, f"not checked: no RCPs for this round in mlperf-logging {mlperf_logging_version()}")
+    if not has_rcps(benchmark, ruleset):
+        return RcpVerdict(None, f"not checked: no RCPs for {benchmark or 'an unnamed benchmark'} in hpc "
+                                f"{ruleset} (mlperf-logging {mlperf_logging_version()})")
+    folder = Path(folder)
+    files = sorted(files if files is not None else folder.glob("result_*.txt"))
     try:
-        return rcp_checker.RCP_Checker("hpc", ruleset, benchmark, verbose=False)
-    finally:
-        logging.getLogger().disabled = was
-
-
-def reference_point(benchmark: str | None, global_batch_size: int | None,
-                    ruleset: str = "3.0.0") -> ReferencePoint | None:
-    """The RCP for ``benchmark`` at ``global_batch_size`` under the hpc ``ruleset``.
-
-    Uses the pruned RCP set, as result_summarizer and package_checker do. Returns ``None`` when
-    mlperf_logging has no RCP file for the benchmark/ruleset or the batch size lies outside the
-    reference range (no neighbours to interpolate between); never raises for those.
-    """
-    if not benchmark or not global_batch_size:
-        return None
-    try:
-        checker = _checker(benchmark, ruleset)
-    except Exception:  # RCP_Checker raises bare Exception, KeyError or OSError for no RCP data
-        return None
-    record = checker._find_rcp(global_batch_size, "pruned_rcps")
-    kind = "exact"
-    if record is None:
-        low = checker._find_top_min_rcp(global_batch_size, "pruned_rcps")
-        high = checker._find_bottom_max_rcp(global_batch_size, "pruned_rcps")
-        if low is None or high is None:
-            return None
-        _, record = checker._create_interp_rcp(global_batch_size, low, high)
-        kind = "interpolated"
-    mean = float(record["RCP Mean"])
-    return ReferencePoint(benchmark, int(global_batch_size), mean,
-                          mean / float(record["Max Speedup"]), kind)
-
-
-def olympic_mean_epochs(epochs: list[float], rejected: int = 1) -> float | None:
-    """Mean of ``epochs`` without the ``rejected`` smallest and largest (rcp_checker's mean)."""
-    ordered = sorted(epochs)
-    kept = ordered[rejected:len(ordered) - rejected]
-    return sum(kept) / len(kept) if kept else None
-
-
-def check_convergence(reference: ReferencePoint, epochs: list[float | None]) -> ConvergenceCheck | None:
-    """Compare runs' epochs to converge (``None``: did not converge) with ``reference``.
-
-    Returns ``None`` when fewer than three runs are given (no olympic mean).
-    """
-    values = [float("inf") if e is None else float(e) for e in epochs]
-    mean = olympic_mean_epochs(values)
-    if mean is None:
-        return None
-    norm = reference.mean_epochs / mean if mean > 0 else 1.0
-    return ConvergenceCheck(reference, mean, mean >= reference.min_epochs, max(1.0, norm))
+        key = (str(folder.resolve()), ruleset, _fingerprint(files))
+    except OSError:
+        key = None
+    if key is not None and key in _cache:
+        return _cache[key]
+    capture = _Capture()
+    root = logging.getLogger()
+    with _lock:
+        saved_handlers, saved_level = root.handlers[:], root.level
+        root.handlers[:] = [capture]
+        root.setLevel(logging.INFO)
+        try:
+            passed, message, norm = rcp_checker.check_directory(
+                str(folder), "hpc", ruleset, False, False, rcp_pass=RCP_PASS, rcp_bypass=False,
+                set_scaling=False)
+            gbs, epochs, _ = rcp_checker.get_submission_epochs(
+                [str(f) for f in sorted(folder.glob("result_*.txt"))], ruleset, False)
+        except Exception as exc:  # the checker raises bare exceptions on unreadable folders
+            return RcpVerdict(False, f"rcp_checker failed: {type(exc).__name__}: {exc}")
+        finally:
+            root.handlers[:] = saved_handlers
+            root.setLevel(saved_level)
+    record: dict[str, Any] | None = None
+    mean = None
+    for rec in capture.records:
+        if rec.msg == " RCP Record: %s" and rec.args:
+            record = rec.args[0] if isinstance(rec.args, tuple) else rec.args  # type: ignore[assignment]
+        elif rec.msg == " Submission mean epochs: %.4f" and rec.args:
+            mean = float(rec.args[0])  # type: ignore[index]
+    converged = [float(e) for e in epochs] if epochs else []
+    if mean is None and converged:
+        mean = _olympic(converged)
+    if mean is not None and not math.isfinite(mean):
+        mean = None
+    rcp_mean = rcp_min = None
+    if isinstance(record, dict) and "RCP Mean" in record:
+        rcp_mean = float(record["RCP Mean"])
+        rcp_min = rcp_mean / float(record["Max Speedup"])
+    verdict = RcpVerdict(bool(passed), str(message), float(norm),
+                         None if gbs in (None, -1) else int(gbs), mean, rcp_mean, rcp_min, tuple(converged))
+    if key is not None:
+        _cache[key] = verdict
+    return verdict

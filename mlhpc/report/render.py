@@ -22,32 +22,47 @@ from mlhpc.report.score import FolderResult, Report
 FORMATS = ("table", "json", "csv", "markdown")
 LEVELS = ("auto", "folders", "runs")
 
-FOLDER_COLUMNS = ("round", "submitter", "system", "mode", "benchmark", "n_files", "dropped",
-                  "scaling_factor", "olympic_min", "ttta_min", "number_of_models", "models_per_min",
-                  "instance_scale", "global_batch_size", "rcp_mean_epochs", "mean_epochs", "rcp_pass",
-                  "notes")
+FOLDER_COLUMNS = ("round", "submitter", "system", "division", "mode", "benchmark", "n_files", "dropped",
+                  "resumed", "scaling_factor", "olympic_min", "ttta_min", "number_of_models", "models_per_min",
+                  "instance_scale", "global_batch_size", "compliance", "rcp_pass", "rcp_message",
+                  "rcp_normalization", "normalized_min", "convergence_unit", "mean_epochs",
+                  "rcp_mean_epochs", "rcp_min_epochs", "notes")
 RUN_COLUMNS = ("folder", "file", "benchmark", "status", "compliant", "resumed", "time_to_train_s",
                "staging_s", "init_s", "epochs", "epochs_to_target", "mean_epoch_s", "samples_per_s",
                "eval_s", "residual_s", "nodes", "accelerators_per_node", "global_batch_size",
                "metric", "final_metric", "target", "malformed_lines")
 
 
+def _unit(f: FolderResult) -> str:
+    return next((r.epoch_unit for r in f.runs), "epochs")
+
+
 def folder_rows(report: Report) -> list[dict[str, Any]]:
-    """One dict per result folder, keys `FOLDER_COLUMNS` (scores in minutes, as MLCommons)."""
+    """One dict per result folder, keys `FOLDER_COLUMNS` (scores in minutes, as MLCommons).
+
+    ``olympic_min`` is the score as published (times a committed ``scaling.json``, as
+    result_summarizer reads it); ``rcp_pass``/``rcp_message``/``rcp_normalization`` are
+    rcp_checker's verdict; ``normalized_min`` is the olympic mean times that factor.
+    """
     rows = []
     for f in report.folders:
-        gbs = f.reference.global_batch_size if f.reference else next(
+        rcp = f.rcp
+        gbs = (rcp.global_batch_size if rcp and rcp.global_batch_size else None) or next(
             (r.global_batch_size for r in f.runs if r.global_batch_size), None)
         rows.append({
-            "round": f.round, "submitter": f.submitter, "system": f.system,
+            "round": f.round, "submitter": f.submitter, "system": f.system, "division": f.division,
             "mode": f.kind, "benchmark": f.benchmark, "n_files": f.n_files,
-            "dropped": len(f.dropped), "scaling_factor": f.scaling_factor,
+            "dropped": len(f.dropped), "resumed": len(f.resumed), "scaling_factor": f.scaling_factor,
             "olympic_min": f.olympic_min, "ttta_min": f.ttta_min,
             "number_of_models": f.number_of_models, "models_per_min": f.models_per_min,
             "instance_scale": f.instance_scale, "global_batch_size": gbs,
-            "rcp_mean_epochs": f.reference.mean_epochs if f.reference else None,
-            "mean_epochs": f.convergence.mean_epochs if f.convergence else None,
-            "rcp_pass": f.convergence.passed if f.convergence else None,
+            "compliance": f.ruleset_note or (f"hpc {f.ruleset}" if report.compliance_checked else "not checked"),
+            "rcp_pass": rcp.passed if rcp else None, "rcp_message": rcp.message if rcp else None,
+            "rcp_normalization": rcp.normalization if rcp and rcp.passed is not None else None,
+            "normalized_min": f.normalized_min, "convergence_unit": _unit(f),
+            "mean_epochs": rcp.mean_epochs if rcp else None,
+            "rcp_mean_epochs": rcp.rcp_mean_epochs if rcp else None,
+            "rcp_min_epochs": rcp.rcp_min_epochs if rcp else None,
             "notes": "; ".join(f.notes + [f"{k.rsplit('/', 1)[-1]}: {v}" for k, v in f.dropped.items()]),
         })
     return rows
@@ -98,38 +113,54 @@ def _benchmarks(folders: Iterable[FolderResult]) -> list[str]:
     return sorted({f.benchmark or "?" for f in folders})
 
 
-def _system_key(f: FolderResult) -> tuple[str, str, str]:
-    return (f.round or "", f.submitter or "", f.system or "")
+def _system_key(f: FolderResult) -> tuple[str, str, str, str, str]:
+    """Round, submitter, system folder, division (and the folder itself for mlhpc run folders):
+    names inside the logs never merge two result folders."""
+    return (f.round or "", f.submitter or "", f.system or "", f.division or "",
+            f.path if f.kind == "runs" else "")
 
 
 def _matrix(folders: list[FolderResult], cell) -> tuple[list[str], list[list[str]]]:  # type: ignore[no-untyped-def]
     benches = _benchmarks(folders)
-    systems: dict[tuple[str, str, str], dict[str, FolderResult]] = {}
+    systems: dict[tuple[str, ...], dict[str, FolderResult]] = {}
     for f in folders:
         systems.setdefault(_system_key(f), {})[f.benchmark or "?"] = f
     multi_round = len({k[0] for k in systems}) > 1
-    header = (["round"] if multi_round else []) + ["submitter", "system", "nodes x accelerators"] + benches
+    header = (["round"] if multi_round else []) + ["submitter", "system", "division", "nodes x accelerators"] + benches
     body = []
     for key in sorted(systems):
         cells = systems[key]
         any_f = next(iter(cells.values()))
         desc = any_f.system_desc
         if desc.get("number_of_nodes") not in (None, "") and desc.get("accelerators_per_node") not in (None, ""):
-            scale = f"{desc['number_of_nodes']} x {desc['accelerators_per_node']}"
+            nodes, acc = desc["number_of_nodes"], desc["accelerators_per_node"]
         else:
-            acc = next((r.accelerators_per_node for r in any_f.runs if r.accelerators_per_node is not None), None)
-            scale = f"{any_f.nodes or '?'} x {'?' if acc is None else acc}"
-        row = ([key[0]] if multi_round else []) + [key[1], key[2], scale]
+            nodes = any_f.nodes or "?"
+            acc = next((r.accelerators_per_node for r in any_f.runs if r.accelerators_per_node is not None), "?")
+        scale = f"{nodes} nodes, CPU only" if any_f.cpu_only else f"{nodes} x {acc}"
+        row = ([key[0]] if multi_round else []) + [key[1], key[2], key[3] or "?", scale]
         row += [cell(cells[b]) if b in cells else "" for b in benches]
         body.append(row)
     return header, body
 
 
+def _rcp_cell(f: FolderResult) -> str:
+    rcp = f.rcp
+    if rcp is None or rcp.passed is None:
+        return "RCP -"
+    if not rcp.passed:
+        return "RCP FAIL"
+    if f.normalized_min is None or rcp.normalization == 1.0:
+        return "RCP pass"
+    return f"RCP pass, x{rcp.normalization:.3f} = {f.normalized_min:.2f}"
+
+
 def _strong_cell(f: FolderResult) -> str:
     if f.olympic_min is None:
-        return "invalid" if any(n.startswith("invalid") for n in f.notes) else "-"
-    mark = "" if not f.dropped else "*"
-    return f"{f.olympic_min:.2f}{mark}"
+        score = "invalid" if any(n.startswith("invalid") for n in f.notes) else "-"
+    else:
+        score = f"{f.olympic_min:.2f}{'*' if f.dropped else ''}"
+    return f"{score} ({_rcp_cell(f)})"
 
 
 def _weak_cell(f: FolderResult) -> str:
@@ -139,8 +170,9 @@ def _weak_cell(f: FolderResult) -> str:
 
 
 def _run_table_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    unit = next((r.epoch_unit for f in report.folders for r in f.runs), "epochs")
     header = ["run", "status", "compliant", "time to train s", "staging s", "init s", "epochs",
-              "to target", "mean epoch s", "samples/s", "eval s", "residual s", "resumed"]
+              f"{unit} to target", "mean epoch s", "samples/s", "eval s", "residual s", "resumed"]
     body = []
     for row in run_rows(report):
         body.append([row["file"], row["status"], _fmt(row["compliant"]), _fmt(row["time_to_train_s"]),
@@ -149,6 +181,25 @@ def _run_table_rows(report: Report) -> tuple[list[str], list[list[str]]]:
                      _fmt(row["samples_per_s"], 1), _fmt(row["eval_s"]), _fmt(row["residual_s"]),
                      _fmt(row["resumed"])])
     return header, body
+
+
+def _convergence_text(f: FolderResult) -> str:
+    """rcp_checker's verdict in words, with the figures it compared and the factor."""
+    rcp = f.rcp
+    if rcp is None:
+        return "RCP: -"
+    if rcp.passed is None:
+        return f"RCP {rcp.message}"
+    unit = _unit(f)
+    text = f"RCP {rcp.label}"
+    if rcp.mean_epochs is not None and rcp.rcp_mean_epochs is not None:
+        text += (f" ({unit} to converge {rcp.mean_epochs:,.2f} vs RCP mean {rcp.rcp_mean_epochs:,.2f},"
+                 f" at least {rcp.rcp_min_epochs:,.2f})")
+    if rcp.passed:
+        text += f"; factor {rcp.normalization:.4f}"
+        if f.normalized_min is not None:
+            text += f", score with it {f.normalized_min:.3f} min"
+    return text
 
 
 def _views(report: Report, level: str) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -161,16 +212,16 @@ def _views(report: Report, level: str) -> list[tuple[str, list[str], list[list[s
             title = f"{f.path}: {f.benchmark or '?'}, {len(f.runs)} runs"
             if f.olympic_min is not None:
                 title += f", olympic mean {f.olympic_min:.3f} min"
-            if f.convergence is not None:
-                title += (f", epochs {f.convergence.mean_epochs:.2f} vs reference "
-                          f"{f.reference.mean_epochs:.2f} ({'pass' if f.convergence.passed else 'FAIL'})")
+            title += f"; {_convergence_text(f)}"
             views.append((title, header, body))
         return views
     strong = [f for f in report.folders if f.kind in ("strong", "runs")]
     weak = [f for f in report.folders if f.kind == "weak"]
     if strong:
         header, body = _matrix(strong, _strong_cell)
-        views.append(("Strong scaling: time to train, olympic mean (minutes; * one run dropped)", header, body))
+        views.append(("Strong scaling: time to train, olympic mean in minutes as published (* one run "
+                      "dropped), then rcp_checker's verdict, its normalisation factor and the score with it",
+                      header, body))
     if weak:
         header, body = _matrix(weak, _weak_cell)
         views.append(("Weak scaling: throughput, models/min (M models x accelerators each)", header, body))
@@ -181,7 +232,12 @@ def _notes(report: Report) -> list[str]:
     notes = []
     for f in report.folders:
         where = "/".join(x for x in (f.submitter, f.system, f.kind, f.benchmark) if x) or f.path
+        where = "/".join(x for x in (f.round, f.submitter, f.system, f.division, f.kind, f.benchmark) if x) or f.path
         notes += [f"{where}: {n}" for n in f.notes]
+        if f.kind != "weak" and f.rcp is not None and f.rcp.passed is not None:
+            notes.append(f"{where}: {_convergence_text(f)}")
+        if f.ruleset_note:
+            notes.append(f"{where}: compliance {f.ruleset_note}")
         notes += [f"{where}: dropped {p.rsplit('/', 1)[-1]}: {r}" for p, r in f.dropped.items()]
     notes += [f"malformed line {m}" for m in report.malformed]
     if not report.compliance_checked:

@@ -8,26 +8,56 @@ counts it (``epoch_num`` of the last quality-metric record before a successful `
 
 from __future__ import annotations
 
+import functools
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from mlhpc.report.parse import Event, ParsedLog
 
 METRIC_KEYS = ("eval_error", "eval_accuracy")
 
-# Quality targets of the closed division and their direction, as checked by MLCommons'
-# compliance rules (mlperf_logging/compliance_checker/hpc_3.0.0/closed_<benchmark>.yaml).
-REFERENCE_TARGETS: dict[str, tuple[str, float, str]] = {
-    "cosmoflow": ("eval_error", 0.124, "min"),
-    "deepcam": ("eval_accuracy", 0.82, "max"),
-    "oc20": ("eval_error", 0.036, "min"),
-    "openfold": ("eval_accuracy", 0.8, "max"),
-}
-
 # Benchmarks whose ``epoch_num`` counts training samples, not passes over the data (OpenFold).
 SAMPLE_COUNTED_EPOCHS = frozenset({"openfold"})
 
 RESUME_KEY = "resume"
+_TARGET_RE = re.compile(r"v\[['\"]value['\"]\]\s*(<=|>=|<|>)\s*([0-9][0-9.eE+\-]*)")
+
+
+@functools.lru_cache(maxsize=None)
+def quality_target(benchmark: str | None, ruleset: str = "3.0.0") -> tuple[str, float, str] | None:
+    """``(metric key, target, "min"|"max")`` of a closed-division benchmark, read from
+    mlperf_logging's own rule file ``compliance_checker/hpc_<ruleset>/closed_<benchmark>.yaml``
+    (the ``ATLEAST_ONE_CHECK`` of its ``eval_error``/``eval_accuracy`` key, e.g.
+    ``v['value'] <= 0.124``); ``None`` when the file or the check is missing. The rules are the
+    one source of the reference targets: mlhpc keeps no copy of them.
+    """
+    if not benchmark:
+        return None
+    import mlperf_logging.compliance_checker as package
+
+    path = Path(package.__file__).parent / f"hpc_{ruleset}" / f"closed_{benchmark}.yaml"
+    try:
+        rules = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    for rule in rules if isinstance(rules, list) else []:
+        key = rule.get("KEY") if isinstance(rule, dict) else None
+        if not isinstance(key, dict) or key.get("NAME") not in METRIC_KEYS:
+            continue
+        match = _TARGET_RE.search(str(key.get("ATLEAST_ONE_CHECK", "")))
+        if match:
+            return key["NAME"], float(match.group(2)), "min" if match.group(1).startswith("<") else "max"
+    return None
+
+
+def is_resumed(parsed: ParsedLog) -> bool:
+    """The log marks its run as resumed from a checkpoint: a ``resume`` record, or a record with
+    ``"resumed": true`` in its metadata. The one place that knows the marker."""
+    return any(event.key == RESUME_KEY or event.metadata.get("resumed") is True for event in parsed.events)
 
 
 @dataclass(frozen=True)
@@ -66,9 +96,12 @@ class RunSummary:
         residual_s: time to train - sum(train_epoch_s) - sum(eval_s): set-up inside the timed
             region, checkpoints, logging, anything not in an epoch or an evaluation.
         metric_key / metric_series / target: the quality metric, ``[(epoch_num, value)]`` and
-            the target (from the log's ``summary.json`` or the closed-division reference).
+            the target (from the run's ``summary.json``, else the closed-division target in
+            mlperf_logging's rule file, `quality_target`).
         global_batch_size / number_of_nodes / accelerators_per_node / instance_id: as logged.
         resumed: a ``resume`` event or ``"resumed": true`` metadata appears in the log.
+        reason / last_epoch: ``run_stop``'s ``reason`` and ``epoch_num`` metadata, when logged.
+        eval_samples: as logged. staged_bytes: ``staging_stop``'s ``staged_bytes`` metadata.
         malformed: ``"file:line: reason"`` for every unreadable record line.
     """
 
@@ -102,6 +135,10 @@ class RunSummary:
     accelerators_per_node: int | None = None
     instance_id: Any = None
     resumed: bool = False
+    reason: str | None = None
+    last_epoch: float | None = None
+    eval_samples: int | None = None
+    staged_bytes: int | None = None
     malformed: list[str] = field(default_factory=list)
     compliant: bool | None = None
     compliance_messages: list[str] = field(default_factory=list)
@@ -208,8 +245,8 @@ def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
 
     Args:
         parsed: from `mlhpc.report.parse.parse_log`.
-        target: the quality target to show (default: the closed-division reference target of the
-            logged benchmark, if known).
+        target: the quality target to show (default: the closed-division target of the logged
+            benchmark in mlperf_logging's rules, `quality_target`).
 
     Returns:
         a `RunSummary`; a log missing keys yields ``None`` fields and status ``"incomplete"``,
@@ -220,8 +257,7 @@ def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
     first_values: dict[str, Any] = {}
     for event in events:
         first_values.setdefault(event.key, event.value)
-        if event.key == RESUME_KEY or event.metadata.get("resumed") is True:
-            run.resumed = True
+    run.resumed = is_resumed(parsed)
     text = lambda key: first_values[key] if isinstance(first_values.get(key), str) else None  # noqa: E731
     run.benchmark = text("submission_benchmark")
     run.org, run.division = text("submission_org"), text("submission_division")
@@ -230,6 +266,7 @@ def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
     run.number_of_nodes = _int(first_values.get("number_of_nodes"))
     run.accelerators_per_node = _int(first_values.get("accelerators_per_node"))
     run.train_samples = _int(first_values.get("train_samples"))
+    run.eval_samples = _int(first_values.get("eval_samples"))
     run.instance_id = first_values.get("instance_id")
     if run.instance_id is None:
         for event in events[:50]:
@@ -244,7 +281,12 @@ def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
         run.time_to_train_s = (stop.time_ms - start.time_ms) / 1000.0
         status = stop.metadata.get("status")
         run.status = "success" if status == "success" else "aborted"
+        reason = stop.metadata.get("reason")
+        run.reason = reason if isinstance(reason, str) else None
+        run.last_epoch = _number(stop.metadata.get("epoch_num"))
     run.staging_s = _span_s(parsed, "staging_start", "staging_stop")
+    staging_stop = parsed.first("staging_stop")
+    run.staged_bytes = _int(staging_stop.metadata.get("staged_bytes")) if staging_stop else None
     staging_start = parsed.first("staging_start")
     run.staging_in_run = bool(start and staging_start and staging_start.time_ms >= start.time_ms)
     run.init_s = _span_s(parsed, "init_start", "init_stop")
@@ -296,7 +338,7 @@ def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
                 run.epochs_to_target = last_metric_epoch
             break
 
-    reference = REFERENCE_TARGETS.get(run.benchmark or "")
+    reference = quality_target(run.benchmark)
     if target is not None:
         run.target = target
     elif reference and (run.metric_key in (None, reference[0])):

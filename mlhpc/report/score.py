@@ -13,6 +13,17 @@ Source followed: ``mlperf_logging/result_summarizer/result_summarizer.py`` (hpc 
   throughput = M / TTTa models per minute, instance scale = number_of_nodes x
   max(accelerators_per_node, 1); no score when M is below the benchmark's required count.
 
+- round v0.7 (``<round>/<submitter>/results/<system>/<benchmark>/``, no strong/weak level):
+  time to train only, scored with that round's rule, the olympic mean of the runs' times to
+  train (drop the fastest and the slowest, average the rest), as in the MLPerf Training v0.7
+  rules that the HPC v0.7 round followed (github.com/mlcommons/training_policies, branch
+  hpc-0.5.0, hpc_training_rules.adoc and training_rules.adoc "Benchmark Results"). mlperf_logging
+  ships no hpc ruleset for v0.7: compliance is "not checked", no RCP applies.
+
+Rows are keyed on the folders, never on names inside the logs: round + submitter + system folder
++ division + benchmark. A log marked resumed (`mlhpc.report.runs.is_resumed`) is kept apart: it
+is listed, never scored as an ordinary run of its folder.
+
 mlhpc's own run folders (any other folder holding ``result_*.txt``) are scored like a strong
 result and shown run by run.
 """
@@ -28,10 +39,11 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from mlhpc.errors import LogFormatError
-from mlhpc.report.compliance import check_run, ruleset_for
-from mlhpc.report.parse import parse_log
-from mlhpc.report.rcp import ConvergenceCheck, ReferencePoint, check_convergence, reference_point
-from mlhpc.report.runs import RunSummary, official_instance_scale, official_start_stop, summarize_run
+from mlhpc.report.compliance import check_run, not_checked_reason, round_of, ruleset_for
+from mlhpc.report.parse import file_kind, parse_log
+from mlhpc.report.rcp import RcpVerdict, check_folder
+from mlhpc.report.runs import (RunSummary, is_resumed, official_instance_scale, official_start_stop,
+                               summarize_run)
 
 RESULT_RE = re.compile(r"^result_.*\.txt$")
 PRUNED = "pruned_results"
@@ -48,14 +60,18 @@ class FolderResult:
         round / submitter / system / benchmark: from the MLCommons layout
             ``<round>/<submitter>/results/<system>/<kind>/<benchmark>/`` where it applies, else
             from the logs.
-        ruleset: the hpc ruleset the logs were checked against.
+        division: ``closed``/``open`` (the logs' ``submission_division``, else the system
+            description's).
+        ruleset: the hpc ruleset the logs were checked against (``None``: mlperf_logging has
+            none for the round; ``ruleset_note`` then says so).
         runs: one `RunSummary` per ``result_*.txt``, sorted by file name.
         dropped: ``{file: reason}`` for runs that do not count (compliance, parse, no stop).
         scaling_factor: from ``scaling.json`` (1.0 when absent).
         olympic_min: strong/runs score in minutes (``None``: invalid or too few runs).
         ttta_min / number_of_models / models_per_min / instance_scale: weak scores.
-        reference / convergence: the RCP for the folder's benchmark and global batch size, and
-            how the runs' epochs to converge compare with it.
+        raw_olympic_min: the olympic mean without any ``scaling.json`` factor.
+        rcp: rcp_checker's verdict, message and normalisation factor (`mlhpc.report.rcp`).
+        resumed: logs marked resumed, kept apart from the score.
         notes: one-line remarks (why a score is missing, mismatched instance scales, ...).
         system_desc: the submission's ``systems/<system>.json`` where one exists.
     """
@@ -66,17 +82,20 @@ class FolderResult:
     submitter: str | None = None
     system: str | None = None
     benchmark: str | None = None
-    ruleset: str = "3.0.0"
+    division: str | None = None
+    ruleset: str | None = "3.0.0"
+    ruleset_note: str | None = None
     runs: list[RunSummary] = field(default_factory=list)
     dropped: dict[str, str] = field(default_factory=dict)
     scaling_factor: float = 1.0
     olympic_min: float | None = None
+    raw_olympic_min: float | None = None
     ttta_min: float | None = None
     number_of_models: int | None = None
     models_per_min: float | None = None
     instance_scale: int | None = None
-    reference: ReferencePoint | None = None
-    convergence: ConvergenceCheck | None = None
+    rcp: RcpVerdict | None = None
+    resumed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     system_desc: dict[str, Any] = field(default_factory=dict)
 
@@ -99,14 +118,31 @@ class FolderResult:
                 return run.number_of_nodes * max(run.accelerators_per_node or 0, 1)
         return None
 
+    @property
+    def normalized_min(self) -> float | None:
+        """The olympic mean times rcp_checker's normalisation factor (what the score becomes
+        when the checker writes its ``scaling.json``); ``None`` without a passing RCP verdict."""
+        if self.raw_olympic_min is None or self.rcp is None or not self.rcp.passed:
+            return None
+        return self.raw_olympic_min * self.rcp.normalization
+
+    @property
+    def cpu_only(self) -> bool:
+        """Every run logs ``accelerators_per_node`` 0 (e.g. Fugaku's A64FX): no accelerators."""
+        values = [r.accelerators_per_node for r in self.runs if r.accelerators_per_node is not None]
+        if not values and self.system_desc.get("accelerators_per_node") not in (None, ""):
+            values = [_int_or_none(self.system_desc.get("accelerators_per_node"))]
+        return bool(values) and all(v == 0 for v in values)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (runs included)."""
-        out = {k: v for k, v in self.__dict__.items() if k not in ("runs", "reference", "convergence")}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("runs", "rcp")}
         out["n_files"] = self.n_files
-        out["reference"] = None if self.reference is None else self.reference.__dict__
-        out["convergence"] = None if self.convergence is None else {
-            "mean_epochs": self.convergence.mean_epochs, "passed": self.convergence.passed,
-            "normalization": self.convergence.normalization}
+        out["normalized_min"] = self.normalized_min
+        out["rcp"] = None if self.rcp is None else {
+            "passed": self.rcp.passed, "message": self.rcp.message, "normalization": self.rcp.normalization,
+            "global_batch_size": self.rcp.global_batch_size, "mean_epochs": self.rcp.mean_epochs,
+            "rcp_mean_epochs": self.rcp.rcp_mean_epochs, "rcp_min_epochs": self.rcp.rcp_min_epochs}
         out["runs"] = [run.to_dict() for run in self.runs]
         return out
 
@@ -162,13 +198,29 @@ def read_scaling_factor(folder: Path) -> float:
         raise LogFormatError(f"{path}: expected JSON {{\"scaling_factor\": <number>}}") from None
 
 
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def _layout(folder: Path) -> tuple[str, str | None, str | None, str | None, str | None]:
-    """kind, round, submitter, system, benchmark from the MLCommons layout (or "runs")."""
+    """kind, round, submitter, system, benchmark from the MLCommons layout (or "runs").
+
+    v1.0 and later: ``<round>/<submitter>/results/<system>/{strong,weak}/<benchmark>``; v0.7:
+    ``<round>/<submitter>/results/<system>/<benchmark>`` (time to train only). The round is the
+    folder above the submitter (``hpc_results_v1.0``); the layout without a scaling level is
+    round v0.7 whatever the folder is called.
+    """
     parts = folder.parts
     if len(parts) >= 4 and parts[-2] in ("strong", "weak") and parts[-4] == "results":
         submitter = parts[-5] if len(parts) >= 5 else None
         round_ = parts[-6] if len(parts) >= 6 else None
         return parts[-2], round_, submitter, parts[-3], parts[-1]
+    if len(parts) >= 4 and parts[-3] == "results":
+        round_ = parts[-5] if len(parts) >= 5 and round_of(parts[-5]) == "v0.7" else "v0.7"
+        return "strong", round_, parts[-4], parts[-2], parts[-1]
     return "runs", None, None, None, None
 
 
@@ -183,11 +235,12 @@ def find_result_folders(paths: Iterable[Path | str]) -> list[tuple[Path, list[Pa
     found: dict[Path, list[Path]] = {}
     for raw in paths:
         path = Path(raw)
-        if path.is_file():
+        kind = file_kind(path)
+        if kind == "file":
             found.setdefault(path.parent, []).append(path)
             continue
-        if not path.is_dir():
-            raise LogFormatError(f"{path}: no such file or folder")
+        if kind != "a folder":
+            raise LogFormatError(f"{path}: {kind}")
         before = len(found)
         for root, dirs, files in os.walk(path):
             dirs[:] = sorted(d for d in dirs if d != PRUNED and not d.startswith("."))
@@ -203,10 +256,10 @@ def _natural(path: Path) -> tuple[Any, ...]:
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.name))
 
 
-def _system_desc(folder: Path, kind: str, system: str | None) -> dict[str, Any]:
+def _system_desc(folder: Path, kind: str, system: str | None, v07: bool = False) -> dict[str, Any]:
     if kind == "runs" or system is None:
         return {}
-    desc = folder.parents[3] / "systems" / f"{system}.json"
+    desc = folder.parents[2 if v07 else 3] / "systems" / f"{system}.json"
     try:
         data = json.loads(desc.read_text())
     except (OSError, ValueError):
@@ -244,8 +297,13 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
         LogFormatError: a log or ``scaling.json`` cannot be read.
     """
     kind, round_, submitter, system, benchmark = _layout(folder)
+    v07 = kind == "strong" and folder.parts[-3] == "results"
     result = FolderResult(path=str(folder), kind=kind, round=round_, submitter=submitter,
-                          system=system, benchmark=benchmark, ruleset=ruleset_for(folder, ruleset))
+                          system=system, benchmark=benchmark,
+                          ruleset=None if v07 and ruleset is None else ruleset_for(folder, ruleset))
+    if result.ruleset is None:
+        result.ruleset_note = not_checked_reason(round_of(round_ or "") or round_)
+    result.system_desc = _system_desc(folder, kind, system, v07)
     scored: list[tuple[RunSummary, float, float]] = []
     scale_seen: int | None = None
     scales: dict[str, int | None] = {}
@@ -253,12 +311,17 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
         parsed = parse_log(path)
         run = summarize_run(parsed, target=_run_target(path) if kind == "runs" else None)
         result.runs.append(run)
+        if is_resumed(parsed):  # kept apart: never an ordinary run of its folder
+            result.resumed.append(str(path))
+            continue
         reason = None
-        if compliance:
+        if compliance and result.ruleset is not None:
             verdict = check_run(parsed, result.ruleset)
             run.compliant, run.compliance_messages = verdict.ok, list(verdict.messages)
             if not verdict.ok:
                 reason = "fails compliance: " + (verdict.messages[0] if verdict.messages else "?")
+        elif compliance:
+            run.compliance_messages = [result.ruleset_note or ""]
         if reason is None and parsed.malformed:
             reason = f"parse error: {parsed.malformed[0].message}"
         start, stop = official_start_stop(parsed.events)
@@ -282,9 +345,14 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
 
     if result.benchmark is None:
         result.benchmark = next((r.benchmark for r in result.runs if r.benchmark), None)
+    result.division = next((r.division for r in result.runs if r.division), None) or (
+        str(result.system_desc.get("division")) if result.system_desc.get("division") else None)
     if kind == "runs":
         result.system = next((r.platform for r in result.runs if r.platform), folder.name)
         result.submitter = next((r.org for r in result.runs if r.org), None)
+    if result.resumed:
+        result.notes.append(f"{len(result.resumed)} resumed run(s) kept apart, not scored: "
+                            + ", ".join(Path(p).name for p in result.resumed))
     result.scaling_factor = read_scaling_factor(folder)
 
     own_throughput = kind == "runs" and len({r.instance_id for r in result.runs}) > 1 and all(
@@ -293,33 +361,52 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
         kind = result.kind = "weak"
         scale_seen = next((v for v in scales.values() if v is not None), None)
     if kind == "weak":
-        result.number_of_models = len(scored)
-        result.instance_scale = scale_seen
-        needed = 1 if own_throughput else required_result_count(result.benchmark)
-        if scored and len(scored) >= needed:
-            first = min(s for _, s, _ in scored)
-            last = max(t for _, _, t in scored)
-            result.ttta_min = (last - first) / 60 / 1000
-            result.models_per_min = len(scored) / result.ttta_min if result.ttta_min > 0 else None
-        else:
-            result.notes.append(f"not enough converging weak-scaling runs: {len(scored)} < {needed}")
+        _score_weak(result, scored, scale_seen, 1 if own_throughput else required_result_count(result.benchmark))
     else:
-        scores = [(stop - start) / 60 / 1000 for _, start, stop in scored]
-        dropped = len(result.dropped)
-        if dropped > MAX_DROPPED:
-            result.notes.append(f"invalid: {dropped} runs dropped (at most {MAX_DROPPED} allowed)")
-        else:
-            average = compute_olympic_average(scores, dropped)
-            if average is None:
-                result.notes.append(f"no olympic mean: {len(scores)} scored runs")
-            else:
-                result.olympic_min = average * result.scaling_factor
-        gbs = next((r.global_batch_size for r in result.runs if r.global_batch_size), None)
-        result.reference = reference_point(result.benchmark, gbs, result.ruleset)
-        if result.reference is not None:
-            result.convergence = check_convergence(result.reference, [r.epochs_to_target for r in result.runs])
-    result.system_desc = _system_desc(folder, kind, system)
+        _score_strong(result, scored, folder, [Path(p) for p in files if str(p) not in result.resumed])
     return result
+
+
+def _score_weak(result: FolderResult, scored: list[tuple[RunSummary, float, float]],
+                scale_seen: int | None, needed: int) -> None:
+    result.number_of_models = len(scored)
+    result.instance_scale = scale_seen
+    if scored and len(scored) >= needed:
+        first = min(s for _, s, _ in scored)
+        last = max(t for _, _, t in scored)
+        result.ttta_min = (last - first) / 60 / 1000
+        result.models_per_min = len(scored) / result.ttta_min if result.ttta_min > 0 else None
+    else:
+        result.notes.append(f"not enough converging weak-scaling runs: {len(scored)} < {needed}")
+    nodes = _int_or_none(result.system_desc.get("number_of_nodes"))
+    per_node = _int_or_none(result.system_desc.get("accelerators_per_node"))
+    if nodes and scale_seen and result.number_of_models:
+        available = nodes * max(per_node or 0, 1)
+        if result.number_of_models * scale_seen > available:
+            unit = "nodes" if (per_node or 0) == 0 else "accelerators"
+            result.notes.append(
+                f"warning: {result.number_of_models} models x {scale_seen} {unit} each (instance scale as "
+                f"logged) exceed the {available} {unit} of the system description")
+
+
+def _score_strong(result: FolderResult, scored: list[tuple[RunSummary, float, float]], folder: Path,
+                  files: list[Path]) -> None:
+    scores = [(stop - start) / 60 / 1000 for _, start, stop in scored]
+    dropped = len(result.dropped)
+    if dropped > MAX_DROPPED:
+        result.notes.append(f"invalid: {dropped} runs dropped (at most {MAX_DROPPED} allowed)")
+    else:
+        average = compute_olympic_average(scores, dropped)
+        if average is None:
+            result.notes.append(f"no olympic mean: {len(scores)} scored runs")
+        else:
+            result.raw_olympic_min = average
+            result.olympic_min = average * result.scaling_factor
+    if result.resumed:
+        result.rcp = RcpVerdict(None, "not checked: the folder holds resumed runs")
+    else:
+        result.rcp = check_folder(folder, benchmark=result.benchmark, ruleset=result.ruleset,
+                                  division=result.division, files=files)
 
 
 def build_report(paths: Iterable[Path | str], *, compliance: bool = True,
