@@ -221,3 +221,17 @@ def test_tfrecord_file_read_once_per_epoch(roots, monkeypatch):
     for batch in ([3, 1], [0, 5], [2, 4]):
         train.__getitems__(batch)
     assert sorted(reads) == sorted(train.files) and len(reads) == 6
+
+
+def test_errors_in_a_staged_copy_name_the_source_file(tmp_path):
+    import shutil
+
+    source = w.write_dataset(tmp_path / "source", "tfrecord", TRAIN[:2], VALID[:1])
+    staged = tmp_path / "node-local" / "copy"
+    shutil.copytree(source, staged)
+    bad = staged / "train" / "univ_ics_2019-03_a00001001_001.tfrecord"
+    bad.write_bytes(bad.read_bytes()[:-9])
+    with pytest.raises(DataError) as info:
+        _all(build_datasets(_config(path=source), None, staged)[0])
+    assert str(info.value).startswith(f"{source}/train/univ_ics_2019-03_a00001001_001.tfrecord: ")
+    assert str(info.value).endswith(f"[read from the staged copy {staged}]")

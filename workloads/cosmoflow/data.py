@@ -159,6 +159,7 @@ class CosmoFlowDataset(Dataset):
         self._sources: OrderedDict[int, Source] = OrderedDict()
         self._pid = os.getpid()
         self._standardization: Optional[PerChannel] = None
+        self.origin: Optional[tuple[Path, Path]] = None  # (staged folder, source folder)
 
     # ------------------------------------------------------------------ decoding (on the device)
 
@@ -248,6 +249,12 @@ class CosmoFlowDataset(Dataset):
                             f"({_short(exc)})") from None
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            return self._getitem(index)
+        except DataError as exc:
+            raise _renamed(exc, self.origin) from None
+
+    def _getitem(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.empty((self.cube_size,) * 3 + (N_CHANNELS,), dtype=torch.int16)
         y = torch.empty(N_TARGETS, dtype=torch.float32)
         self._read(*self._position(index), x.numpy(), y.numpy())
@@ -274,6 +281,12 @@ class CosmoFlowDataset(Dataset):
         Raises:
             IndexError: an index is out of range. DataError: as `__getitem__`.
         """
+        try:
+            return self._getitems(indices)
+        except DataError as exc:
+            raise _renamed(exc, self.origin) from None
+
+    def _getitems(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         index = np.asarray(indices, dtype=np.int64).reshape(-1)
         index = np.where(index < 0, index + self._length, index)
         if index.size and not (0 <= index.min() and index.max() < self._length):
@@ -339,6 +352,22 @@ def build_datasets(config: "Config", runtime: "Runtime", data_dir: Path
             cube sizes differ.
     """
     data_dir = Path(data_dir)
+    source = Path(getattr(config.data, "path", data_dir))
+    # read from a staged copy of data.path: messages name the source file
+    origin = None if _same(source, data_dir) or not source.is_dir() else (data_dir, source)
+    try:
+        train, valid = _build(config, data_dir)
+    except DataError as exc:
+        raise _renamed(exc, origin) from None
+    train.origin = valid.origin = origin
+    if getattr(getattr(config, "model", None), "input_standardization", "none") == "channel":
+        mean, std = train.channel_stats()
+        train.standardize(mean, std)
+        valid.standardize(mean, std)
+    return train, valid
+
+
+def _build(config: "Config", data_dir: Path) -> tuple[CosmoFlowDataset, CosmoFlowDataset]:
     train_dir, eval_dir = data_dir / "train", data_dir / "validation"
     if not train_dir.is_dir() and data_dir.is_dir():
         raw_universes(data_dir)  # a folder of raw universes given as data.path: name the fix
@@ -350,11 +379,24 @@ def build_datasets(config: "Config", runtime: "Runtime", data_dir: Path
     if train.cube_size != valid.cube_size:
         raise DataError(f"{eval_dir}: cube size {valid.cube_size}; expected {train.cube_size} "
                         f"like {train_dir}")
-    if getattr(getattr(config, "model", None), "input_standardization", "none") == "channel":
-        mean, std = train.channel_stats()
-        train.standardize(mean, std)
-        valid.standardize(mean, std)
     return train, valid
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def _renamed(exc: DataError, origin: Optional[tuple[Path, Path]]) -> DataError:
+    """``exc`` naming the source file when the dataset reads a staged copy (one line: the source
+    path, then where the copy was read)."""
+    text = str(exc)
+    if origin is None or str(origin[0]) not in text:
+        return exc
+    staged, source = origin
+    return DataError(text.replace(str(staged), str(source)) + f" [read from the staged copy {staged}]")
 
 
 def dataset_format(config: Any, data_dir: Path) -> str:
