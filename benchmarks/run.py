@@ -89,14 +89,14 @@ def bench_harness(data: Path, samples: int, epochs: int, repeats: int) -> dict:
         memory = in_memory(config, data, samples)
         evalset = TensorDataset(memory.tensors[0][:config.train.global_batch_size],
                                 memory.tensors[1][:config.train.global_batch_size])
-        workloads.register(dataclasses.replace(
+        workloads.register(replace=True, workload=dataclasses.replace(
             COSMOFLOW, name="cosmoflow-in-memory",
             build_datasets=lambda c, rt, d: (memory, evalset)))
         config = cfg.from_dict({**config.to_dict(), "workload": "cosmoflow-in-memory"})
         harness, bare = [], []
         for repeat in range(repeats):
             result = train.run(config)
-            harness.append(_steady_rate(samples, result.epoch_times_s))
+            harness.append(_steady_rate(samples, result.summary["epoch_times_s"]))
             bare.append(_bare_loop(config, memory, samples, epochs))
     return {"harness_samples_per_s": max(harness), "bare_samples_per_s": max(bare),
             "ratio": max(harness) / max(bare), "samples": samples, "epochs_timed": epochs - 1,

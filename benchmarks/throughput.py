@@ -1,9 +1,10 @@
 """Training-step throughput and MFU of one workload at a chosen size, data loading excluded.
 
 One real batch of the workload's own data (synthesised first when missing, as `mlhpc run` does)
-is decoded once and kept on the device; the timed loop is forward, loss, backward and optimizer
-step, as in `mlhpc.train`, with the config's model, optimizer, ``train.compile`` mode and
-``model.channels_last`` switch. This is the compute ceiling the data path has to keep fed
+is decoded once and kept on the device; the timed loop calls `mlhpc.step.train_step`, the step
+`mlhpc run` trains with (forward, loss, backward, optimizer and scheduler step), with the config's
+model, optimizer, ``train.compile`` mode and ``model.channels_last`` switch; ``--precision bf16``
+runs it under bf16 autocast on any device. This is the compute ceiling the data path has to keep fed
 (`benchmarks/run.py` measures the data path). FLOPs per sample are counted with
 torch.utils.flop_counter.FlopCounterMode (`mlhpc.perf.count_flops_on_meta`); the peak comes from
 `mlhpc.perf.device_peak` (a data-sheet entry for known GPUs, else a measured matrix product; the
@@ -37,7 +38,8 @@ from mlhpc import workload as workloads  # noqa: E402
 from mlhpc import config as cfg  # noqa: E402
 from mlhpc import loader, perf, runtime  # noqa: E402
 from mlhpc.errors import MlhpcError  # noqa: E402
-from mlhpc.train import compile_mode, ensure_data  # noqa: E402
+from mlhpc.step import Step, compile_mode, train_step, wrap_model  # noqa: E402
+from mlhpc.train import ensure_data  # noqa: E402
 
 
 def measure(config: cfg.Config, batch_size: int, steps: int, warmup: int, precision: str,
@@ -67,11 +69,10 @@ def measure(config: cfg.Config, batch_size: int, steps: int, warmup: int, precis
     model = workload.build_model(config.model).to(rt.device)
     loss_fn = workload.build_loss(config)
     flops = perf.count_flops_on_meta(model, x, loss_fn, y)
-    optimizer, _ = workload.build_optimizer(model, config, 1)
+    optimizer, scheduler = workload.build_optimizer(model, config, 1)
     mode = compile_mode(config.train.compile)
-    step_model = torch.compile(model, mode=mode) if mode else model
-    autocast = torch.autocast(device_type=rt.device.type, dtype=torch.bfloat16,
-                              enabled=precision == "bf16")
+    train = Step(wrap_model(model, rt, config.train.compile), loss_fn, optimizer, scheduler,
+                 precision, rt.device)
     cuda = rt.device.type == "cuda"
 
     def sync() -> None:
@@ -79,11 +80,7 @@ def measure(config: cfg.Config, batch_size: int, steps: int, warmup: int, precis
             torch.cuda.synchronize(rt.device)
 
     def step() -> None:
-        with autocast:
-            loss = loss_fn(step_model(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        train_step(train, x, y)
 
     model.train()
     t0 = time.perf_counter()

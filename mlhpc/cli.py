@@ -69,44 +69,50 @@ class _Progress:
                                highlight=False)
 
 
-def _print_summary(result: Any) -> None:
+def _print_summary(summary: dict[str, Any]) -> None:
+    """The end-of-run table: `mlhpc.results` figures, read back from the run's log."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{result.workload}: {result.status}"
-                  + (f" ({result.reason})" if result.reason else ""), show_header=False)
+    s, perf = summary, summary.get("perf", {})
+    table = Table(title=f"{s['workload']}: {s['status']}" + (f" ({s['reason']})" if s.get("reason") else ""),
+                  show_header=False)
     table.add_column("quantity")
     table.add_column("value", justify="right")
+    sign = "<=" if s.get("target_direction") == "min" else ">="
     rows = [
-        ("time to train (run_stop - run_start)", f"{result.time_to_train_s:.2f} s"),
-        ("staging", f"{result.staging_s:.2f} s ({result.staging.get('bytes', 0) / 1e6:.1f} MB)"),
-        ("init", f"{result.init_s:.2f} s"),
-        ("data synthesis (before init)", f"{result.synthesis_s:.2f} s"),
-        ((f"epochs to target ({result.metric_key} {'<=' if result.metric_key == 'eval_error' else '>='} "
-          f"{result.target})" if result.status == "success" else "epochs run (target not reached)"),
-         f"{result.epochs}"),
-        (f"final {result.metric_key}", "n/a" if result.metric_value is None else f"{result.metric_value:.4f}"),
-        ("mean epoch time", f"{result.mean_epoch_s:.2f} s"),
-        ("training throughput", f"{result.samples_per_s:.1f} samples/s"),
-        ("evaluation time (total)", f"{result.eval_s:.2f} s"),
-        ("residual (time to train - epochs - evals)", f"{result.residual_s:.2f} s"),
+        ("time to train (run_stop - run_start)", _secs(s.get("time_to_train_s"))),
+        ("staging", f"{_secs(s.get('staging_s'))} ({(s.get('staged_bytes') or 0) / 1e6:.1f} MB)"),
+        ("init", _secs(s.get("init_s"))),
+        ("data synthesis (before init)", _secs(s.get("synthesis_s"))),
+        ((f"epochs to target ({s['metric_key']} {sign} {s['target']})" if s["status"] == "success"
+          else "epochs run (target not reached)"), f"{s['epochs']}"),
+        (f"final {s['metric_key']}", "n/a" if s.get("metric_value") is None else f"{s['metric_value']:.4f}"),
+        ("mean epoch time", _secs(s.get("mean_epoch_s"))),
+        ("training throughput", f"{s.get('samples_per_s') or 0:.1f} samples/s"),
+        ("evaluation time (total)", _secs(s.get("total_eval_s"))),
+        ("residual (time to train - epochs - evals)", _secs(s.get("residual_s"))),
         ("training FLOPs per sample (FlopCounterMode)",
-         f"{result.perf.get('train_flops_per_sample', 0) / 1e9:.3f} GFLOP"),
-        ("achieved FLOP/s (MFU)", f"{result.perf.get('achieved_flop_per_s', 0) / 1e9:.2f} GFLOP/s "
-         f"({100 * (result.perf.get('mfu') or 0):.1f}% of {result.perf.get('peak_source', '?')})"),
+         f"{perf.get('train_flops_per_sample', 0) / 1e9:.3f} GFLOP"),
+        ("achieved FLOP/s (MFU)", f"{perf.get('achieved_flop_per_s', 0) / 1e9:.2f} GFLOP/s "
+         f"({100 * (perf.get('mfu') or 0):.1f}% of {perf.get('peak_source', '?')})"),
         ("global batch size / ranks / nodes",
-         f"{result.global_batch_size} / {result.world_size} / {result.num_nodes}"),
-        ("result log", str(result.result_file)),
-        *([("resumed from", result.resumed_from)] if result.resumed_from else []),
-        *([("checkpoint", result.checkpoint)] if result.checkpoint else []),
+         f"{s.get('global_batch_size')} / {s.get('world_size')} / {s.get('num_nodes')}"),
+        ("result log", str(s["path"])),
+        *([("resumed from", s["resumed_from"])] if s.get("resumed_from") else []),
+        *([("checkpoint", s["checkpoint"])] if s.get("checkpoint") else []),
     ]
     for name, value in rows:
         table.add_row(name, value)
     console = Console()
     console.print(table)
-    if result.departs_from_reference:
-        console.print("departs from the reference: " + "; ".join(result.departs_from_reference),
+    if s.get("departs_from_reference"):
+        console.print("departs from the reference: " + "; ".join(s["departs_from_reference"]),
                       highlight=False)
+
+
+def _secs(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} s"
 
 
 @main.command("run")
@@ -135,8 +141,8 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
             raise ConfigError("run: give a CONFIG file (or --resume RUN_FOLDER)")
         config = cfg.load(config_path, overrides)
         result = train.run(config, on_progress=_Progress())
-    if result.result_file:
-        _print_summary(result)
+    if result.summary:
+        _print_summary(result.summary)
     sys.exit(0 if result.status == "success" else 1)
 
 
@@ -147,20 +153,15 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
 def stage_command(config_path: Path, overrides: tuple[str, ...]) -> None:
     """Copy CONFIG's dataset to node-local storage, timed and verified."""
     from mlhpc import config as cfg
-    from mlhpc import runtime, staging
+    from mlhpc.train import stage_only
 
-    config = cfg.load(config_path, overrides)
-    rt = runtime.detect(device="cpu")
-    runtime.init_process_group(rt)
-    try:
-        result = staging.stage_dataset(config, rt)
-    finally:
-        runtime.destroy_process_group()
-    if rt.is_main:
-        if result is None:
-            click.echo("staging is disabled in this config (data.staging.enabled: false); nothing copied")
-        else:
-            click.echo(json.dumps(result.to_dict(), indent=2, default=str))
+    result, reports = stage_only(cfg.load(config_path, overrides))
+    if not reports:
+        return
+    if result is None:
+        click.echo("staging is disabled in this config (data.staging.enabled: false); nothing copied")
+    else:
+        click.echo(json.dumps(result.to_dict(), indent=2, default=str))
 
 
 @main.command("submit")
@@ -183,7 +184,8 @@ def stage_command(config_path: Path, overrides: tuple[str, ...]) -> None:
 @_friendly
 def submit_command(config_path: Path, nodes: int, gpus_per_node: int, tasks_per_node: int | None,
                    runs: int, instances: int, time_limit: str, partition: str | None,
-                   account: str | None, job_name: str, overrides: tuple[str, ...], dry_run: bool) -> None:
+                   account: str | None, job_name: str, overrides: tuple[str, ...],
+                   dry_run: bool) -> None:  # one parameter per click option
     """Render an sbatch script running CONFIG R times under srun, and submit it."""
     from mlhpc import config as cfg
     from mlhpc import slurm

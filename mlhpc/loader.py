@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 def make_loader(dataset: Dataset, batch_size: int, *, sampler: Optional[Sampler] = None,
                 shuffle: bool = False, drop_last: bool = False, num_workers: int = 0,
-                device: torch.device | str = "cpu") -> DataLoader:
+                device: torch.device | str = "cpu") -> DataLoader:  # 7: DataLoader's own options
     """A DataLoader over ``dataset`` with its own ``collate_fn`` (if any), pinned host memory when
     ``device`` is CUDA, and persistent workers when ``num_workers > 0``."""
     device = torch.device(device)

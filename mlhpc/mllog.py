@@ -65,7 +65,7 @@ class _FlushingHandler(logging.StreamHandler):
 
 @dataclass
 class Event:
-    """One logged event, as kept in memory for the run summary."""
+    """One logged event, as kept in memory (the run's summary is read back from the file)."""
 
     key: str
     time_ms: int
@@ -135,10 +135,8 @@ class ComplianceLog:
         self._record("end", key, value, metadata)
 
     def first(self, key: str) -> Event | None:
+        """The first event logged with ``key`` in this process (None if none)."""
         return next((e for e in self.events if e.key == key), None)
-
-    def all(self, key: str) -> list[Event]:
-        return [e for e in self.events if e.key == key]
 
     def close(self) -> None:
         if self._handler is not None:

@@ -1,27 +1,35 @@
 """`mlhpc profile`: a few training steps under `torch.profiler`.
 
-Reports time per operator type and per phase of a step (data, forward, backward, optimizer; DDP's
-communication shows up in the operator table as ``gloo``/``nccl`` kernels), the memory breakdown
-(parameters, gradients, optimizer state, activations saved for backward; `mlhpc.perf`), and
-writes a Chrome trace that chrome://tracing and Perfetto open.
+The profiled step is `mlhpc.step.train_step`, the one `mlhpc run` trains with: the model compiled
+as ``train.compile`` says, wrapped in DistributedDataParallel when the job has several ranks (or
+a process group: ``torchrun --nproc-per-node 1`` gives a one-rank group), under bf16 autocast when
+``train.amp`` is on a CUDA device. Reports time per operator type and per phase of a step (data,
+forward, backward, optimizer; DDP's communication shows up in the operator table as
+``gloo``/``nccl`` kernels), the memory breakdown (parameters, gradients, optimizer state,
+activations saved for backward; `mlhpc.perf`), and writes a Chrome trace that chrome://tracing
+and Perfetto open.
 """
 
 from __future__ import annotations
 
 import copy
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch.profiler import ProfilerActivity, record_function
 from torch.utils.data import DataLoader
 
 from mlhpc import perf, runtime
-from mlhpc.loader import device_transform, make_loader, to_device
 from mlhpc.config import Config
+from mlhpc.loader import device_transform, make_loader, to_device
+from mlhpc.runtime import Runtime
+from mlhpc.step import Step, compile_mode, precision, train_step, wrap_model
 from mlhpc.train import ensure_data, local_batch_size
+from mlhpc.workload import get as get_workload
 
 PHASES = ("data", "forward", "backward", "optimizer")
 
@@ -38,6 +46,9 @@ class ProfileResult:
     flops: dict[str, float]
     trace: str
     samples_per_s: float
+    distributed: bool = False  # the step ran under DistributedDataParallel
+    precision: str = "fp32"  # "bf16": autocast, as train.amp on CUDA
+    compile: str | None = None  # the torch.compile mode, None: eager
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -48,15 +59,22 @@ def profile(config: Config, steps: int = 5, warmup: int = 2, trace_path: Path | 
             top: int = 15) -> ProfileResult:
     """Profile ``steps`` training steps of ``config``'s workload after ``warmup`` untimed ones.
 
+    Sets up (and tears down) the job's process group as `mlhpc.train.run` does, so DDP and its
+    all-reduce are in the profile whenever they would be in a run.
+
     Raises:
         ConfigError, DataError: as `mlhpc.train.run`.
     """
-    from mlhpc.workload import get as get_workload
-
-    workload = get_workload(config.workload)
     rt = runtime.detect(device=config.train.device)
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
+    with runtime.process_group(rt):
+        return _profile(config, rt, steps, warmup, trace_path, top)
+
+
+def _profile(config: Config, rt: Runtime, steps: int, warmup: int, trace_path: Path | None,
+             top: int) -> ProfileResult:  # 6: profile's arguments and the runtime
+    workload = get_workload(config.workload)
     ensure_data(config, workload, rt)
     lbs = local_batch_size(config, rt)
     train_ds, _ = workload.build_datasets(config, rt, Path(config.data.path))
@@ -66,50 +84,72 @@ def profile(config: Config, steps: int = 5, warmup: int = 2, trace_path: Path | 
                          num_workers=config.data.num_workers, device=rt.device)
     decode = device_transform(train_ds)
     optimizer, scheduler = workload.build_optimizer(model, config, max(1, len(loader)))
-    loss_fn = workload.build_loss(config)
-
+    step = Step(wrap_model(model, rt, config.train.compile), workload.build_loss(config), optimizer,
+                scheduler, precision(config.train.amp, rt.device), rt.device)
     x0, y0 = to_device(next(iter(loader)), rt.device, decode)
-    flops = perf.count_flops_on_meta(model, x0, loss_fn, y0)
-    scratch = copy.deepcopy(model)
-    scratch_opt, _ = workload.build_optimizer(scratch, config, 1)
-    memory = perf.memory_breakdown(scratch, scratch_opt, x0, loss_fn, y0)
-    del scratch, scratch_opt
+    flops = perf.count_flops_on_meta(model, x0, step.loss_fn, y0)
+    memory = _memory(workload, config, model, x0, y0, step.loss_fn)
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if rt.device.type == "cuda" else [])
-    sync = (lambda: torch.cuda.synchronize(rt.device)) if rt.device.type == "cuda" else (lambda: None)
-    phase_s = {name: 0.0 for name in PHASES}
-    model.train()
-    iterator = iter(_cycle(loader))
-    def one_step(timed: bool) -> None:
-        t = time.perf_counter()
-        with record_function("data"):
-            x, y = to_device(next(iterator), rt.device, decode)
-            sync()
-        t = _lap(phase_s, "data", t, timed)
-        with record_function("forward"):
-            loss = loss_fn(model(x), y)
-            sync()
-        t = _lap(phase_s, "forward", t, timed)
-        with record_function("backward"):
-            loss.backward()
-            sync()
-        t = _lap(phase_s, "backward", t, timed)
-        with record_function("optimizer"):
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            sync()
-        _lap(phase_s, "optimizer", t, timed)
-
+    timer = _PhaseTimer(rt.device)
+    step.model.train()
+    batches = _cycle(loader)
     for _ in range(warmup):
-        one_step(False)
+        timer.step(step, batches, decode, timed=False)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if rt.device.type == "cuda" else [])
     with torch.profiler.profile(activities=activities, record_shapes=False) as prof:
         wall0 = time.perf_counter()
         for _ in range(steps):
-            one_step(True)
+            timer.step(step, batches, decode, timed=True)
         wall = time.perf_counter() - wall0
+    trace = Path(trace_path or f"profile-{workload.name}.json")
+    trace.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(trace))
+    return ProfileResult(
+        steps=steps, local_batch_size=lbs,
+        phase_ms={k: v * 1e3 / steps for k, v in timer.seconds.items()},
+        operators=_operators(prof, steps, rt.device, top), memory=memory.to_dict(),
+        flops=flops.to_dict(), trace=str(trace), samples_per_s=steps * lbs / wall if wall else 0.0,
+        distributed=rt.distributed, precision=step.precision,
+        compile=compile_mode(config.train.compile),
+        notes=["phase times include profiler overhead; the operator table is per step"])
 
-    device_attr = "self_device_time_total" if rt.device.type == "cuda" else None
+
+def _memory(workload: Any, config: Config, model: torch.nn.Module, x: torch.Tensor,
+            y: torch.Tensor, loss_fn: Any) -> perf.MemoryBreakdown:  # 6: what the breakdown reads
+    """`perf.memory_breakdown` on a copy of the model with its own optimizer."""
+    scratch = copy.deepcopy(model)
+    scratch_opt, _ = workload.build_optimizer(scratch, config, 1)
+    return perf.memory_breakdown(scratch, scratch_opt, x, loss_fn, y)
+
+
+class _PhaseTimer:
+    """Runs `train_step` with each phase under `record_function` and timed (device synced)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.seconds = {name: 0.0 for name in PHASES}
+        self.timed = False
+        self._sync = ((lambda: torch.cuda.synchronize(device)) if device.type == "cuda"
+                      else (lambda: None))
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        with record_function(name):
+            yield
+            self._sync()
+        if self.timed:
+            self.seconds[name] += time.perf_counter() - t0
+
+    def step(self, step: Step, batches: Iterator, decode: Any, timed: bool) -> None:
+        self.timed = timed
+        with self.phase("data"):
+            x, y = to_device(next(batches), step.device, decode)
+        train_step(step, x, y, last_micro=True, phase=self.phase)
+
+
+def _operators(prof: Any, steps: int, device: torch.device, top: int) -> list[dict[str, Any]]:
+    """The ``top`` operators by self CPU time per step (and self device time on a GPU)."""
+    device_attr = "self_device_time_total" if device.type == "cuda" else None
     averages = prof.key_averages()
     total_cpu = sum(e.self_cpu_time_total for e in averages) or 1.0
     rows = []
@@ -121,24 +161,9 @@ def profile(config: Config, steps: int = 5, warmup: int = 2, trace_path: Path | 
         if device_attr:
             row["self_device_ms"] = getattr(e, device_attr, 0) / 1e3 / steps
         rows.append(row)
-    trace = Path(trace_path or f"profile-{workload.name}.json")
-    trace.parent.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(trace))
-    return ProfileResult(
-        steps=steps, local_batch_size=lbs,
-        phase_ms={k: v * 1e3 / steps for k, v in phase_s.items()}, operators=rows[:top],
-        memory=memory.to_dict(), flops=flops.to_dict(), trace=str(trace),
-        samples_per_s=steps * lbs / wall if wall else 0.0,
-        notes=["phase times include profiler overhead; the operator table is per step"])
+    return rows[:top]
 
 
-def _lap(acc: dict[str, float], name: str, since: float, timed: bool) -> float:
-    now = time.perf_counter()
-    if timed:
-        acc[name] += now - since
-    return now
-
-
-def _cycle(loader: DataLoader):
+def _cycle(loader: DataLoader) -> Iterator:
     while True:
         yield from loader

@@ -21,9 +21,10 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 
@@ -175,6 +176,16 @@ def init_process_group(rt: Runtime, timeout_s: float = 600.0) -> None:
         rank=rt.rank, world_size=rt.world_size, timeout=timedelta(seconds=timeout_s))
 
 
+@contextmanager
+def process_group(rt: Runtime) -> Iterator[Runtime]:
+    """`init_process_group` on entry, `destroy_process_group` on exit (also on an error)."""
+    init_process_group(rt)
+    try:
+        yield rt
+    finally:
+        destroy_process_group()
+
+
 def barrier(rt: Runtime) -> None:
     """Wait for every rank of ``rt``'s group (no-op for one process)."""
     if rt.distributed and torch.distributed.is_initialized():
@@ -208,5 +219,6 @@ def split_instances(rt: Runtime, instances: int) -> Runtime:
 
 
 def destroy_process_group() -> None:
+    """End torch.distributed if it was started (no-op otherwise)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

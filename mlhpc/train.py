@@ -1,146 +1,464 @@
 """The training loop: one model-agnostic harness for every `Workload`.
 
-One straight line (DESIGN.md, "How a run flows"):
+One straight line (DESIGN.md, "How a run flows"), one function per stage:
 
-    config -> runtime -> (embedded data if missing) -> init_start, submission_*, cache_clear,
-    hyperparameters -> staging (staging_start/stop) -> datasets, model, optimizer -> init_stop
-    -> run_start -> [epoch_start .. epoch_stop, eval_start .. eval_stop, metric] until target
-    -> run_stop(status) -> RunResult -> result_N.txt, summary_N.json, config_N.yaml, env_N.json
+    run: config -> runtime + process group -> _run_instance:
+      ensure_data (embedded data if missing) -> result_N.txt claimed
+      -> _log_init (init_start, submission_*, cache_clear, seed, resume)
+      -> _stage (staging_start/stop) -> _build (datasets, model, optimizer, loaders)
+      -> _log_hyperparameters (... init_stop)
+      -> train_loop (run_start, [epoch_start .. epoch_stop, eval_start .. eval_stop, metric]
+         until target, run_stop)
+      -> _finish: measured_N.json, then summary_N.json from the log (`mlhpc.results`),
+         config_N.yaml, env_N.json
+
+The pieces live in their own files: `mlhpc.step` (the one training step, shared with
+``mlhpc profile`` and benchmarks/throughput.py), `mlhpc.evaluate` (metric all-reduced over ranks),
+`mlhpc.checkpoint` (save, restore, resume), `mlhpc.results` (the result, read back from the log).
 
 Rank 0 writes every log line; the timing events are bracketed by barriers so that a once-only key
 appears once and measures the slowest rank. Data parallelism is DistributedDataParallel with a
-seeded per-epoch shuffle shared by all ranks (so R ranks x local batch b see the same global batches
-as 1 rank x R*b), and the metric is reduced as (sum, count) across ranks.
+seeded per-epoch shuffle shared by all ranks (so R ranks x local batch b see the same global
+batches as 1 rank x R*b), and the metric is reduced as (sum, count) across ranks.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import math
-import os
 import random
 import signal
+import threading
 import time
-from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, DistributedSampler, Sampler, default_collate
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, default_collate
 
+from mlhpc import checkpoint, loader, mllog, perf, results, runtime, staging
 from mlhpc import env as envinfo
-from mlhpc import loader, mllog, perf, runtime, staging
+from mlhpc.checkpoint import Resume
 from mlhpc.config import Config, save
 from mlhpc.errors import ConfigError, DataError
+from mlhpc.evaluate import ShardSampler, all_reduce, evaluate
 from mlhpc.mllog import ComplianceLog, constants
+from mlhpc.results import RunFiles, RunResult
 from mlhpc.runtime import Runtime
+from mlhpc.step import Step, autocast, compile_mode, precision, train_step, wrap_model
 from mlhpc.workload import Workload
+from mlhpc.workload import get as get_workload
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
+__all__ = ["RunResult", "ShardSampler", "compile_mode", "ensure_data", "local_batch_size", "run",
+           "stage_only"]
+
+
+# ---- entry points ---------------------------------------------------------------------------------
+
+def run(config: Config | None, *, on_progress: ProgressFn | None = None,
+        resume_dir: Path | None = None) -> RunResult:
+    """Train ``config``'s workload to its quality target; write the run's files on rank 0.
+
+    With ``resume_dir``, continue the run stopped there (``config`` is then taken from its
+    checkpoint and may be None). Returns this rank's instance's `RunResult`.
+
+    Raises:
+        ConfigError, DataError, StagingError: bad input, before any training starts.
+    """
+    resume = None
+    if resume_dir is not None:
+        config, resume = checkpoint.load_resume(Path(resume_dir))
+    assert config is not None
+    workload = get_workload(config.workload)
+    world = runtime.detect(device=config.train.device)
+    if config.train.threads:
+        torch.set_num_threads(config.train.threads)
+    with runtime.process_group(world):
+        return _run_instance(Job(config, workload, world, world, None, resume,
+                                 on_progress or (lambda event: None)))
+
+
+def stage_only(config: Config) -> tuple[staging.StagingResult | None, bool]:
+    """`mlhpc stage`: the staging a run of ``config`` would do, on every rank of this job, with
+    the process group set up and torn down here. Returns ``(result or None when staging is
+    disabled, whether this rank is the one that reports)``.
+
+    Raises:
+        StagingError: as `mlhpc.staging.stage_dataset`.
+    """
+    rt = runtime.detect(device="cpu")
+    with runtime.process_group(rt):
+        return staging.stage_dataset(config, rt), rt.is_main
+
+
+# ---- one instance's run ---------------------------------------------------------------------------
 
 @dataclass
-class RunResult:
-    """What one run measured. Times in seconds; the split follows DESIGN.md "What a result means".
+class Job:
+    """What every stage of one instance's run reads: the config, the workload, the whole job
+    (``world``) and this instance's share of it (``rt``), the log, the checkpoint to resume
+    from and the progress callback."""
 
-    time_to_train_s = run_stop - run_start (the official score of one run); residual_s = time to
-    train - sum(epoch times) - sum(eval times), shown, never hidden.
-    """
+    config: Config
+    workload: Workload
+    world: Runtime
+    rt: Runtime
+    log: ComplianceLog | None
+    resume: Resume | None
+    progress: ProgressFn
+
+    @property
+    def seed(self) -> int:
+        return self.config.train.seed + (self.rt.instance or 0)
+
+    @property
+    def files(self) -> RunFiles | None:
+        return RunFiles.of_log(self.log.path) if self.log and self.log.path else None
+
+
+@dataclass
+class Parts:
+    """What `_build` makes for the loop."""
+
+    model: torch.nn.Module  # the weights (evaluation, checkpoints)
+    step: Step  # the training step (compiled / DDP model, loss, optimizer, scheduler)
+    train_ds: Dataset
+    eval_ds: Dataset
+    train_sampler: Any
+    train_loader: DataLoader
+    eval_loader: DataLoader
+    local_batch_size: int
+    staged: staging.StagingResult | None
+    flops: perf.FlopCount
+    history: list[tuple[int, float]] = field(default_factory=list)
+
+    @property
+    def optimizer(self) -> Any:
+        return self.step.optimizer
+
+    @property
+    def scheduler(self) -> Any:
+        return self.step.scheduler
+
+
+@dataclass
+class Outcome:
+    """How the timed run ended (the values logged in ``run_stop``)."""
 
     status: str
     reason: str | None
-    workload: str
-    result_file: str | None
-    metric_key: str
-    target: float
-    metric_value: float | None
-    epochs: int
-    time_to_train_s: float
-    staging_s: float
-    init_s: float
-    synthesis_s: float
-    epoch_times_s: list[float]
-    eval_times_s: list[float]
-    residual_s: float
-    train_samples: int
-    eval_samples: int
-    global_batch_size: int
-    world_size: int
-    num_nodes: int
-    samples_per_s: float
-    metric_history: list[tuple[int, float]] = field(default_factory=list)
-    staging: dict[str, Any] = field(default_factory=dict)
-    departs_from_reference: list[str] = field(default_factory=list)
-    perf: dict[str, Any] = field(default_factory=dict)
-    instance: int | None = None
-    resumed_from: str | None = None
-    checkpoint: str | None = None
-
-    @property
-    def mean_epoch_s(self) -> float:
-        return sum(self.epoch_times_s) / len(self.epoch_times_s) if self.epoch_times_s else 0.0
-
-    @property
-    def eval_s(self) -> float:
-        return sum(self.eval_times_s)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["mean_epoch_s"] = self.mean_epoch_s
-        out["eval_s"] = self.eval_s
-        return out
+    epoch: int
 
 
-class ShardSampler(Sampler[int]):
-    """Evaluation sharding without padding: rank r of R takes indices r, r+R, r+2R, ...
-
-    Unlike `DistributedSampler`, no sample is repeated, so sums over ranks are exact.
-    """
-
-    def __init__(self, length: int, rank: int, world_size: int):
-        self.indices = list(range(rank, length, world_size))
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-
-class _Stop:
-    """Set by SIGTERM (what Slurm sends before a time limit); checked between steps."""
-
-    def __init__(self) -> None:
-        self.signal: str | None = None
-
-    def __call__(self, signum: int, frame: Any) -> None:
-        self.signal = signal.Signals(signum).name
+def _run_instance(job: Job) -> RunResult:
+    config, world = job.config, job.world
+    job.rt = rt = runtime.split_instances(world, config.train.instances)
+    lbs = local_batch_size(config, rt)
+    synthesis_s = ensure_data(config, job.workload, world)
+    job.log = ComplianceLog.create(Path(config.output.dir), rt.is_main, rt.instance)
+    if rt.is_main:
+        job.progress({"kind": "start", "result_file": str(job.log.path),
+                      "workload": job.workload.name, "instance": rt.instance})
+    try:
+        _log_init(job)
+        parts = _build(job, _stage(job), lbs)
+        _log_hyperparameters(job, parts)
+        outcome = train_loop(job, parts)
+    finally:
+        job.log.close()
+    return _finish(job, parts, outcome, synthesis_s)
 
 
-def compile_mode(setting: bool | str) -> str | None:
-    """The ``torch.compile`` mode for ``train.compile`` (None: do not compile)."""
-    if setting is False:
-        return None
-    return "default" if setting is True else str(setting)
+def _log_init(job: Job) -> None:
+    """init_start and the keys logged before staging."""
+    log, rt, sub = job.log, job.rt, job.config.submission
+    runtime.barrier(rt)
+    log.start(constants.INIT_START)
+    log.event(constants.SUBMISSION_BENCHMARK, job.workload.name)
+    log.event(constants.SUBMISSION_ORG, sub.org)
+    log.event(constants.SUBMISSION_DIVISION, sub.division)
+    log.event(constants.SUBMISSION_STATUS, sub.status)
+    log.event(constants.SUBMISSION_PLATFORM, sub.platform)
+    if sub.poc_name:
+        log.event(constants.SUBMISSION_POC_NAME, sub.poc_name)
+    if sub.poc_email:
+        log.event(constants.SUBMISSION_POC_EMAIL, sub.poc_email)
+    log.event(constants.CACHE_CLEAR, True)
+    log.event(mllog.NUMBER_OF_NODES, rt.num_nodes)
+    log.event(mllog.ACCELERATORS_PER_NODE, rt.accelerators_per_node)
+    log.event(constants.SEED, job.seed)
+    if job.resume is not None:
+        state = job.resume.state
+        log.event(mllog.RESUME, {"checkpoint": str(job.resume.source),
+                                 "from_result_file": state.result_file, "epoch": state.epoch,
+                                 "step": state.step, "elapsed_before_s": state.elapsed_s},
+                  metadata={"resumed": True})
 
 
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+def _stage(job: Job) -> staging.StagingResult | None:
+    """staging_start .. staging_stop: every rank of the job stages (None: read in place)."""
+    job.log.start(constants.STAGING_START)
+    staged = staging.stage_dataset(job.config, job.world)
+    runtime.barrier(job.rt)
+    job.log.end(constants.STAGING_STOP, metadata={
+        "staging_duration": staged.elapsed_s if staged else 0.0,
+        "staged_bytes": staged.staged_bytes if staged else 0,
+        "staged_files": staged.staged_files if staged else 0})
+    return staged
 
 
-def _all_reduce(values: list[float], rt: Runtime, op: str = "sum") -> list[float]:
-    if not rt.distributed:
-        return values
-    tensor = torch.tensor(values, dtype=torch.float64, device=rt.device)
-    red = torch.distributed.ReduceOp.SUM if op == "sum" else torch.distributed.ReduceOp.MAX
-    torch.distributed.all_reduce(tensor, op=red, group=rt.group)
-    return tensor.tolist()
+def build_train_sampler(dataset: Dataset, rt: Runtime, config: Config,
+                        staged: staging.StagingResult | None) -> Sampler[int]:
+    """The training sampler: a seeded shuffle shared by every rank, each taking its stride."""
+    del staged  # a node-local sharded sampler will choose by the staging plan
+    return DistributedSampler(dataset, num_replicas=rt.world_size, rank=rt.rank, shuffle=True,
+                              seed=config.train.seed + (rt.instance or 0), drop_last=False)
 
+
+def _build(job: Job, staged: staging.StagingResult | None, lbs: int) -> Parts:
+    """Datasets, model, optimizer, loaders and the training step; restored from a checkpoint."""
+    config, workload, rt = job.config, job.workload, job.rt
+    data_dir = Path(staged.dest) if staged is not None else Path(config.data.path)
+    train_ds, eval_ds = workload.build_datasets(config, rt, data_dir)
+    if len(train_ds) == 0 or len(eval_ds) == 0:
+        raise DataError(f"{data_dir}: no training or validation samples found")
+    _seed_everything(job.seed)
+    model = workload.build_model(config.model).to(rt.device)
+    sampler = build_train_sampler(train_ds, rt, config, staged)
+    options = dict(num_workers=config.data.num_workers, device=rt.device)
+    train_loader = loader.make_loader(train_ds, lbs, sampler=sampler, **options)
+    eval_loader = loader.make_loader(
+        eval_ds, lbs, sampler=ShardSampler(len(eval_ds), rt.rank, rt.world_size), **options)
+    steps_per_epoch = math.ceil(len(train_loader) / config.train.gradient_accumulation_steps)
+    optimizer, scheduler = workload.build_optimizer(model, config, steps_per_epoch)
+    step = Step(wrap_model(model, rt, config.train.compile), workload.build_loss(config), optimizer,
+                scheduler, precision(config.train.amp, rt.device), rt.device,
+                config.train.gradient_accumulation_steps)
+    parts = Parts(model, step, train_ds, eval_ds, sampler, train_loader, eval_loader, lbs, staged,
+                  _count_flops(model, train_ds, step.loss_fn))
+    if job.resume is not None:
+        checkpoint.restore(job.resume.state, model, optimizer, scheduler)
+        parts.history = list(job.resume.state.history)
+    return parts
+
+
+def _log_hyperparameters(job: Job, parts: Parts) -> None:
+    """The hyperparameters and dataset sizes, then init_stop."""
+    log, tcfg = job.log, job.config.train
+    log.event(constants.GLOBAL_BATCH_SIZE, tcfg.global_batch_size)
+    log.event(mllog.GRADIENT_ACCUMULATION_FREQUENCY, tcfg.gradient_accumulation_steps)
+    for key, value in job.workload.hyperparameters(job.config).items():
+        log.event(key, value)
+    log.event(constants.TRAIN_SAMPLES, len(parts.train_ds))
+    log.event(constants.EVAL_SAMPLES, len(parts.eval_ds))
+    runtime.barrier(job.rt)
+    log.end(constants.INIT_STOP)
+
+
+# ---- the timed run -------------------------------------------------------------------------------
+
+def train_loop(job: Job, parts: Parts) -> Outcome:
+    """run_start .. run_stop: epochs and evaluations until the target, max_epochs, a non-finite
+    loss or metric, or SIGTERM (which saves a checkpoint)."""
+    tcfg, metric, log = job.config.train, job.workload.metric, job.log
+    target = metric.target if tcfg.target is None else tcfg.target
+    first_epoch, skip = (job.resume.state.epoch, job.resume.state.step) if job.resume else (1, 0)
+    outcome = Outcome(constants.ABORTED, f"max_epochs {tcfg.max_epochs} reached before the target",
+                      first_epoch - 1)
+    runtime.barrier(job.rt)
+    log.start(constants.RUN_START)
+    clock = _Clock(job.resume.state.elapsed_s if job.resume else 0.0)
+    with _Stop() as stop:
+        for epoch in range(first_epoch, tcfg.max_epochs + 1):
+            outcome.epoch = epoch
+            stopped, epoch_s, samples_per_s, train_loss = _train_epoch(
+                job, parts, epoch, skip if epoch == first_epoch else 0, stop, clock)
+            if stopped is not None:
+                outcome.reason = stopped
+                break
+            value, eval_s = _evaluate_epoch(job, parts, epoch)
+            if job.rt.is_main:
+                job.progress({"kind": "epoch", "epoch": epoch, "max_epochs": tcfg.max_epochs,
+                              "metric_key": metric.key, "metric": value, "target": target,
+                              "reached": metric.reached(value, target), "train_loss": train_loss,
+                              "epoch_s": epoch_s, "eval_s": eval_s, "instance": job.rt.instance,
+                              "samples_per_s": samples_per_s})
+            if not math.isfinite(value):
+                outcome.reason = f"non-finite {metric.key} ({value}) at epoch {epoch}"
+                break
+            if metric.reached(value, target):
+                outcome.status, outcome.reason = constants.SUCCESS, None
+                break
+            if tcfg.checkpoint_every_epochs and epoch % tcfg.checkpoint_every_epochs == 0:
+                _save_checkpoint(job, parts, clock, epoch + 1, 0)
+    runtime.barrier(job.rt)
+    meta: dict[str, Any] = {"status": outcome.status, constants.EPOCH_NUM: outcome.epoch}
+    if outcome.reason:
+        meta["reason"] = outcome.reason
+    log.end(constants.RUN_STOP, metadata=meta)
+    return outcome
+
+
+def _train_epoch(job: Job, parts: Parts, epoch: int, skip: int, stop: "_Stop",
+                 clock: "_Clock") -> tuple[str | None, float, float, float]:
+    """One epoch_start .. epoch_stop from micro-step ``skip``. Returns (why the run stops or
+    None, epoch seconds, samples/s, mean training loss). Every ``train.check_every_steps`` the
+    ranks agree on stopping (SIGTERM: checkpoint and stop; non-finite loss: stop)."""
+    rt, tcfg, log = job.rt, job.config.train, job.log
+    batches = _epoch_batches(parts, epoch, skip, job.config)
+    micro_steps = len(parts.train_loader)
+    decode = loader.device_transform(parts.train_ds)
+    runtime.barrier(rt)
+    log.start(constants.EPOCH_START, metadata={constants.EPOCH_NUM: epoch})
+    t0 = time.perf_counter()
+    parts.step.model.train()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
+    samples, stopped = 0, None
+    for step, batch in enumerate(batches, start=skip):
+        x, y = loader.to_device(batch, rt.device, decode)
+        last_micro = (step + 1) % tcfg.gradient_accumulation_steps == 0 or step + 1 == micro_steps
+        loss = train_step(parts.step, x, y, last_micro)
+        loss_sum += loss.double() * x.shape[0]
+        samples += x.shape[0]
+        if tcfg.log_every_steps and (step + 1) % tcfg.log_every_steps == 0 and rt.is_main:
+            job.progress({"kind": "step", "epoch": epoch, "step": step + 1, "steps": micro_steps,
+                          "loss": float(loss)})
+        if (step + 1) % tcfg.check_every_steps == 0 and last_micro:
+            flags = all_reduce([float(stop.signal is not None),
+                                float(not math.isfinite(loss_sum.item()))], rt, op="max")
+            if flags[1]:
+                stopped = f"non-finite training loss in epoch {epoch} by step {step + 1}"
+                break
+            if flags[0]:
+                stopped = f"SIGTERM in epoch {epoch} after step {step + 1}"
+                _save_checkpoint(job, parts, clock, epoch, step + 1)
+                break
+    signalled, loss_total, samples_total = all_reduce(
+        [float(stop.signal is not None), loss_sum.item(), samples], rt)
+    runtime.barrier(rt)
+    epoch_s = time.perf_counter() - t0
+    log.end(constants.EPOCH_STOP, metadata={constants.EPOCH_NUM: epoch})
+    train_loss = loss_total / max(samples_total, 1)
+    if stopped is None and not math.isfinite(train_loss):
+        stopped = f"non-finite training loss ({train_loss}) in epoch {epoch}"
+    if stopped is None and signalled > 0:  # the signal arrived after the last check
+        stopped = f"SIGTERM at the end of epoch {epoch}"
+        _save_checkpoint(job, parts, clock, epoch, micro_steps)
+    return stopped, epoch_s, samples_total / epoch_s if epoch_s > 0 else 0.0, train_loss
+
+
+def _evaluate_epoch(job: Job, parts: Parts, epoch: int) -> tuple[float, float]:
+    """eval_start .. eval_stop and the metric record; returns (value, seconds)."""
+    log, metric = job.log, job.workload.metric
+    log.start(constants.EVAL_START, metadata={constants.EPOCH_NUM: epoch})
+    t0 = time.perf_counter()
+    parts.step.model.eval()
+    value = evaluate(parts.model, parts.eval_loader, loader.device_transform(parts.eval_ds),
+                     metric, job.rt, autocast(parts.step.precision, job.rt.device))
+    runtime.barrier(job.rt)
+    eval_s = time.perf_counter() - t0
+    log.end(constants.EVAL_STOP, metadata={constants.EPOCH_NUM: epoch})
+    log.event(metric.key, value, metadata={constants.EPOCH_NUM: epoch})
+    parts.history.append((epoch, value))
+    return value, eval_s
+
+
+def _epoch_batches(parts: Parts, epoch: int, skip: int, config: Config) -> DataLoader:
+    """This epoch's training batches, after the first ``skip`` micro-steps (resume)."""
+    parts.train_sampler.set_epoch(epoch - 1)
+    if skip == 0:
+        return parts.train_loader
+    return loader.make_loader(parts.train_ds, parts.local_batch_size,
+                              sampler=_SkipSampler(parts.train_sampler, skip * parts.local_batch_size),
+                              num_workers=config.data.num_workers, device=parts.step.device)
+
+
+def _save_checkpoint(job: Job, parts: Parts, clock: "_Clock", next_epoch: int, steps_done: int) -> None:
+    """Rank 0 saves where a resumed run re-enters: ``next_epoch`` after ``steps_done`` steps."""
+    files = job.files
+    if files is not None:
+        state = checkpoint.capture(job.config, parts, next_epoch, steps_done, parts.history,
+                                   files.log.name, clock.elapsed_s())
+        checkpoint.save(files.checkpoint, state)
+
+
+# ---- after run_stop -------------------------------------------------------------------------------
+
+def _finish(job: Job, parts: Parts, outcome: Outcome, synthesis_s: float) -> RunResult:
+    """Write the side file, then the summary read back from the log, the config and the env."""
+    result = RunResult(outcome.status, outcome.reason)
+    files = job.files
+    if files is None:
+        return result
+    results.write_json(files.measured, _measured(job, parts, synthesis_s))
+    result.result_file = str(files.log)
+    result.summary = results.load(files.log)
+    results.write_json(files.summary, result.summary)
+    save(job.config, files.path("config", ".yaml"))
+    world = job.world
+    results.write_json(files.path("env", ".json"), {**envinfo.collect(), "runtime": {
+        "launcher": world.launcher, "world_size": world.world_size, "num_nodes": world.num_nodes,
+        "local_world_size": world.local_world_size, "device": str(job.rt.device),
+        "instances": job.config.train.instances}})
+    return result
+
+
+def _measured(job: Job, parts: Parts, synthesis_s: float) -> dict[str, Any]:
+    """What the log cannot hold: the contents of ``measured_N.json``."""
+    config, rt, model, files = job.config, job.rt, parts.model, job.files
+    staged = parts.staged.to_dict() if parts.staged is not None else {}
+    samples = len(parts.train_ds) + len(parts.eval_ds)
+    peak, peak_source = perf.device_peak(rt.device, parts.step.precision)
+    return {
+        "workload": job.workload.name, "target": _target(job), "synthesis_s": synthesis_s,
+        "world_size": rt.world_size, "num_nodes": rt.num_nodes, "instance": rt.instance,
+        "staging": staged, "departs_from_reference": _departures(job, parts),
+        "resumed_from": str(job.resume.source) if job.resume else None,
+        "checkpoint": str(files.checkpoint) if files.checkpoint.exists() else None,
+        "perf": {
+            "forward_flops_per_sample": parts.flops.forward_flops,
+            "train_flops_per_sample": parts.flops.train_flops,
+            "peak_flop_per_s_per_rank": peak, "peak_source": peak_source,
+            "precision": parts.step.precision, "parameters": sum(p.numel() for p in model.parameters()),
+            "allreduce_bytes_per_step": perf.allreduce_bytes_per_step(model) if rt.distributed else 0,
+            "dataset_bytes_per_sample": staged["staged_bytes"] / samples if staged else None,
+            "data_path": {"num_workers": parts.train_loader.num_workers,
+                          "pin_memory": parts.train_loader.pin_memory,
+                          "memory_mapped": getattr(parts.train_ds, "memory_mapped", False),
+                          "decode_on_device": hasattr(parts.train_ds, "device_transform"),
+                          "channels_last": bool(getattr(config.model, "channels_last", False)),
+                          "compile": compile_mode(config.train.compile)}},
+    }
+
+
+def _target(job: Job) -> float:
+    target = job.config.train.target
+    return job.workload.metric.target if target is None else target
+
+
+def _departures(job: Job, parts: Parts) -> list[str]:
+    """How this run departs from the reference: the workload's own list when it declares one,
+    else the model fields that differ from their defaults, sample counts and target."""
+    config, workload = job.config, job.workload
+    if workload.departures is not None:
+        return workload.departures(config)
+    ref_model = workload.model_config()
+    notes = [f"model.{key}={value} (reference {getattr(ref_model, key)})"
+             for key, value in config.model.model_dump().items() if getattr(ref_model, key) != value]
+    train_n, eval_n = len(parts.train_ds), len(parts.eval_ds)
+    ref_train, ref_eval = workload.reference_samples
+    if ref_train and (train_n, eval_n) != (ref_train, ref_eval):
+        notes.append(f"samples {train_n}/{eval_n} (reference {ref_train}/{ref_eval})")
+    if config.train.target is not None and config.train.target != workload.metric.target:
+        notes.append(f"target {config.train.target} (reference {workload.metric.target})")
+    return notes
+
+
+# ---- small helpers --------------------------------------------------------------------------------
 
 def local_batch_size(config: Config, rt: Runtime) -> int:
     """Per-rank micro-batch: global batch / (world size x gradient accumulation steps).
@@ -182,140 +500,48 @@ def ensure_data(config: Config, workload: Workload, rt: Runtime) -> float:
     return time.perf_counter() - start if missing else 0.0
 
 
-def _departures(config: Config, workload: Workload, train_n: int, eval_n: int) -> list[str]:
-    notes = []
-    ref_model = workload.model_config()
-    for key, value in config.model.model_dump().items():
-        if getattr(ref_model, key) != value:
-            notes.append(f"model.{key}={value} (reference {getattr(ref_model, key)})")
-    ref_train, ref_eval = workload.reference_samples
-    if ref_train and (train_n, eval_n) != (ref_train, ref_eval):
-        notes.append(f"samples {train_n}/{eval_n} (reference {ref_train}/{ref_eval})")
-    if config.train.target is not None and config.train.target != workload.metric.target:
-        notes.append(f"target {config.train.target} (reference {workload.metric.target})")
-    return notes
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
-def _count_flops(model: torch.nn.Module, dataset: Dataset, loss_fn: Any) -> "perf.FlopCount":
+def _count_flops(model: torch.nn.Module, dataset: Dataset, loss_fn: Any) -> perf.FlopCount:
     """FLOPs per sample of one training step, counted on a meta-device copy (no compute)."""
     x, y = loader.to_device(default_collate([dataset[0]]), torch.device("cpu"),
                             loader.device_transform(dataset))
     return perf.count_flops_on_meta(model, x, loss_fn, y)
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+class _Clock:
+    """Seconds of timed run: this attempt's since run_start plus ``before_s`` of earlier ones."""
+
+    def __init__(self, before_s: float = 0.0) -> None:
+        self.before_s, self.start = before_s, time.perf_counter()
+
+    def elapsed_s(self) -> float:
+        return self.before_s + time.perf_counter() - self.start
 
 
-CHECKPOINT_PATTERN = "checkpoint_{}.pt"
+class _Stop:
+    """SIGTERM (what Slurm sends before a time limit) sets ``signal``; checked between steps.
+    Installed for the ``with`` block when this is the main thread."""
 
+    def __init__(self) -> None:
+        self.signal: str | None = None
+        self._previous: Any = None
 
-@dataclass
-class _Resume:
-    """Where a resumed run starts: the state saved by a stopped run."""
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.signal = signal.Signals(signum).name
 
-    state: dict[str, Any]
-    source: Path  # the checkpoint file
+    def __enter__(self) -> "_Stop":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self)
+        return self
 
-    @property
-    def epoch(self) -> int:  # the epoch to (re)enter, 1-based
-        return int(self.state["epoch"])
-
-    @property
-    def step(self) -> int:  # micro-steps of that epoch already done
-        return int(self.state["step"])
-
-
-def find_checkpoint(run_dir: Path) -> Path:
-    """The newest ``checkpoint_N.pt`` in ``run_dir``.
-
-    Raises:
-        ConfigError: the folder or a checkpoint in it does not exist.
-    """
-    if not run_dir.is_dir():
-        raise ConfigError(f"--resume {run_dir}: not a run folder")
-    found = sorted(run_dir.glob("checkpoint_*.pt"), key=lambda p: p.stat().st_mtime)
-    if not found:
-        raise ConfigError(f"--resume {run_dir}: no checkpoint_N.pt in this folder (a run writes one "
-                          "when stopped by SIGTERM or every train.checkpoint_every_epochs)")
-    return found[-1]
-
-
-def load_resume(run_dir: Path) -> tuple[Config, _Resume]:
-    """The config and saved state to continue the run stopped in ``run_dir``.
-
-    The checkpoint is loaded with ``weights_only=True`` (tensors and plain containers only).
-
-    Raises:
-        ConfigError: no checkpoint, or one that cannot be read.
-    """
-    from mlhpc import config as cfg
-
-    path = find_checkpoint(run_dir)
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises several types for a damaged or foreign file
-        raise ConfigError(f"--resume {path}: cannot read checkpoint ({type(exc).__name__})") from None
-    config = cfg.from_dict(state["config"], source=f"{path} (config)")
-    return config, _Resume(state, path)
-
-
-def run(config: Config, *, on_progress: ProgressFn | None = None,
-        resume_dir: Path | None = None) -> RunResult:
-    """Train ``config``'s workload to its quality target; write the result files on rank 0.
-
-    With ``resume_dir``, continue the run stopped there (``config`` is then taken from its
-    checkpoint and may be None). Returns this rank's instance's `RunResult`.
-
-    Raises:
-        ConfigError, DataError, StagingError: bad input, before any training starts.
-    """
-    from mlhpc.workload import get as get_workload
-
-    resume = None
-    if resume_dir is not None:
-        config, resume = load_resume(Path(resume_dir))
-    workload = get_workload(config.workload)
-    rt = runtime.detect(device=config.train.device)
-    if config.train.threads:
-        torch.set_num_threads(config.train.threads)
-    runtime.init_process_group(rt)
-    try:
-        return _run(config, workload, rt, on_progress or (lambda event: None), resume)
-    finally:
-        runtime.destroy_process_group()
-
-
-def _run(config: Config, workload: Workload, world: Runtime, progress: ProgressFn,
-         resume: _Resume | None) -> RunResult:
-    rt = runtime.split_instances(world, config.train.instances)
-    lbs = local_batch_size(config, rt)
-    out_dir = Path(config.output.dir)
-    synthesis_s = ensure_data(config, workload, world)
-
-    log = ComplianceLog.create(out_dir, rt.is_main, rt.instance)
-    index = log.path.name[len("result_"):-len(".txt")] if log.path else None
-    if rt.is_main:
-        progress({"kind": "start", "result_file": str(log.path), "workload": workload.name,
-                  "instance": rt.instance})
-    try:
-        return _train(config, workload, world, rt, log, lbs, synthesis_s, index, progress, resume)
-    finally:
-        log.close()
-
-
-def _save_checkpoint(path: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any,
-                     config: Config, epoch: int, step: int, history: list[tuple[int, float]],
-                     result_file: str | None, elapsed_s: float) -> None:
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "scheduler": scheduler.state_dict(), "config": config.to_dict(), "epoch": epoch,
-             "step": step, "history": [list(h) for h in history], "result_file": result_file,
-             "elapsed_s": elapsed_s, "torch_rng": torch.get_rng_state()}
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
 
 
 class _SkipSampler(Sampler[int]):
@@ -329,267 +555,3 @@ class _SkipSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return max(0, len(self.base) - self.skip)  # type: ignore[arg-type]
-
-
-def _train(config: Config, workload: Workload, world: Runtime, rt: Runtime, log: ComplianceLog,
-           lbs: int, synthesis_s: float, index: str | None, progress: ProgressFn,
-           resume: _Resume | None) -> RunResult:
-    tcfg = config.train
-    out_dir = Path(config.output.dir)
-    sub = config.submission
-    seed = tcfg.seed + (rt.instance or 0)
-
-    # ---- init: everything before run_start ------------------------------------------------
-    runtime.barrier(rt)
-    log.start(constants.INIT_START)
-    log.event(constants.SUBMISSION_BENCHMARK, workload.name)
-    log.event(constants.SUBMISSION_ORG, sub.org)
-    log.event(constants.SUBMISSION_DIVISION, sub.division)
-    log.event(constants.SUBMISSION_STATUS, sub.status)
-    log.event(constants.SUBMISSION_PLATFORM, sub.platform)
-    if sub.poc_name:
-        log.event(constants.SUBMISSION_POC_NAME, sub.poc_name)
-    if sub.poc_email:
-        log.event(constants.SUBMISSION_POC_EMAIL, sub.poc_email)
-    log.event(constants.CACHE_CLEAR, True)
-    log.event(mllog.NUMBER_OF_NODES, rt.num_nodes)
-    log.event(mllog.ACCELERATORS_PER_NODE, rt.accelerators_per_node)
-    log.event(constants.SEED, seed)
-    if resume is not None:
-        log.event(mllog.RESUME, {"checkpoint": str(resume.source),
-                                 "from_result_file": resume.state.get("result_file"),
-                                 "epoch": resume.epoch, "step": resume.step,
-                                 "elapsed_before_s": resume.state.get("elapsed_s", 0.0)},
-                  metadata={"resumed": True})
-
-    log.start(constants.STAGING_START)
-    staged = staging.stage_dataset(config, world)  # every rank of the job; None: read in place
-    runtime.barrier(rt)
-    staged_info = staged.to_dict() if staged is not None else {}
-    staging_s = staged.seconds if staged is not None else 0.0
-    log.end(constants.STAGING_STOP, metadata={
-        "staging_duration": staging_s, "staged_bytes": staged_info.get("bytes", 0),
-        "staged_files": staged_info.get("files", 0)})
-    data_dir = Path(staged.dest) if staged is not None else Path(config.data.path)
-
-    train_ds, eval_ds = workload.build_datasets(config, rt, data_dir)
-    train_n, eval_n = len(train_ds), len(eval_ds)
-    if train_n == 0 or eval_n == 0:
-        raise DataError(f"{data_dir}: no training or validation samples found")
-
-    _seed_everything(seed)
-    model = workload.build_model(config.model).to(rt.device)
-    ddp_model = torch.compile(model, mode=compile_mode(tcfg.compile)) if tcfg.compile else model
-    if rt.distributed:
-        ddp_model = torch.nn.parallel.DistributedDataParallel(
-            ddp_model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
-            process_group=rt.group)
-
-    train_sampler = DistributedSampler(train_ds, num_replicas=rt.world_size, rank=rt.rank,
-                                       shuffle=True, seed=seed, drop_last=False)
-    loader_args = dict(num_workers=config.data.num_workers, device=rt.device)
-    train_loader = loader.make_loader(train_ds, lbs, sampler=train_sampler, **loader_args)
-    eval_loader = loader.make_loader(eval_ds, lbs, sampler=ShardSampler(eval_n, rt.rank,
-                                                                        rt.world_size),
-                                     **loader_args)
-    train_decode = loader.device_transform(train_ds)
-    eval_decode = loader.device_transform(eval_ds)
-    micro_steps = len(train_loader)
-    steps_per_epoch = math.ceil(micro_steps / tcfg.gradient_accumulation_steps)
-    optimizer, scheduler = workload.build_optimizer(model, config, steps_per_epoch)
-    loss_fn = workload.build_loss(config)
-    metric = workload.metric
-    target = metric.target if tcfg.target is None else tcfg.target
-    first_epoch, skip_steps, history = 1, 0, []
-    if resume is not None:
-        model.load_state_dict(resume.state["model"])
-        optimizer.load_state_dict(resume.state["optimizer"])
-        scheduler.load_state_dict(resume.state["scheduler"])
-        torch.set_rng_state(resume.state["torch_rng"])
-        first_epoch, skip_steps = resume.epoch, resume.step
-        history = [(int(e), float(v)) for e, v in resume.state.get("history", [])]
-
-    flops = _count_flops(model, train_ds, loss_fn)
-    log.event(constants.GLOBAL_BATCH_SIZE, tcfg.global_batch_size)
-    log.event(mllog.GRADIENT_ACCUMULATION_FREQUENCY, tcfg.gradient_accumulation_steps)
-    for key, value in workload.hyperparameters(config).items():
-        log.event(key, value)
-    log.event(constants.TRAIN_SAMPLES, train_n)
-    log.event(constants.EVAL_SAMPLES, eval_n)
-    runtime.barrier(rt)
-    log.end(constants.INIT_STOP)
-
-    stop = _Stop()
-    previous = signal.signal(signal.SIGTERM, stop) if _in_main_thread() else None
-    amp = (torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-           if tcfg.amp and rt.device.type == "cuda" else nullcontext())
-    checkpoint = out_dir / CHECKPOINT_PATTERN.format(index if index is not None else "x")
-
-    def save_checkpoint(next_epoch: int, steps_done: int) -> None:
-        """Rank 0 saves where a resumed run re-enters: ``next_epoch`` after ``steps_done`` steps."""
-        if rt.is_main:
-            _save_checkpoint(checkpoint, model, optimizer, scheduler, config, next_epoch, steps_done,
-                             history, log.path and log.path.name, time.perf_counter() - run_start)
-
-    # ---- the timed run ----------------------------------------------------------------------
-    runtime.barrier(rt)
-    log.start(constants.RUN_START)
-    run_start = time.perf_counter()
-    status, reason = constants.ABORTED, f"max_epochs {tcfg.max_epochs} reached before the target"
-    epoch_times: list[float] = []
-    eval_times: list[float] = []
-    value: float | None = history[-1][1] if history else None
-    epoch = first_epoch - 1
-    samples_seen = 0
-    try:
-        for epoch in range(first_epoch, tcfg.max_epochs + 1):
-            train_sampler.set_epoch(epoch - 1)
-            skip = skip_steps if epoch == first_epoch else 0
-            batches = train_loader if skip == 0 else loader.make_loader(
-                train_ds, lbs, sampler=_SkipSampler(train_sampler, skip * lbs), **loader_args)
-            runtime.barrier(rt)
-            log.start(constants.EPOCH_START, metadata={constants.EPOCH_NUM: epoch})
-            t0 = time.perf_counter()
-            ddp_model.train()
-            loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
-            epoch_samples, stopped = 0, None
-            for step, batch in enumerate(batches, start=skip):
-                x, y = loader.to_device(batch, rt.device, train_decode)
-                last_micro = (step + 1) % tcfg.gradient_accumulation_steps == 0 or step + 1 == micro_steps
-                sync = nullcontext() if (last_micro or not rt.distributed) else ddp_model.no_sync()
-                with sync:
-                    with amp:
-                        loss = loss_fn(ddp_model(x), y)
-                    (loss / tcfg.gradient_accumulation_steps).backward()
-                if last_micro:
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                    scheduler.step()
-                loss_sum += loss.detach().double() * x.shape[0]
-                epoch_samples += x.shape[0]
-                if tcfg.log_every_steps and (step + 1) % tcfg.log_every_steps == 0 and rt.is_main:
-                    progress({"kind": "step", "epoch": epoch, "step": step + 1, "steps": micro_steps,
-                              "loss": float(loss)})
-                if (step + 1) % tcfg.check_every_steps == 0 and last_micro:
-                    flags = _all_reduce([float(stop.signal is not None),
-                                         float(not math.isfinite(loss_sum.item()))], rt, op="max")
-                    if flags[1]:
-                        stopped = f"non-finite training loss in epoch {epoch} by step {step + 1}"
-                        break
-                    if flags[0]:
-                        stopped = f"SIGTERM in epoch {epoch} after step {step + 1}"
-                        save_checkpoint(epoch, step + 1)
-                        break
-            totals = _all_reduce([float(stop.signal is not None), loss_sum.item(), epoch_samples], rt)
-            runtime.barrier(rt)
-            epoch_s = time.perf_counter() - t0
-            log.end(constants.EPOCH_STOP, metadata={constants.EPOCH_NUM: epoch})
-            epoch_times.append(epoch_s)
-            samples_seen += int(totals[2])
-            train_loss = totals[1] / max(totals[2], 1)
-            if stopped is None and not math.isfinite(train_loss):
-                stopped = f"non-finite training loss ({train_loss}) in epoch {epoch}"
-            if stopped is None and totals[0] > 0:  # signal arrived after the last check
-                stopped = f"SIGTERM at the end of epoch {epoch}"
-                save_checkpoint(epoch, micro_steps)
-            if stopped is not None:
-                reason = stopped
-                break
-
-            log.start(constants.EVAL_START, metadata={constants.EPOCH_NUM: epoch})
-            t1 = time.perf_counter()
-            ddp_model.eval()
-            total = torch.zeros((), dtype=torch.float64, device=rt.device)
-            count = torch.zeros((), dtype=torch.float64, device=rt.device)
-            with torch.no_grad(), amp:
-                for batch in eval_loader:
-                    x, y = loader.to_device(batch, rt.device, eval_decode)
-                    s, n = metric.batch_stats(model(x), y)
-                    total += s
-                    count += n
-            total_sum, count_sum = _all_reduce([total.item(), count.item()], rt)
-            value = total_sum / max(count_sum, 1.0)
-            runtime.barrier(rt)
-            eval_s = time.perf_counter() - t1
-            log.end(constants.EVAL_STOP, metadata={constants.EPOCH_NUM: epoch})
-            log.event(metric.key, value, metadata={constants.EPOCH_NUM: epoch})
-            eval_times.append(eval_s)
-            history.append((epoch, value))
-            if rt.is_main:
-                progress({"kind": "epoch", "epoch": epoch, "max_epochs": tcfg.max_epochs,
-                          "metric_key": metric.key, "metric": value, "target": target,
-                          "reached": metric.reached(value, target), "train_loss": train_loss,
-                          "epoch_s": epoch_s, "eval_s": eval_s, "instance": rt.instance,
-                          "samples_per_s": totals[2] / epoch_s if epoch_s > 0 else 0.0})
-            if not math.isfinite(value):
-                reason = f"non-finite {metric.key} ({value}) at epoch {epoch}"
-                break
-            if metric.reached(value, target):
-                status, reason = constants.SUCCESS, None
-                break
-            if tcfg.checkpoint_every_epochs and epoch % tcfg.checkpoint_every_epochs == 0:
-                save_checkpoint(epoch + 1, 0)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-    runtime.barrier(rt)
-    stop_meta: dict[str, Any] = {"status": status, constants.EPOCH_NUM: epoch}
-    if reason:
-        stop_meta["reason"] = reason
-    log.end(constants.RUN_STOP, metadata=stop_meta)
-    time_to_train_s = time.perf_counter() - run_start
-
-    def interval(start_key: str, stop_key: str) -> float:
-        a, b = log.first(start_key), log.first(stop_key)
-        return (b.time_ms - a.time_ms) / 1e3 if a and b else 0.0
-
-    train_time = sum(epoch_times)
-    samples_per_s = samples_seen / train_time if train_time else 0.0
-    precision = "bf16" if tcfg.amp and rt.device.type == "cuda" else "fp32"
-    peak, peak_source = perf.device_peak(rt.device, precision)
-    achieved = flops.train_flops * samples_per_s
-    total_samples = train_n + eval_n
-    perf_info = {
-        "forward_flops_per_sample": flops.forward_flops, "train_flops_per_sample": flops.train_flops,
-        "achieved_flop_per_s": achieved, "achieved_flop_per_s_per_rank": achieved / rt.world_size,
-        "peak_flop_per_s_per_rank": peak, "peak_source": peak_source, "precision": precision,
-        "mfu": achieved / (peak * rt.world_size) if peak else None,
-        "allreduce_bytes_per_step": perf.allreduce_bytes_per_step(model) if rt.distributed else 0,
-        "dataset_bytes_per_sample": staged_info.get("bytes", 0) / total_samples if staged_info else None,
-        "read_bytes_per_s": (staged_info.get("bytes", 0) / total_samples * samples_per_s
-                             if staged_info else None),
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "data_path": {"num_workers": train_loader.num_workers,
-                      "pin_memory": train_loader.pin_memory,
-                      "memory_mapped": getattr(train_ds, "memory_mapped", False),
-                      "decode_on_device": hasattr(train_ds, "device_transform"),
-                      "channels_last": bool(getattr(config.model, "channels_last", False)),
-                      "compile": compile_mode(tcfg.compile)},
-    }
-    result = RunResult(
-        status=status, reason=reason, workload=workload.name,
-        result_file=str(log.path) if log.path else None, metric_key=metric.key, target=target,
-        metric_value=value, epochs=epoch, time_to_train_s=time_to_train_s,
-        staging_s=staging_s, init_s=interval(constants.INIT_START, constants.INIT_STOP),
-        synthesis_s=synthesis_s, epoch_times_s=epoch_times, eval_times_s=eval_times,
-        residual_s=time_to_train_s - train_time - sum(eval_times), train_samples=train_n,
-        eval_samples=eval_n, global_batch_size=tcfg.global_batch_size, world_size=rt.world_size,
-        num_nodes=rt.num_nodes, samples_per_s=samples_per_s, perf=perf_info,
-        metric_history=history, staging=staged_info, instance=rt.instance,
-        resumed_from=str(resume.source) if resume else None,
-        checkpoint=str(checkpoint) if checkpoint.exists() else None,
-        departs_from_reference=_departures(config, workload, train_n, eval_n))
-    if rt.is_main and index is not None:
-        _write_json(out_dir / f"summary_{index}.json", result.to_dict())
-        save(config, out_dir / f"config_{index}.yaml")
-        _write_json(out_dir / f"env_{index}.json", {**envinfo.collect(), "runtime": {
-            "launcher": world.launcher, "world_size": world.world_size, "num_nodes": world.num_nodes,
-            "local_world_size": world.local_world_size, "device": str(rt.device),
-            "instances": tcfg.instances}})
-    return result
-
-
-def _in_main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()

@@ -21,8 +21,11 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from pydantic import BaseModel
     from torch.utils.data import Dataset
 
-    from mlhpc.config import Config
     from mlhpc.runtime import Runtime
+
+#: The resolved `mlhpc.config.Config`. Not imported, not even for typing: config.py reads this
+#: registry to validate a workload's sections, so the two modules would import each other.
+Config = Any
 
 
 @dataclass(frozen=True)

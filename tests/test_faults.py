@@ -18,7 +18,7 @@ from test_run_e2e import events, run_cli, tiny_args, tiny_data  # noqa: F401 (fi
 
 def test_nan_loss_aborts_with_reason(tmp_path, repo, tiny_data):
     out = tmp_path / "out"
-    proc = run_cli(tiny_args(repo, tiny_data, out, "--set", "optimizer.base_learning_rate=1e30",
+    proc = run_cli(tiny_args(repo, tiny_data, out, "--set", "optimizer.base_learning_rate=1.0e+30",
                              "--set", "train.check_every_steps=1"), cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     stop = [e for e in events(out / "result_0.txt") if e["key"] == "run_stop"]

@@ -1,6 +1,11 @@
 import json
+import socket
+
+import torch
 
 from mlhpc import config as cfg
+from mlhpc import profile as profile_module
+from mlhpc import runtime
 from mlhpc.profile import profile
 from test_run_e2e import TINY, tiny_data  # noqa: F401 (fixture)
 
@@ -20,3 +25,33 @@ def test_profile_reports_phases_operators_memory_and_trace(tmp_path, repo, tiny_
     assert result.flops["train_flops"] > 2 * result.flops["forward_flops"]
     trace = json.loads((tmp_path / "trace.json").read_text())
     assert trace["traceEvents"]
+
+
+def test_profile_runs_the_training_step_with_ddp_and_amp(tmp_path, repo, tiny_data, monkeypatch):
+    """The profiled step is `mlhpc.step.train_step` on the DDP-wrapped model under autocast, as in
+    a run: here a one-rank Gloo group, and bf16 autocast allowed on the CPU for the test."""
+    overrides = tuple(v for v in TINY if v != "--set") + (f"data.path={tiny_data}", "train.amp=true")
+    config = cfg.load(repo / "configs" / "cosmoflow-mini.yaml", overrides)
+    seen = []
+    real_step = profile_module.train_step
+
+    def spy(step, x, y, last_micro=True, phase=None):
+        seen.append((type(step.model).__name__, step.precision))
+        return real_step(step, x, y, last_micro, phase)
+
+    monkeypatch.setattr(profile_module, "train_step", spy)
+    monkeypatch.setattr(profile_module, "precision", lambda amp, device: "bf16" if amp else "fp32")
+    monkeypatch.setattr(runtime.Runtime, "distributed", property(lambda self: True))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                                         world_size=1)
+    try:
+        result = profile(config, steps=2, warmup=1, trace_path=tmp_path / "trace.json")
+    finally:
+        runtime.destroy_process_group()
+    assert seen and set(seen) == {("DistributedDataParallel", "bf16")}
+    assert result.distributed and result.precision == "bf16"
+    names = " ".join(row["name"] for row in result.operators).lower()
+    assert "allreduce" in names or "gloo" in names, names

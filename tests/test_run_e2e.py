@@ -76,6 +76,28 @@ def test_tiny_run_writes_result_files(tmp_path, repo, tiny_data):
     assert (out / "result_0.txt").read_bytes() == before and (out / "result_1.txt").is_file()
 
 
+def test_run_summary_and_report_agree(tmp_path, repo, tiny_data):
+    """One source of truth: the end-of-run table, summary_0.json and `mlhpc report` give the same
+    figures for the same log, because all three read it."""
+    out = tmp_path / "out"
+    proc = run_cli(tiny_args(repo, tiny_data, out, "--set", "train.target=0.0"), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr + proc.stdout  # two full epochs, target not reached
+    summary = json.loads((out / "summary_0.json").read_text())
+    report = run_cli(["report", str(out), "--format", "json", "--no-compliance"], cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    [run] = json.loads(report.stdout)["folders"][0]["runs"]
+    for key in ("samples_per_s", "time_to_train_s", "n_epochs", "staging_s", "init_s",
+                "train_epoch_s", "eval_s", "residual_s", "status", "target", "metric_series"):
+        assert summary[key] == run[key], key
+    assert summary["n_epochs"] == summary["epochs"] == 2 and summary["samples_per_s"] > 0
+    assert f"{summary['samples_per_s']:.1f} samples/s" in proc.stdout
+    assert f"{summary['time_to_train_s']:.2f} s" in proc.stdout
+    perf = summary["perf"]  # from measured_0.json and the log's samples/s
+    assert perf["achieved_flop_per_s"] == pytest.approx(summary["samples_per_s"]
+                                                        * perf["train_flops_per_sample"])
+    assert json.loads((out / "measured_0.json").read_text())["perf"]["train_flops_per_sample"] > 0
+
+
 def test_unreached_target_is_aborted(tmp_path, repo, tiny_data):
     out = tmp_path / "out"
     proc = run_cli(tiny_args(repo, tiny_data, out, "--set", "train.max_epochs=1",

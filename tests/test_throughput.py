@@ -81,6 +81,6 @@ def test_run_passes_the_compile_mode_to_torch(tmp_path, repo, tiny_data, monkeyp
         "train.target=10", "data.staging.enabled=false"))
     result = train.run(config)
     assert modes == ["reduce-overhead"]
-    assert result.perf["data_path"]["compile"] == "reduce-overhead"
+    assert result.summary["perf"]["data_path"]["compile"] == "reduce-overhead"
     summary = json.loads(next(tmp_path.glob("summary_*.json")).read_text())
     assert summary["perf"]["data_path"]["compile"] == "reduce-overhead"

@@ -1,0 +1,65 @@
+"""Evaluation: the quality metric over the whole validation set, exact across ranks.
+
+Each rank evaluates its own slice of the validation set (`ShardSampler`: no sample twice, none
+padded) and returns ``(sum, count)`` from the workload's `QualityMetric.batch_stats`; the sums
+are all-reduced before dividing, so R ranks give the metric of one rank on every sample.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+from mlhpc import loader
+from mlhpc.runtime import Runtime
+from mlhpc.workload import QualityMetric
+
+
+class ShardSampler(Sampler[int]):
+    """Evaluation sharding without padding: rank r of R takes indices r, r+R, r+2R, ...
+
+    Unlike `DistributedSampler`, no sample is repeated, so sums over ranks are exact.
+    """
+
+    def __init__(self, length: int, rank: int, world_size: int):
+        self.indices = list(range(rank, length, world_size))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def all_reduce(values: list[float], rt: Runtime, op: str = "sum") -> list[float]:
+    """``values`` summed (``op="sum"``) or maxed (``"max"``) over the ranks of ``rt.group`` as
+    float64; returned unchanged when not distributed."""
+    if not rt.distributed:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=rt.device)
+    red = torch.distributed.ReduceOp.SUM if op == "sum" else torch.distributed.ReduceOp.MAX
+    torch.distributed.all_reduce(tensor, op=red, group=rt.group)
+    return tensor.tolist()
+
+
+def evaluate(model: torch.nn.Module, batches: Iterable, decode, metric: QualityMetric,
+             rt: Runtime, autocast) -> float:
+    """The metric (``sum / count`` over every rank's batches) of ``model`` in eval mode.
+
+    ``batches`` yields ``(x, y)`` on the host; ``decode`` is the dataset's device transform;
+    ``autocast`` the step's precision context (`mlhpc.step.autocast`). Returns a float (NaN-free
+    unless the model's outputs are).
+    """
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64, device=rt.device)
+    count = torch.zeros((), dtype=torch.float64, device=rt.device)
+    with torch.no_grad(), autocast:
+        for batch in batches:
+            x, y = loader.to_device(batch, rt.device, decode)
+            s, n = metric.batch_stats(model(x), y)
+            total += s
+            count += n
+    total_sum, count_sum = all_reduce([total.item(), count.item()], rt)
+    return total_sum / max(count_sum, 1.0)

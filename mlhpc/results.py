@@ -1,0 +1,129 @@
+"""A run's files and its result, read back from its log.
+
+The log is the one source of a run's result (DESIGN.md, "How a run flows"): `load` parses
+``result_N.txt`` with `mlhpc.report.parse.parse_log` and summarises it with
+`mlhpc.report.runs.summarize_run`, exactly as ``mlhpc report`` does, and adds what a log cannot
+hold from one side file written once at the end of the run, ``measured_N.json``: FLOPs per sample
+and the device peak (so MFU = FLOPs x the log's samples/s / peak), data-path switches, the staging
+detail per node, the departures from the reference, where a resumed run came from. The end-of-run
+table, ``summary_N.json`` and ``mlhpc report`` therefore cannot disagree.
+
+The files of run N in an output folder, claimed together through ``result_N.txt`` (created with
+O_EXCL, `mlhpc.mllog.open_next_result`) and never overwritten: ``result_N.txt`` (the MLLOG),
+``measured_N.json``, ``summary_N.json``, ``config_N.yaml`` (the resolved config), ``env_N.json``
+(software, hardware, launcher) and, when the run stopped early or checkpoints periodically,
+``checkpoint_N.pt``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlhpc.report.parse import parse_log
+from mlhpc.report.runs import RunSummary, summarize_run
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """The paths of run ``index`` in ``out_dir``."""
+
+    out_dir: Path
+    index: str
+
+    @classmethod
+    def of_log(cls, log: Path) -> "RunFiles":
+        """The set ``result_N.txt`` belongs to."""
+        return cls(log.parent, log.name[len("result_"):-len(".txt")])
+
+    def path(self, stem: str, suffix: str) -> Path:
+        return self.out_dir / f"{stem}_{self.index}{suffix}"
+
+    @property
+    def log(self) -> Path:
+        return self.path("result", ".txt")
+
+    @property
+    def measured(self) -> Path:
+        return self.path("measured", ".json")
+
+    @property
+    def summary(self) -> Path:
+        return self.path("summary", ".json")
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.path("checkpoint", ".pt")
+
+
+@dataclass
+class RunResult:
+    """What `mlhpc.train.run` returns on every rank.
+
+    Attributes:
+        status / reason: ``"success"`` or ``"aborted"`` and why (the values logged in
+            ``run_stop``; the same on every rank of an instance).
+        result_file: the log this rank wrote (None on ranks that write none).
+        summary: on the writing rank, `summary_dict` of the log and its side file (what
+            ``summary_N.json`` holds); empty elsewhere.
+    """
+
+    status: str
+    reason: str | None
+    result_file: str | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as indented JSON atomically (temporary file + rename)."""
+    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def derived_perf(perf: dict[str, Any], samples_per_s: float, world_size: int) -> dict[str, Any]:
+    """``perf`` (as measured: FLOPs per sample, per-rank peak, bytes per sample) with the rates
+    that follow from the log's samples/s: achieved FLOP/s (total and per rank), MFU and read
+    bytes/s."""
+    achieved = perf.get("train_flops_per_sample", 0) * samples_per_s
+    peak = perf.get("peak_flop_per_s_per_rank") or 0
+    per_sample = perf.get("dataset_bytes_per_sample")
+    return {**perf, "achieved_flop_per_s": achieved,
+            "achieved_flop_per_s_per_rank": achieved / max(world_size, 1),
+            "mfu": achieved / (peak * world_size) if peak else None,
+            "read_bytes_per_s": per_sample * samples_per_s if per_sample is not None else None}
+
+
+def summary_dict(run: RunSummary, measured: dict[str, Any]) -> dict[str, Any]:
+    """The run's summary: every `RunSummary` figure (the names ``mlhpc report --format json``
+    uses), the side file's measurements, and the names earlier summaries used (``epochs``,
+    ``epoch_times_s``, ``eval_times_s``, ``metric_value``, ``metric_history``)."""
+    out = run.to_dict()
+    history = [[int(e), v] for e, v in run.metric_series]
+    out.update(
+        epochs=int(run.epochs_to_target if run.epochs_to_target is not None
+                   else run.last_epoch or run.n_epochs),
+        epoch_times_s=run.train_epoch_s, eval_times_s=run.eval_s,
+        metric_value=history[-1][1] if history else None, metric_history=history,
+        **{k: v for k, v in measured.items() if k != "perf"})
+    out["perf"] = derived_perf(measured.get("perf", {}), run.samples_per_s or 0.0,
+                               measured.get("world_size", 1))
+    return out
+
+
+def load(log: Path, target: float | None = None) -> dict[str, Any]:
+    """`summary_dict` of ``log`` and the ``measured_N.json`` beside it (``{}`` if absent).
+
+    ``target``: the quality target the run trained to (default: the side file's ``target``).
+
+    Raises:
+        LogFormatError: the log cannot be read.
+    """
+    side = RunFiles.of_log(Path(log)).measured
+    measured = json.loads(side.read_text()) if side.is_file() else {}
+    if target is None:
+        target = measured.get("target")
+    return summary_dict(summarize_run(parse_log(log), target=target), measured)
