@@ -62,14 +62,16 @@ def test_mini_run_package_layout_and_an_honest_rejection(tmp_path):
     out = tmp_path / "pkg"
     runner = CliRunner()
     outcome = runner.invoke(report_command, [str(MINI_RUNS), "--format", "csv", "--package", str(out)])
-    assert outcome.exit_code == 0, outcome.output
+    assert outcome.exit_code == 1, outcome.output
     root = out / "mlhpc"
     logs = sorted((root / "results" / "1xCPU" / "strong" / "cosmoflow").glob("result_*.txt"))
     assert len(logs) == len(list(MINI_RUNS.glob("result_*.txt")))
     desc = json.loads((root / "systems" / "1xCPU.json").read_text())
     assert desc["submitter"] == "mlhpc" and desc["division"] == "open" and desc["status"] == "research"
     assert desc["host_processor_model_name"] and desc["accelerator_model_name"] == "none (CPU)"
-    assert "package_checker: REJECTED" in outcome.stderr
+    (rejected,) = [l for l in outcome.stderr.splitlines() if "package_checker" in l]
+    assert rejected.startswith("mlhpc: error: package_checker (without RCP bypass) rejected ")
+    assert (root / "benchmarks" / "cosmoflow" / "implementations" / "mlhpc" / "mlhpc" / "report" / "score.py").is_file()
     with pytest.raises(ConfigError, match="already holds results"):
         package_runs([MINI_RUNS], out)
     with pytest.raises(ConfigError, match="folder name"):

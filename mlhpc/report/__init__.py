@@ -43,7 +43,8 @@ class Outcome:
 
 def run_report(paths: list[Path], *, fmt: str = "table", level: str = "auto", compliance: bool = True,
                ruleset: str | None = None, plots_dir: Path | None = None, package_dir: Path | None = None,
-               org: str | None = None, system: str | None = None, check_package: bool = True) -> Outcome:
+               org: str | None = None, system: str | None = None, check_package: bool = True,
+               rcp_bypass: bool = False) -> Outcome:
     """Score ``paths``, render them as ``fmt``, and optionally write plots and a package.
 
     Args:
@@ -55,7 +56,7 @@ def run_report(paths: list[Path], *, fmt: str = "table", level: str = "auto", co
         plots_dir: write the PNGs of `mlhpc.report.plots` here.
         package_dir / org / system: lay the runs out as a submission under ``package_dir``
             (``paths`` must then be mlhpc run folders); ``check_package`` runs the package
-            checker on a scratch copy.
+            checker on a scratch copy, with ``--rcp-bypass`` only when ``rcp_bypass``.
 
     Raises:
         LogFormatError: a path is missing, holds no logs, or a log is unreadable.
@@ -74,7 +75,7 @@ def run_report(paths: list[Path], *, fmt: str = "table", level: str = "auto", co
 
         outcome.package = package_runs(paths, package_dir, org=org, system=system)
         if check_package:
-            _check(outcome.package)
-    elif org is not None or system is not None:
-        raise ConfigError("--org/--system: only used with --package OUT")
+            _check(outcome.package, rcp_bypass=rcp_bypass)
+    elif org is not None or system is not None or rcp_bypass:
+        raise ConfigError("--org/--system/--rcp-bypass: only used with --package OUT")
     return outcome

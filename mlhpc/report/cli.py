@@ -28,9 +28,12 @@ from mlhpc.report.render import FORMATS, LEVELS
               help="System name for --package (default: the logs' submission_platform).")
 @click.option("--check/--no-check", "check_package", default=True, show_default=True,
               help="With --package: run mlperf_logging's package checker on a scratch copy.")
+@click.option("--rcp-bypass", is_flag=True, default=False,
+              help="With --package: run the package checker with --rcp-bypass (a failed RCP check is "
+                   "then accepted, to be reviewed by the submission committee); default: without.")
 def report_command(paths: tuple[Path, ...], fmt: str, level: str, compliance: bool, ruleset: str | None,
                    plots_dir: Path | None, package_dir: Path | None, org: str | None,
-                   system_name: str | None, check_package: bool) -> None:
+                   system_name: str | None, check_package: bool, rcp_bypass: bool) -> None:
     """Score result logs under PATHS: round trees, result folders, mlhpc run folders or logs."""
     from mlhpc.errors import MlhpcError
     from mlhpc.report import run_report
@@ -38,7 +41,7 @@ def report_command(paths: tuple[Path, ...], fmt: str, level: str, compliance: bo
     try:
         outcome = run_report(list(paths), fmt=fmt, level=level, compliance=compliance, ruleset=ruleset,
                              plots_dir=plots_dir, package_dir=package_dir, org=org, system=system_name,
-                             check_package=check_package)
+                             check_package=check_package, rcp_bypass=rcp_bypass)
     except MlhpcError as exc:  # the project's convention: one line on stderr, exit status 2
         click.echo(f"mlhpc: error: {exc}", err=True)
         raise SystemExit(2) from None
@@ -56,9 +59,14 @@ def report_command(paths: tuple[Path, ...], fmt: str, level: str, compliance: bo
     for path in outcome.plots:
         click.echo(f"wrote {path}", err=True)
     if outcome.package is not None:
-        click.echo(f"packaged {len(outcome.package.result_files)} runs into {outcome.package.root}", err=True)
-        if outcome.package.checker_ok is not None:
-            verdict = "accepted" if outcome.package.checker_ok else "REJECTED"
-            click.echo(f"package_checker: {verdict}", err=True)
-            for line in outcome.package.checker_messages:
-                click.echo(f"  {line}", err=True)
+        package = outcome.package
+        click.echo(f"packaged {len(package.result_files)} runs into {package.root}", err=True)
+        for warning in package.warnings:
+            click.echo(f"warning: {warning}", err=True)
+        if package.checker_ok is not None:
+            how = "with --rcp-bypass" if package.rcp_bypass else "without RCP bypass"
+            if not package.checker_ok:
+                first = package.checker_messages[0] if package.checker_messages else "see its log"
+                click.echo(f"mlhpc: error: package_checker ({how}) rejected {package.root}: {first}", err=True)
+                raise SystemExit(1)
+            click.echo(f"package_checker ({how}): accepted", err=True)

@@ -10,8 +10,15 @@ The system description is filled from the runs' ``env_N.json`` (or ``env.json``)
 and count, GPU names and count, OS, Python/torch versions, git commit; and from their
 ``config_N.yaml`` (or ``config.yaml``): ``submission: {org, platform, division, status}``.
 Fields nothing in a run folder tells (interconnect, cooling, ...) are left empty, as published
-submissions do. `check_package` runs ``python -m mlperf_logging.package_checker ORG hpc 3.0.0
---rcp-bypass`` on a scratch copy (the checker writes ``scaling.json`` into what it checks).
+submissions do. ``ORG/benchmarks/<benchmark>/implementations/mlhpc/`` holds the source that
+ran (the mlhpc harness, the workload's package and the runs' configs): result_summarizer's
+``code_url`` points at ``ORG/benchmarks``. A log marked resumed is refused (a resumed run is not
+an ordinary run of a submission). Where the logs' ``submission_org``/``submission_platform``
+differ from ``--org``/``--system`` the result says so.
+
+`check_package` runs ``python -m mlperf_logging.package_checker ORG hpc 3.0.0`` on a scratch copy
+(the checker writes ``scaling.json`` into what it checks), as a submitter would: without
+``--rcp-bypass`` unless asked, and the result records which.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import yaml
 
 from mlhpc.errors import ConfigError, LogFormatError
 from mlhpc.report.parse import parse_log
-from mlhpc.report.runs import summarize_run
+from mlhpc.report.runs import is_resumed, summarize_run
 from mlhpc.report.score import RESULT_RE, _natural
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+\-]*$")
@@ -58,6 +65,8 @@ class PackageResult:
         system_file: ``OUT/ORG/systems/SYSTEM.json``.
         checker_ok: True/False from package_checker, ``None`` when not run.
         checker_messages: its ERROR lines (and the last line when it fails without one).
+        rcp_bypass: the checker ran with ``--rcp-bypass``.
+        warnings: one-line remarks (names that differ from the logs', ...).
     """
 
     root: Path
@@ -65,6 +74,8 @@ class PackageResult:
     system_file: Path | None = None
     checker_ok: bool | None = None
     checker_messages: list[str] = field(default_factory=list)
+    rcp_bypass: bool = False
+    warnings: list[str] = field(default_factory=list)
 
 
 def _sidecar(log: Path, stem: str, suffix: str) -> Path | None:
@@ -161,7 +172,13 @@ def package_runs(run_dirs: list[Path | str], out: Path | str, org: str | None = 
             raise ConfigError(f"--package: run folder {path} does not exist")
     if not logs:
         raise ConfigError("--package: no result_*.txt in the given run folders")
-    runs = [(log, summarize_run(parse_log(log))) for log in logs]
+    runs = []
+    for log in logs:
+        parsed = parse_log(log)
+        if is_resumed(parsed):
+            raise ConfigError(f"--package: {log} is a resumed run; a submission holds only runs "
+                              "that trained from the start")
+        runs.append((log, summarize_run(parsed)))
     first_log, first = runs[0]
     config = _read_mapping(_sidecar(first_log, "config", ".yaml"), "yaml")
     env = _read_mapping(_sidecar(first_log, "env", ".json"), "json")
@@ -181,6 +198,41 @@ def package_runs(run_dirs: list[Path | str], out: Path | str, org: str | None = 
                               f"{first.number_of_nodes}; one system name per node count")
     root = Path(out) / str(org)
     result = PackageResult(root=root)
+    for label, given, logged in (("--org", org, first.org), ("--system", system, first.platform)):
+        if logged and str(given) != logged:
+            result.warnings.append(f"{label} {given} differs from the logs' "
+                                   f"{'submission_org' if label == '--org' else 'submission_platform'} {logged}")
+    try:
+        _write_package(result, runs, root, str(system), org=str(org), config=config, env=env,
+                       submission=submission, first=first)
+    except OSError as exc:
+        raise ConfigError(f"--package: cannot write into {out} ({exc.strerror or type(exc).__name__})") from None
+    return result
+
+
+def _copy_sources(root: Path, benchmark: str, config_files: list[Path]) -> None:
+    """The source that ran, under ``ORG/benchmarks/<benchmark>/implementations/mlhpc``."""
+    import importlib.util
+
+    import mlhpc
+
+    dest = root / "benchmarks" / benchmark / "implementations" / "mlhpc"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(Path(mlhpc.__file__).parent, dest / "mlhpc", ignore=ignore, dirs_exist_ok=True)
+    for name in ("mlhpc_workloads", "workloads"):  # located, never imported
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            source = Path(list(spec.submodule_search_locations)[0]) / benchmark
+            if source.is_dir():
+                shutil.copytree(source, dest / "workloads" / benchmark, ignore=ignore, dirs_exist_ok=True)
+            break
+    for config in config_files:
+        (dest / "configs").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(config, dest / "configs" / f"{config.parent.name}-{config.name}")
+
+
+def _write_package(result: PackageResult, runs: list, root: Path, system: str, *, org: str,
+                   config: dict[str, Any], env: dict[str, Any], submission: dict[str, Any], first: Any) -> None:
     counters: dict[str, int] = {}
     for log, run in runs:
         folder = root / "results" / str(system) / "strong" / str(run.benchmark)
@@ -193,6 +245,10 @@ def package_runs(run_dirs: list[Path | str], out: Path | str, org: str | None = 
         counters[run.benchmark] += 1  # type: ignore[index]
         shutil.copyfile(log, dest)
         result.result_files.append(dest)
+    for benchmark in counters:
+        configs = [c for log, run in runs if run.benchmark == benchmark
+                   for c in [_sidecar(log, "config", ".yaml")] if c is not None]
+        _copy_sources(root, benchmark, sorted(set(configs)))
     if first.division and not submission.get("division"):
         submission = {**submission, "division": first.division}
     if first.status_submission and not submission.get("status"):
@@ -202,12 +258,13 @@ def package_runs(run_dirs: list[Path | str], out: Path | str, org: str | None = 
     (root / "systems").mkdir(parents=True, exist_ok=True)
     result.system_file = root / "systems" / f"{system}.json"
     result.system_file.write_text(json.dumps(desc, indent=4) + "\n")
-    return result
 
 
-def check_package(result: PackageResult, ruleset: str = "3.0.0", timeout_s: float = 300.0) -> PackageResult:
-    """Run ``python -m mlperf_logging.package_checker ORG hpc <ruleset> --rcp-bypass`` on a
-    scratch copy of the package and record its verdict in ``result`` (returned).
+def check_package(result: PackageResult, ruleset: str = "3.0.0", timeout_s: float = 300.0,
+                  rcp_bypass: bool = False) -> PackageResult:
+    """Run ``python -m mlperf_logging.package_checker ORG hpc <ruleset>`` (with ``--rcp-bypass``
+    only when ``rcp_bypass``) on a scratch copy of the package and record its verdict in
+    ``result`` (returned).
 
     The verdict is the checker's own final line (``PACKAGE CHECKER FOUND NO ERRORS, SUCCESS``);
     its ERROR lines become ``checker_messages``.
@@ -216,9 +273,11 @@ def check_package(result: PackageResult, ruleset: str = "3.0.0", timeout_s: floa
         copy = Path(scratch) / result.root.name
         shutil.copytree(result.root, copy)
         try:
+            result.rcp_bypass = rcp_bypass
             proc = subprocess.run(
                 [sys.executable, "-m", "mlperf_logging.package_checker", copy.name, "hpc", ruleset,
-                 "--rcp-bypass", "--log_output", str(Path(scratch) / "package_checker.log")],
+                 *(["--rcp-bypass"] if rcp_bypass else []),
+                 "--log_output", str(Path(scratch) / "package_checker.log")],
                 cwd=scratch, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             result.checker_ok = False
