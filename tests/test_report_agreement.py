@@ -181,3 +181,43 @@ def test_package_onto_an_unwritable_place_is_one_line(tmp_path, mlperf_results):
     result = CliRunner().invoke(report_command, [str(runs), "--package", "/proc/mlhpc-package"])
     assert result.exit_code == 2 and len(result.stderr.splitlines()) == 1
     assert "cannot write into /proc/mlhpc-package" in result.stderr
+
+
+RCP_COLUMN = {"RCP found": "Fail", "RCP Interpolation": "Interp. Fail", "Cannot find any RCPs": "No RCP"}
+
+
+def _summarizer_rcp(passed: bool | None, message: str) -> str | None:
+    """The RCP column result_summarizer derives from rcp_checker's verdict and message."""
+    if passed is None:
+        return None
+    if passed:
+        return "Pass"
+    return RCP_COLUMN.get(message, "Missing" if "Missing" in message else "Unknown state")
+
+
+@pytest.mark.parametrize("submitter", ["TACC", "Clemson"])
+def test_scores_and_rcp_columns_equal_result_summarizer(mlperf_results, tmp_path, submitter):
+    """``python -m mlperf_logging.result_summarizer SUBMITTER hpc 3.0.0`` on a scratch copy (it
+    writes scaling.json): time to train, GBS, samples to converge, RCP and factor per result."""
+    import csv
+
+    scratch = _copy(mlperf_results / V3 / submitter, tmp_path / V3 / submitter)
+    report = build_report([scratch])  # before the summarizer writes into the copy
+    subprocess.run([sys.executable, "-m", "mlperf_logging.result_summarizer", f"{submitter}/", "hpc", "3.0.0",
+                    "--quiet", "-csv", str(tmp_path / "out.csv")], cwd=scratch.parent, capture_output=True,
+                   text=True, timeout=300, check=True)
+    rows = list(csv.DictReader((tmp_path / "out_detailed.csv").open()))
+    compared = 0
+    for f in report.folders:
+        if f.kind != "strong":
+            continue
+        desc_name = f.system_desc.get("system_name")
+        (row,) = [r for r in rows if r["system"] == desc_name]
+        b = f.benchmark
+        assert float(row[f"{b}:time_to_train"]) == pytest.approx(f.olympic_min, rel=1e-12)
+        assert row[f"{b}:RCP"] == _summarizer_rcp(f.rcp.passed, f.rcp.message)
+        assert float(row[f"{b}:rcp_scaling_factor"]) == pytest.approx(f.rcp.normalization, rel=1e-12)
+        assert float(row[f"{b}:GBS"]) == f.rcp.global_batch_size
+        assert float(row[f"{b}:samples_to_converge"]) == pytest.approx(f.rcp.mean_epochs, rel=1e-12)
+        compared += 1
+    assert compared == {"TACC": 1, "Clemson": 2}[submitter]
