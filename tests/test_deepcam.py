@@ -428,3 +428,80 @@ def test_reference_config_logs_every_key_the_closed_rules_ask_for(tmp_path, repo
     assert failed == {"train_samples", "eval_samples", "eval_accuracy"}, text
     # ... but no key the closed rules require is missing
     assert "occurrence" not in text.lower() and "not found" not in text.lower(), text
+
+
+# ---- NVIDIA's npy layout, convert and check -----------------------------------------------------
+
+def _write_npy_copy(src: Path, dst: Path) -> None:
+    """NVIDIA's convert_hdf52npy.py layout written independently (numpy.save, stats.h5 copied)."""
+    import shutil
+
+    for split in ("train", "validation"):
+        (dst / split).mkdir(parents=True)
+        for path in sorted((src / split).glob("data-*.h5")):
+            tag = path.name[len("data-"):-len(".h5")]
+            with h5py.File(path) as f:
+                np.save(dst / split / f"data-{tag}.npy", f["climate/data"][...])
+                np.save(dst / split / f"label-{tag}.npy", f["climate/labels_0"][...])
+    shutil.copyfile(src / "stats.h5", dst / "stats.h5")
+
+
+def test_npy_layout_reads_the_same_samples(tmp_path):
+    _write_official(tmp_path / "h5")
+    _write_npy_copy(tmp_path / "h5", tmp_path / "npy")
+    a = build_datasets(_config(tmp_path), Runtime(), tmp_path / "h5")
+    b = build_datasets(_config(tmp_path), Runtime(), tmp_path / "npy")
+    assert b[0].format == "npy" and (len(b[0]), len(b[1])) == (3, 2)
+    for one, other in zip(a, b):
+        for i in range(len(one)):
+            assert all(torch.equal(p, q) for p, q in zip(one[i], other[i]))
+
+
+def test_npy_layout_names_bad_files(tmp_path):
+    _write_official(tmp_path / "h5")
+    _write_npy_copy(tmp_path / "h5", tmp_path / "npy")
+    label = sorted((tmp_path / "npy" / "train").glob("label-*.npy"))[1]
+    label.unlink()
+    train, _ = build_datasets(_config(tmp_path), Runtime(), tmp_path / "npy")
+    with pytest.raises(DataError, match=r"label-2106-01-01-01-1\.npy: missing labels"):
+        train[1]
+    data = sorted((tmp_path / "npy" / "validation").glob("data-*.npy"))[0]
+    values = np.load(data)
+    values[3, 4, 5] = np.nan
+    np.save(data, values)
+    _, val = build_datasets(_config(tmp_path), Runtime(), tmp_path / "npy")
+    with pytest.raises(DataError, match=r"data-2106-01-01-00-1\.npy: sample 0: input nan at pixel "
+                                        r"\(3, 4\) channel 5 \(QREFHT\) is not finite"):
+        val[0]
+
+
+def test_nan_input_in_hdf5_is_named(tmp_path):
+    _write_official(tmp_path / "h5")
+    path = tmp_path / "h5" / "train" / "data-2106-01-01-02-1.h5"
+    with h5py.File(path, "r+") as f:
+        f["climate/data"][0, 1, 0] = np.inf
+    train, _ = build_datasets(_config(tmp_path), Runtime(), tmp_path / "h5")
+    with pytest.raises(DataError, match=r"data-2106-01-01-02-1\.h5: sample 2: input inf"):
+        train[2]
+
+
+def test_convert_and_check_both_ways(tmp_path):
+    from mlhpc import datasets
+
+    workload = get("deepcam")
+    _write_official(tmp_path / "h5")
+    npy = datasets.convert(workload, tmp_path / "h5", tmp_path / "npy", "npy", workers=2)
+    assert (npy.source_files, npy.samples) == (5, 5) and (tmp_path / "npy" / "stats.h5").is_file()
+    back = datasets.convert(workload, tmp_path / "npy", tmp_path / "back", "hdf5")
+    assert back.samples == 5
+    a = build_datasets(_config(tmp_path), Runtime(), tmp_path / "h5")
+    b = build_datasets(_config(tmp_path), Runtime(), tmp_path / "back")
+    for one, other in zip(a, b):
+        for i in range(len(one)):
+            assert all(torch.equal(p, q) for p, q in zip(one[i], other[i]))
+    report = datasets.check(workload, tmp_path / "npy", full=True)
+    assert report.ok and report.format == "npy"
+    assert report.splits["train"].sample_shape == (16, 32, 16)
+    assert report.splits["train"].dtype == "float32"
+    with pytest.raises(DataError, match="DeepCAM has no preparation step"):
+        datasets.prepare(workload, tmp_path / "h5", tmp_path / "p", "npy")

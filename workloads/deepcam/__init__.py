@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from mlhpc.workload import Workload
 
+from .convert import DATA_TOOLS
 from .data import build_datasets
 from .metric import METRIC
 from .model import ModelConfig, build_model
@@ -101,4 +102,5 @@ WORKLOAD = Workload(
     hyperparameters=hyperparameters,
     reference_samples=REFERENCE_SAMPLES,
     departures=departures,
+    data_tools=DATA_TOOLS,
 )

@@ -10,6 +10,14 @@ Layout (mlcommons/hpc deepcam README and ``data/cam_hdf5_dataset.py``)::
                                       climate/labels_0  int32 (H, W): 0 background,
                                                         1 tropical cyclone, 2 atmospheric river
 
+NVIDIA's converted layout (mlcommons hpc_results_v3.0 deepcam ``src/utils/convert_hdf52npy.py``,
+run per split by their ``init_datasets`` scripts, with ``stats.h5`` copied beside; read by their
+DALI ``data-*.npy`` / ``label-*.npy`` numpy readers) is read too, detected from the names::
+
+    <data_dir>/stats.h5
+    <data_dir>/{train,validation}/data-<tag>.npy    float32 (H, W, 16), climate/data as stored
+    <data_dir>/{train,validation}/label-<tag>.npy   integer (H, W), climate/labels_0 as stored
+
 The reference grid is 768 x 1152 (CAM5 at 0.25 degrees). The label dtype is int32: NVIDIA's
 readers of the same files (mlcommons/hpc_results_v3.0, ``cam_recordio_dali_dataset.py``)
 reinterpret the raw label bytes as INT32, 768 * 1152 * 4 bytes per sample; the reference reader
@@ -22,6 +30,7 @@ device (`CamDataset.device_transform`), not in the loader.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,20 +57,43 @@ STATS_FILE = "stats.h5"
 TRAIN_DIR = "train"
 VALIDATION_DIR = "validation"
 SAMPLE_GLOB = "data-*.h5"
+NPY_GLOB = "data-*.npy"
+FORMATS = ("hdf5", "npy")
 
 
-def list_samples(folder: Path, limit: int | None = None) -> list[Path]:
-    """Sorted ``data-*.h5`` files of a split folder, the first ``limit`` of them if given.
-
-    Raises:
-        DataError: the folder is missing, holds no ``data-*.h5`` file, or fewer than ``limit``.
-    """
+def detect_format(folder: Path) -> str:
+    """``hdf5`` (``data-*.h5``) or ``npy`` (``data-*.npy``, NVIDIA's layout) from a split folder's
+    names. Raises DataError: missing folder, neither, or both."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise DataError(f"{folder}: dataset folder not found (expected {SAMPLE_GLOB} files)")
-    files = sorted(folder.glob(SAMPLE_GLOB))
+        raise DataError(f"{folder}: dataset folder not found (expected {SAMPLE_GLOB} or {NPY_GLOB} files)")
+    found = {fmt for fmt, glob in (("hdf5", SAMPLE_GLOB), ("npy", NPY_GLOB))
+             if next(folder.glob(glob), None) is not None}
+    if len(found) != 1:
+        what = "both data-*.h5 and data-*.npy" if found else f"no {SAMPLE_GLOB} or {NPY_GLOB} files"
+        raise DataError(f"{folder}: {what} in the dataset folder (an empty split, or set data.format)")
+    return found.pop()
+
+
+def label_file(data_file: Path) -> Path:
+    """``label-<tag>.npy`` beside ``data-<tag>.npy`` (NVIDIA's names)."""
+    return data_file.with_name("label-" + data_file.name[len("data-"):])
+
+
+def list_samples(folder: Path, limit: int | None = None, fmt: str = "hdf5") -> list[Path]:
+    """Sorted ``data-*.h5`` (``fmt`` hdf5) or ``data-*.npy`` (npy) files of a split folder, the
+    first ``limit`` of them if given.
+
+    Raises:
+        DataError: the folder is missing, holds no such file, or fewer than ``limit``.
+    """
+    folder = Path(folder)
+    glob = SAMPLE_GLOB if fmt == "hdf5" else NPY_GLOB
+    if not folder.is_dir():
+        raise DataError(f"{folder}: dataset folder not found (expected {glob} files)")
+    files = sorted(folder.glob(glob))
     if not files:
-        raise DataError(f"{folder}: no {SAMPLE_GLOB} files in dataset folder")
+        raise DataError(f"{folder}: no {glob} files in dataset folder (an empty split)")
     if limit is not None:
         if len(files) < limit:
             raise DataError(f"{folder}: {len(files)} samples found, the config asks for {limit}")
@@ -113,16 +145,22 @@ class CamDataset(Dataset):
     its own handle and no HDF5 handle crosses a fork (h5py handles must not be shared between
     processes); the statistics are read once, in the constructor.
 
+    ``fmt`` ``npy`` reads NVIDIA's ``data-*.npy`` / ``label-*.npy`` pairs instead (memory-mapped).
+    Input values are checked (finite) the first time each sample is read in a process.
+
     Raises (from ``__getitem__``):
-        DataError: naming the file, when it is not HDF5 or truncated, lacks ``climate/data`` or
-            ``climate/labels_0``, has shapes or dtypes other than those of the first sample, or a
-            label value outside ``[0, num_classes)``.
+        DataError: naming the file, when it is not HDF5 (npy) or truncated, lacks ``climate/data``
+            or ``climate/labels_0`` (its label file), has shapes or dtypes other than those of the
+            first sample, a non-finite input value, or a label value outside ``[0, num_classes)``.
     """
 
     def __init__(self, files: list[Path], stats_file: Path, num_classes: int = len(CLASSES),
-                 channels: int = len(CHANNELS)) -> None:
+                 channels: int = len(CHANNELS), fmt: str = "hdf5") -> None:
         if not files:
             raise DataError("no sample files given")
+        self.format = fmt
+        self._checked: set[int] = set()
+        self._pid = os.getpid()
         self.files = [Path(f) for f in files]
         self.num_classes = num_classes
         self.channels = channels
@@ -132,6 +170,9 @@ class CamDataset(Dataset):
         self.label_shape = data_shape[:2]
 
     def _peek(self, path: Path) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        if self.format == "npy":
+            data, label = self._npy(path)
+            return tuple(data.shape), tuple(label.shape)
         try:
             with h5py.File(path, "r") as f:
                 data, label = self._datasets(f, path)
@@ -157,8 +198,37 @@ class CamDataset(Dataset):
     def __len__(self) -> int:
         return len(self.files)
 
+    def _npy(self, path: Path) -> tuple[np.ndarray, np.ndarray]:
+        """Memory maps of a sample's ``data-*.npy`` and ``label-*.npy``, shapes and dtypes checked."""
+        arrays = []
+        for file in (path, label_file(path)):
+            if not file.is_file():
+                what = "missing labels for " + path.name if file != path else "missing"
+                raise DataError(f"{file}: {what}")
+            try:
+                arrays.append(np.load(file, mmap_mode="r", allow_pickle=False))
+            except (OSError, ValueError, EOFError) as exc:
+                raise DataError(f"{file}: not a readable .npy file ({str(exc)[:120]})") from None
+        data, label = arrays
+        if data.ndim != 3 or data.shape[2] != self.channels:
+            raise DataError(f"{path}: array of shape {data.shape}, expected (H, W, {self.channels})")
+        if data.dtype != np.float32:
+            raise DataError(f"{path}: dtype {data.dtype}, expected float32")
+        if label.shape != data.shape[:2]:
+            raise DataError(f"{label_file(path)}: shape {label.shape}, expected {data.shape[:2]}")
+        if label.dtype.kind not in "iu":
+            raise DataError(f"{label_file(path)}: dtype {label.dtype}, expected an integer (int32)")
+        return data, label
+
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         path = self.files[index]
+        if self.format == "npy":
+            data_map, label_map = self._npy(path)
+            if data_map.shape != self.data_shape:
+                raise DataError(f"{path}: array of shape {data_map.shape}, expected "
+                                f"{self.data_shape} like {self.files[0].name}")
+            data, label = np.array(data_map), np.array(label_map)
+            return self._checked_sample(index, path, data, label)
         try:
             with h5py.File(path, "r") as f:
                 data_ds, label_ds = self._datasets(f, path)
@@ -169,6 +239,20 @@ class CamDataset(Dataset):
                 label = label_ds[...]
         except OSError as exc:
             raise DataError(f"{path}: cannot read sample ({exc})") from None
+        return self._checked_sample(index, path, data, label)
+
+    def _checked_sample(self, index: int, path: Path, data: np.ndarray, label: np.ndarray
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Labels in range always; input values finite the first time this process reads it."""
+        if self._pid != os.getpid():
+            self._checked, self._pid = set(), os.getpid()
+        if index not in self._checked:
+            finite = np.isfinite(data)
+            if not finite.all():
+                y, x, c = (int(v[0]) for v in np.nonzero(~finite))
+                raise DataError(f"{path}: sample {index}: input {data[y, x, c]} at pixel ({y}, {x}) "
+                                f"channel {c} ({CHANNELS[c] if c < len(CHANNELS) else c}) is not finite")
+            self._checked.add(index)
         lo, hi = int(label.min()), int(label.max())
         if lo < 0 or hi >= self.num_classes:
             bad = lo if lo < 0 else hi
@@ -198,10 +282,16 @@ def build_datasets(config: "Config", runtime: "Runtime", data_dir: Path) -> tupl
     stats = data_dir / STATS_FILE
     classes = getattr(config.model, "num_classes", len(CLASSES))
     channels = getattr(config.model, "in_channels", len(CHANNELS))
-    train_files = list_samples(data_dir / TRAIN_DIR, config.data.train_samples)
-    val_files = list_samples(data_dir / VALIDATION_DIR, config.data.eval_samples)
-    train = CamDataset(train_files, stats, num_classes=classes, channels=channels)
-    val = CamDataset(val_files, stats, num_classes=classes, channels=channels)
+    fmt = getattr(config.data, "format", "auto") or "auto"
+    if fmt == "auto":
+        fmt = detect_format(data_dir / TRAIN_DIR)
+    elif fmt not in FORMATS:
+        raise DataError(f"data.format: {fmt!r} is not a DeepCAM form; expected one of "
+                        f"{', '.join(FORMATS)}")
+    train_files = list_samples(data_dir / TRAIN_DIR, config.data.train_samples, fmt)
+    val_files = list_samples(data_dir / VALIDATION_DIR, config.data.eval_samples, fmt)
+    train = CamDataset(train_files, stats, num_classes=classes, channels=channels, fmt=fmt)
+    val = CamDataset(val_files, stats, num_classes=classes, channels=channels, fmt=fmt)
     if val.data_shape != train.data_shape:
         raise DataError(f"{val.files[0]}: {DATA_KEY} has shape {val.data_shape}, "
                         f"expected {train.data_shape} like the training samples")
