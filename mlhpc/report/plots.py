@@ -33,7 +33,9 @@ def _label(f: FolderResult) -> str:
     return f"{f.submitter}/{f.system} {f.benchmark}"
 
 
-def _phases_min(runs: list[RunSummary]) -> tuple[float, float, float, float] | None:
+def _phases_min(runs: list[RunSummary]) -> tuple[float, float, float, float, float] | None:
+    """Mean minutes of staging, training epochs, evaluation outside the epochs, residual, and
+    evaluation concurrent with the epochs (drawn over them, not added)."""
     usable = [r for r in runs if r.time_to_train_s is not None and r.residual_s is not None]
     if not usable:
         return None
@@ -42,15 +44,18 @@ def _phases_min(runs: list[RunSummary]) -> tuple[float, float, float, float] | N
     inside = [(r.staging_s or 0.0) if r.staging_in_run else 0.0 for r in usable]
     return (sum((r.staging_s or 0.0) for r in usable) / n / 60,
             sum(r.total_train_s for r in usable) / n / 60,
-            sum(r.total_eval_s for r in usable) / n / 60,
-            sum(r.residual_s - s for r, s in zip(usable, inside)) / n / 60)  # type: ignore[operator]
+            sum(r.total_eval_s - r.eval_overlap_s for r in usable) / n / 60,
+            sum(r.residual_s - s for r, s in zip(usable, inside)) / n / 60,  # type: ignore[operator]
+            sum(r.eval_overlap_s for r in usable) / n / 60)
 
 
 def time_split_figure(report: Report) -> Figure:
     """Stacked bars of staging / epochs / evaluation / residual: minutes (seconds for runs under
-    5 minutes) on the left, shares of the total on the right."""
+    5 minutes) on the left, shares of the total on the right. Evaluation that ran concurrently
+    with training (detected from the timestamps, `RunSummary.eval_overlap_s`) is drawn hatched
+    over the epochs it overlapped, never subtracted from them."""
     labels: list[str] = []
-    values: list[tuple[float, float, float, float]] = []
+    values: list[tuple[float, ...]] = []
     for f in report.folders:
         if f.kind == "runs":
             for r in f.runs:
@@ -63,7 +68,7 @@ def time_split_figure(report: Report) -> Figure:
             if split:
                 labels.append(_label(f))
                 values.append(split)
-    height = 1.4 + 0.35 * max(len(labels), 1)
+    height = 1.9 + 0.35 * max(len(labels), 1)
     fig, (ax, share) = plt.subplots(1, 2, figsize=(13, height), layout="constrained", sharey=True,
                                     gridspec_kw={"width_ratios": [3, 2]})
     if not values:
@@ -73,10 +78,10 @@ def time_split_figure(report: Report) -> Figure:
         return fig
     rows = list(range(len(values)))
     unit = "minutes"
-    if max(sum(max(x, 0.0) for x in v) for v in values) < 5.0:  # short runs read better in seconds
+    if max(sum(max(x, 0.0) for x in v[:4]) for v in values) < 5.0:  # short runs read better in seconds
         values = [tuple(60.0 * x for x in v) for v in values]  # type: ignore[misc]
         unit = "seconds"
-    totals = [sum(max(x, 0.0) for x in v) or 1.0 for v in values]
+    totals = [sum(max(x, 0.0) for x in v[:4]) or 1.0 for v in values]
     left = [0.0] * len(values)
     left_pct = [0.0] * len(values)
     for i, (phase, color) in enumerate(zip(PHASES, PHASE_COLORS)):
@@ -84,6 +89,11 @@ def time_split_figure(report: Report) -> Figure:
         pct = [100.0 * w / t for w, t in zip(widths, totals)]
         ax.barh(rows, widths, left=left, color=color, label=phase)
         share.barh(rows, pct, left=left_pct, color=color)
+        if i == 1 and any(v[4] > 0 for v in values):  # concurrent evaluation, over the epochs
+            overlap = [min(max(v[4], 0.0), w) for v, w in zip(values, widths)]
+            kw = dict(height=0.35, color="none", edgecolor=PHASE_COLORS[2], hatch="////", lw=0)
+            ax.barh(rows, overlap, left=left, label="evaluation concurrent with training", **kw)
+            share.barh(rows, [100.0 * o / t for o, t in zip(overlap, totals)], left=left_pct, **kw)
         left = [a + b for a, b in zip(left, widths)]
         left_pct = [a + b for a, b in zip(left_pct, pct)]
     ax.set_yticks(rows, labels, fontsize=8)
@@ -93,7 +103,8 @@ def time_split_figure(report: Report) -> Figure:
     share.set_xlim(0, 100)
     mean_note = "" if all(f.kind == "runs" for f in report.folders) else " (mean over each result's scored runs)"
     fig.suptitle("Where the time went: staging, training epochs, evaluation, residual" + mean_note)
-    ax.legend(loc="lower right", fontsize=8)
+    # below the bars, never over them
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=5, fontsize=8)
     for axis in (ax, share):
         axis.grid(axis="x", alpha=0.3)
     return fig
@@ -120,13 +131,16 @@ def convergence_figure(report: Report) -> Figure:
     for ax, (bench, folders) in zip(flat, sorted(by_bench.items())):
         target = None
         metric, unit = None, "epoch"
+        line = 0
         for i, f in enumerate(folders):
-            color = cmap(i % 10)
             for j, r in enumerate(f.runs):
                 if not r.metric_series:
                     continue
+                # one colour per result folder; per run where runs are shown one by one
+                color = cmap((line if f.kind == "runs" else i) % 10)
+                line += 1
                 xs, ys = zip(*r.metric_series)
-                ax.plot(xs, ys, color=color, alpha=0.7, lw=1,
+                ax.plot(xs, ys, color=color, alpha=0.8, lw=1.2, marker="." if f.kind == "runs" else None,
                         label=(_label(f) if f.kind != "runs" else Path(r.path).name) if j == 0 or f.kind == "runs" else None)
                 target = r.target if r.target is not None else target
                 metric = metric or r.metric_key
@@ -147,7 +161,10 @@ def scaling_figure(report: Report) -> Figure:
     for f in report.folders:
         if f.kind in ("strong", "runs") and f.olympic_min is not None and f.accelerators:
             round_ = (f.round or "").replace("hpc_results_", "")
-            points.setdefault((f.benchmark or "?", round_), []).append((f.accelerators, f.olympic_min))
+            # CPU-only systems (accelerators_per_node 0) count nodes, and are labelled so;
+            # the division is part of the series: open and closed results are never joined
+            tag = " ".join(x for x in (round_, f.division or "", "CPU nodes" if f.cpu_only else "") if x)
+            points.setdefault((f.benchmark or "?", tag), []).append((f.accelerators, f.olympic_min))
     fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
     if not points:
         ax.text(0.5, 0.5, "no scored result with a node count", ha="center", va="center")
@@ -161,11 +178,11 @@ def scaling_figure(report: Report) -> Figure:
                 color=cmap(benches.index(bench) % 10), label=f"{bench} {round_}".strip(), ms=7, alpha=0.8)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("accelerators per model (number_of_nodes x accelerators_per_node)")
+    ax.set_xlabel("accelerators per model (number_of_nodes x accelerators_per_node; nodes for CPU-only systems)")
     ax.set_ylabel("time to train, olympic mean (minutes)")
     ax.set_title("Time to train across systems (strong scaling)")
     ax.grid(alpha=0.3, which="both")
-    ax.legend()
+    ax.legend(fontsize=7)
     return fig
 
 

@@ -93,8 +93,12 @@ class RunSummary:
         epochs_to_target: ``epoch_num`` of the last metric record before a successful run_stop
             (as rcp_checker counts it), else ``None``; samples for OpenFold (``epoch_unit``).
         samples_per_s: ``train_samples`` x epochs / training time, where train_samples is known.
-        residual_s: time to train - sum(train_epoch_s) - sum(eval_s): set-up inside the timed
-            region, checkpoints, logging, anything not in an epoch or an evaluation.
+        residual_s: time to train - sum(train_epoch_s) - (sum(eval_s) - eval_overlap_s): set-up
+            inside the timed region, checkpoints, logging, anything not in an epoch or an
+            evaluation.
+        concurrent_eval / eval_overlap_s: evaluation ran while training went on (an evaluation
+            overlapping an epoch of another ``epoch_num``), and for how many seconds it overlapped
+            the epochs; such time is counted once, in the epochs.
         metric_key / metric_series / target: the quality metric, ``[(epoch_num, value)]`` and
             the target (from the run's ``summary.json``, else the closed-division target in
             mlperf_logging's rule file, `quality_target`).
@@ -135,6 +139,8 @@ class RunSummary:
     accelerators_per_node: int | None = None
     instance_id: Any = None
     resumed: bool = False
+    concurrent_eval: bool = False
+    eval_overlap_s: float = 0.0
     reason: str | None = None
     last_epoch: float | None = None
     eval_samples: int | None = None
@@ -233,6 +239,36 @@ def _pair(events: list[Event], start_key: str, stop_key: str) -> list[Interval]:
     return out
 
 
+def _overlap_ms(a: Interval, b: Interval) -> float:
+    return max(0.0, min(a.stop_ms, b.stop_ms) - max(a.start_ms, b.start_ms))
+
+
+def _split_epochs(epochs: list[Interval], evals: list[Interval]) -> tuple[list[float], float]:
+    """Training seconds per epoch, and seconds of evaluation concurrent with training.
+
+    An evaluation that overlaps an epoch of the same ``epoch_num`` (or where either carries
+    none) ran serially inside it: its overlap is subtracted from the epoch (overlap, not
+    containment, so a few ms of clock skew do not matter). An evaluation that overlaps an epoch
+    of another ``epoch_num`` ran concurrently with training (OpenFold evaluates the previous
+    checkpoint while the next epoch trains): the epoch keeps its time, and the overlap is
+    returned so the residual counts it once.
+    """
+    train_s: list[float] = []
+    concurrent_ms = 0.0
+    for ep in epochs:
+        serial = 0.0
+        for ev in evals:
+            overlap = _overlap_ms(ep, ev)
+            if overlap <= 0:
+                continue
+            if ev.epoch_num is None or ep.epoch_num is None or ev.epoch_num == ep.epoch_num:
+                serial += overlap
+            else:
+                concurrent_ms += overlap
+        train_s.append((ep.stop_ms - ep.start_ms - serial) / 1000.0)
+    return train_s, concurrent_ms / 1000.0
+
+
 def _span_s(parsed: ParsedLog, start_key: str, stop_key: str) -> float | None:
     start, stop = parsed.first(start_key), parsed.first(stop_key)
     if start is None or stop is None:
@@ -302,12 +338,8 @@ def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
     evals = _pair(timed, "eval_start", "eval_stop")
     epoch_stops = [e for e in timed if e.key == "epoch_stop"]
     if epochs:
-        # Evaluation inside an epoch is subtracted from it (overlap, so clock skew of a few ms
-        # between eval_start and epoch_start does not matter).
-        run.train_epoch_s = []
-        for ep in epochs:
-            inside = sum(max(0.0, min(ep.stop_ms, ev.stop_ms) - max(ep.start_ms, ev.start_ms)) for ev in evals)
-            run.train_epoch_s.append((ep.stop_ms - ep.start_ms - inside) / 1000.0)
+        run.train_epoch_s, run.eval_overlap_s = _split_epochs(epochs, evals)
+        run.concurrent_eval = run.eval_overlap_s > 0
     elif any("training_epoch_latency" in e.metadata for e in epoch_stops):
         run.train_epoch_s = [float(e.metadata["training_epoch_latency"]) / 1000.0 for e in epoch_stops
                              if _number(e.metadata.get("training_epoch_latency")) is not None]
@@ -318,7 +350,7 @@ def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
                       if _number(e.metadata.get("eval_epoch_latency")) is not None]
     run.n_epochs = len(run.train_epoch_s)
     if run.time_to_train_s is not None and (run.train_epoch_s or run.eval_s):
-        run.residual_s = run.time_to_train_s - run.total_train_s - run.total_eval_s
+        run.residual_s = run.time_to_train_s - run.total_train_s - (run.total_eval_s - run.eval_overlap_s)
     if run.train_samples and run.train_epoch_s and run.epoch_unit == "epochs" and run.total_train_s > 0:
         run.samples_per_s = run.train_samples * len(run.train_epoch_s) / run.total_train_s
 
