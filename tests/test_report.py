@@ -264,3 +264,23 @@ def test_cli_formats_and_errors(tmp_path):
     assert result.exit_code == 2 and "nowhere" in result.stderr and len(result.stderr.splitlines()) == 1
     result = runner.invoke(report_command, [str(MINI_RUNS), "--org", "x"])
     assert result.exit_code == 2 and "--package" in result.stderr
+
+
+def test_quality_targets_come_from_mlperf_logging_rule_files():
+    from mlhpc.report.runs import quality_target
+
+    assert quality_target("cosmoflow") == ("eval_error", 0.124, "min")
+    assert quality_target("deepcam") == ("eval_accuracy", 0.82, "max")
+    assert quality_target("openfold") == ("eval_accuracy", 0.8, "max")
+    assert quality_target("oc20")[0] == "eval_error" and quality_target("nosuchbench") is None
+
+
+def test_concurrent_evaluation_is_overlap_not_subtracted(mlperf_results):
+    """HPE+LBNL v3.0 OpenFold evaluates the previous checkpoint while the next epoch trains."""
+    log = mlperf_results / "hpc_results_v3.0/HPE+LBNL/results/perlmutter_224x4/strong/openfold/result_1.txt"
+    run = summarize_run(parse_log(log))
+    assert run.concurrent_eval and run.eval_overlap_s > 0.8 * run.total_eval_s
+    assert run.total_train_s > 0.85 * run.time_to_train_s  # epochs keep the time they overlapped
+    assert 0 <= run.residual_s < 0.05 * run.time_to_train_s
+    serial = summarize_run(parse_log(MINI_RUNS / "result_0.txt"))
+    assert not serial.concurrent_eval and serial.eval_overlap_s == 0.0
