@@ -1,6 +1,7 @@
 """Render and submit Slurm batch scripts that run ``mlhpc run`` R times into one results folder.
 
-The script a job runs (`render_sbatch`):
+The script a job runs (`render_sbatch`, filling the template ``mlhpc/templates/sbatch.sh.in``,
+package data, with `render_template`):
 
 - ``#SBATCH`` directives for the allocation: nodes, tasks per node (one per GPU, or one per
   requested CPU slot when there are no GPUs), GPUs per node, CPUs per task, wall time, partition,
@@ -16,8 +17,9 @@ The script a job runs (`render_sbatch`):
   that many concurrent ``srun`` steps, each with its share of nodes and tasks, its own
   ``MASTER_PORT`` and its own folder ``<output_dir>/instance_<i>``.
 
-Quoting: every value that reaches the body is quoted with `shlex.quote`, so config paths,
-overrides and output folders arrive in ``srun``'s argv byte for byte, whatever they contain.
+Quoting: every value that reaches the body is quoted with `shlex.quote` (`render_template`
+quotes any plain string it inserts), so config paths, overrides and output folders arrive in
+``srun``'s argv byte for byte, whatever they contain.
 ``#SBATCH`` lines are read by sbatch, not bash: sbatch takes a double-quoted value with ``\\"``
 and ``\\\\`` escapes and expands nothing (checked with Slurm 22.05). Partition, account and time
 must match Slurm's own syntax; the job name is double-quoted and escaped, its newlines become
@@ -37,14 +39,18 @@ import shlex
 import shutil
 import subprocess
 import sys
+from dataclasses import KW_ONLY, dataclass
 from datetime import datetime, timezone
+from importlib import resources
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Sequence
 
 from mlhpc.config import parse_override
 from mlhpc.errors import ConfigError, MlhpcError
 
 DEFAULT_MASTER_PORT = 29511
+MAX_RUNS = 1000  # runs of one job run one after the other; 10 (CosmoFlow) or 5 (DeepCAM) score
+_PLACEHOLDER = re.compile(r"@([a-z_]+)@")
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9_.\-]+(,[A-Za-z0-9_.\-]+)*$")
 _SLURM_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE)$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -55,37 +61,17 @@ class SubmitError(MlhpcError):
     """sbatch is missing, or refused the job (the message carries sbatch's own words)."""
 
 
-def render_sbatch(
-    config_path: Path | str,
-    *,
-    nodes: int = 1,
-    gpus_per_node: int = 0,
-    tasks_per_node: Optional[int] = None,
-    runs: int = 1,
-    time: str = "01:00:00",
-    partition: Optional[str] = None,
-    account: Optional[str] = None,
-    job_name: str = "mlhpc",
-    output_dir: Path | str = "results",
-    overrides: Sequence[str] = (),
-    instances: int = 1,
-    cpus_per_task: Optional[int] = None,
-    seeds: Optional[Sequence[int]] = None,
-    mpi: str = "pmi2",
-    python: Optional[str] = None,
-    env: Optional[Mapping[str, str]] = None,
-    workdir: Optional[Path | str] = None,
-    master_port: int = DEFAULT_MASTER_PORT,
-) -> str:
-    """The text of an sbatch script running ``mlhpc run CONFIG`` ``runs`` times (module docstring).
+@dataclass(frozen=True)
+class SbatchJob:
+    """One batch job: R runs of ``mlhpc run CONFIG``, and the allocation they run in.
 
-    Args:
+    Fields:
         config_path: the run config; made absolute (it must exist).
         nodes: nodes to allocate (>= 1).
         gpus_per_node: GPUs per node; when > 0 there is one task per GPU.
         tasks_per_node: tasks per node when ``gpus_per_node`` is 0 (default 1); with GPUs it may
             only repeat ``gpus_per_node``.
-        runs: sequential runs of the benchmark (>= 1), each a fresh ``result_N.txt``.
+        runs: sequential runs of the benchmark (1 .. ``MAX_RUNS``), each a fresh ``result_N.txt``.
         time: wall-time limit, in a Slurm time format (``"MM"``, ``"HH:MM:SS"``, ``"D-HH:MM"``...).
         partition / account: Slurm partition and account (None: the cluster's default).
         job_name: the job's label (characters sbatch cannot take are replaced by ``_``).
@@ -97,131 +83,244 @@ def render_sbatch(
             evenly between them.
         cpus_per_task: ``--cpus-per-task`` (and ``OMP_NUM_THREADS``) when given.
         seeds: one ``train.seed`` per run (instance i of a run adds i); default: ``runs``
-            distinct random seeds drawn now (the MLPerf rules want each run seeded differently)
-            -- unless ``overrides`` set ``train.seed``, which then holds for every run.
+            distinct random seeds drawn at rendering (the MLPerf rules want each run seeded
+            differently) -- unless ``overrides`` set ``train.seed``, which then holds for every run.
         mpi: srun's ``--mpi`` plugin (``"pmi2"``; ``"pmix"`` or ``"none"`` elsewhere).
         python: the interpreter the job runs (default: ``sys.executable``, the one rendering, so
             the job finds this install of mlhpc).
         env: extra environment variables exported before the runs.
         workdir: folder the job changes to first (default: the current folder).
         master_port: torch.distributed port of instance 0 (instance i uses ``master_port + i``).
+    """
+
+    config_path: Path | str
+    _: KW_ONLY
+    nodes: int = 1
+    gpus_per_node: int = 0
+    tasks_per_node: int | None = None
+    runs: int = 1
+    time: str = "01:00:00"
+    partition: str | None = None
+    account: str | None = None
+    job_name: str = "mlhpc"
+    output_dir: Path | str = "results"
+    overrides: Sequence[str] = ()
+    instances: int = 1
+    cpus_per_task: int | None = None
+    seeds: Sequence[int] | None = None
+    mpi: str = "pmi2"
+    python: str | None = None
+    env: Mapping[str, str] | None = None
+    workdir: Path | str | None = None
+    master_port: int = DEFAULT_MASTER_PORT
+
+
+def render_sbatch(config_path: Path | str, **options: Any) -> str:
+    """The text of an sbatch script running ``mlhpc run CONFIG`` ``runs`` times (module docstring),
+    the template ``mlhpc/templates/sbatch.sh.in`` filled in for ``SbatchJob(config_path, **options)``.
 
     Returns:
         the script text (bash, ``#!/bin/bash`` first).
 
     Raises:
-        ConfigError: an impossible request (nodes, runs, instances, tasks or cpus < 1; tasks that
-            do not split between instances; tasks per node that contradict one task per GPU; seeds
-            of the wrong length), a partition, account or time Slurm would not accept, a value
-            sbatch cannot carry in a ``#SBATCH`` line, a malformed override, a missing config file
-            or a bad environment variable name.
+        TypeError: an option that is not a field of `SbatchJob`.
+        ConfigError: an impossible request (nodes, runs, instances, tasks or cpus < 1, more than
+            ``MAX_RUNS`` runs; tasks that do not split between instances; tasks per node that
+            contradict one task per GPU; seeds of the wrong length), a partition, account or time
+            Slurm would not accept, a value sbatch cannot carry in a ``#SBATCH`` line, a malformed
+            override, a missing config file or a bad environment variable name.
     """
-    for name, value, least in (("nodes", nodes, 1), ("runs", runs, 1), ("instances", instances, 1),
-                               ("gpus_per_node", gpus_per_node, 0), ("master_port", master_port, 1)):
+    job = SbatchJob(config_path, **options)
+    layout = _layout(job)
+    _check_slurm_syntax(job)
+    for text in job.overrides:
+        parse_override(text)  # raises ConfigError on a malformed one
+    seeds = _run_seeds(job.seeds, job.runs)
+    env = _environment(job.env, job.cpus_per_task)
+    config = Path(job.config_path).expanduser()
+    if not config.is_file():
+        raise ConfigError(f"{job.config_path}: config file not found")
+    return render_template(_template("sbatch.sh.in"), _values(job, layout, config.resolve(), seeds, env))
+
+
+def _values(job: SbatchJob, layout: _Layout, config: Path, seeds: list[int],
+            env: Mapping[str, str]) -> dict[str, object]:
+    """The template's values for a checked job (`render_template`'s rules)."""
+    out = Path(job.output_dir).expanduser().absolute()
+    where = Path(job.workdir).expanduser().absolute() if job.workdir is not None else Path.cwd()
+    head = _srun(layout, job.mpi) + [job.python or sys.executable, "-m", "mlhpc", "run", str(config)]
+    user_seed = any(text.split("=", 1)[0].strip() == "train.seed" for text in job.overrides)
+    # Slurm reads "%" in an --output path as a pattern, and a "\\" anywhere turns every pattern
+    # off (%j included): such folders, and those sbatch cannot quote, get the log from the body.
+    log_in_body = any(c in str(out) for c in _SBATCH_UNSAFE + ("%", "\\", '"'))
+    sbatch_output = _sbatch_value("output_dir", str(out) + "/slurm-%j.out") if not log_in_body else None
+    return {
+        "job_name": Verbatim(_sbatch_value("job_name", _clean_label(job.job_name))),
+        "nodes": job.nodes, "tasks_per_node": layout.tasks_per_node, "gpus_per_node": job.gpus_per_node,
+        "sbatch_gpus_per_node": job.gpus_per_node or None, "sbatch_cpus_per_task": job.cpus_per_task,
+        # checked against Slurm's syntax, which no shell quoting can be part of
+        "time": Verbatim(job.time),
+        "sbatch_partition": Verbatim(job.partition) if job.partition else None,
+        "sbatch_account": Verbatim(job.account) if job.account else None,
+        "sbatch_output": Verbatim(sbatch_output) if sbatch_output else None,
+        "stamp": Verbatim(datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")),
+        "runs": job.runs, "instances": job.instances, "last_run": job.runs - 1,
+        "workdir": str(where), "output_dir": str(out), "body_log_dir": str(out) if log_in_body else None,
+        "exports": [Verbatim(f"export {key}={shlex.quote(str(value))}") for key, value in sorted(env.items())],
+        "seeds": Verbatim(" ".join(str(s) for s in seeds)),
+        "steps": _run_steps(layout, head, out, job.overrides, not user_seed, job.master_port),
+    }
+
+
+class Verbatim(str):
+    """Text `render_template` inserts as it is: already quoted (or built only of safe parts)."""
+
+
+def render_template(template: str, values: Mapping[str, object]) -> str:
+    """Fill ``@name@`` placeholders of ``template`` (a bash script) from ``values``.
+
+    Rules, line by line: a line holding a placeholder whose value is None is left out (an
+    optional ``#SBATCH`` option); a line that is nothing but one placeholder (plus indentation)
+    whose value is a list becomes one line per item, indented alike (none for an empty list);
+    otherwise each placeholder becomes its value: an ``int`` as digits, a `Verbatim` as it is,
+    any other ``str`` through `shlex.quote` -- so a user's value reaches bash as one word, byte
+    for byte, unless the code building ``values`` quoted it itself.
+
+    Raises:
+        KeyError: a placeholder without a value, or a value no placeholder uses (the template
+            and the code disagree: a bug, not bad input).
+    """
+    used: set[str] = set()
+    lines = []
+    for line in template.splitlines():
+        names = _PLACEHOLDER.findall(line)
+        used.update(names)
+        missing = [name for name in names if name not in values]
+        if missing:
+            raise KeyError(f"template placeholder @{missing[0]}@ has no value")
+        if any(values[name] is None for name in names):
+            continue
+        whole = _PLACEHOLDER.fullmatch(line.strip())
+        if whole and isinstance(values[whole.group(1)], list):
+            indent = line[: len(line) - len(line.lstrip())]
+            lines += [indent + _text(item) for item in values[whole.group(1)]]
+            continue
+        lines.append(_PLACEHOLDER.sub(lambda m: _text(values[m.group(1)]), line))
+    unused = sorted(set(values) - used)
+    if unused:
+        raise KeyError(f"value {unused[0]!r} has no @{unused[0]}@ placeholder in the template")
+    return "\n".join(lines) + "\n"
+
+
+def _text(value: object) -> str:
+    if isinstance(value, (Verbatim, int)):
+        return str(value)
+    if isinstance(value, str):
+        return shlex.quote(value)
+    raise TypeError(f"template value {value!r}: expected str, Verbatim or int")
+
+
+def _template(name: str) -> str:
+    """A template shipped with the package (mlhpc/templates/, package data)."""
+    return resources.files("mlhpc").joinpath("templates", name).read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Tasks of the allocation and of each weak-scaling instance."""
+
+    tasks_per_node: int
+    instances: int
+    instance_nodes: int
+    instance_tasks: int
+
+
+def _layout(job: SbatchJob) -> _Layout:
+    """Counts checked; tasks per node (one per GPU when there are GPUs), each instance's share."""
+    for name, least in (("nodes", 1), ("runs", 1), ("instances", 1), ("gpus_per_node", 0), ("master_port", 1)):
+        value = getattr(job, name)
         if not isinstance(value, int) or value < least:
             raise ConfigError(f"slurm {name}: expected an integer >= {least}, got {value!r}")
-    if gpus_per_node > 0:
-        if tasks_per_node not in (None, gpus_per_node):
-            raise ConfigError(f"slurm tasks_per_node: one task per GPU means {gpus_per_node}, "
+    if job.runs > MAX_RUNS:
+        raise ConfigError(f"slurm runs: at most {MAX_RUNS} runs in one job, got {job.runs}")
+    tasks_per_node = job.tasks_per_node
+    if job.gpus_per_node > 0:
+        if tasks_per_node not in (None, job.gpus_per_node):
+            raise ConfigError(f"slurm tasks_per_node: one task per GPU means {job.gpus_per_node}, "
                               f"got {tasks_per_node}")
-        tasks_per_node = gpus_per_node
+        tasks_per_node = job.gpus_per_node
     tasks_per_node = 1 if tasks_per_node is None else tasks_per_node
     if not isinstance(tasks_per_node, int) or tasks_per_node < 1:
         raise ConfigError(f"slurm tasks_per_node: expected an integer >= 1, got {tasks_per_node!r}")
-    if cpus_per_task is not None and (not isinstance(cpus_per_task, int) or cpus_per_task < 1):
-        raise ConfigError(f"slurm cpus_per_task: expected an integer >= 1, got {cpus_per_task!r}")
-    inst_nodes, inst_tasks = _split_instances(nodes, tasks_per_node, instances)
-    if not _SLURM_TIME.match(str(time)):
-        raise ConfigError(f"slurm time: {time!r} is not a Slurm time (MM, HH:MM:SS, D-HH:MM:SS)")
-    for name, value in (("partition", partition), ("account", account)):
+    cpus = job.cpus_per_task
+    if cpus is not None and (not isinstance(cpus, int) or cpus < 1):
+        raise ConfigError(f"slurm cpus_per_task: expected an integer >= 1, got {cpus!r}")
+    inst_nodes, inst_tasks = _split_instances(job.nodes, tasks_per_node, job.instances)
+    return _Layout(tasks_per_node, job.instances, inst_nodes, inst_tasks)
+
+
+def _check_slurm_syntax(job: SbatchJob) -> None:
+    """Values Slurm parses itself must match its syntax (they go into the script unquoted)."""
+    if not _SLURM_TIME.match(str(job.time)):
+        raise ConfigError(f"slurm time: {job.time!r} is not a Slurm time (MM, HH:MM:SS, D-HH:MM:SS)")
+    for name, value in (("partition", job.partition), ("account", job.account)):
         if value is not None and not _SLURM_NAME.match(value):
             raise ConfigError(f"slurm {name}: {value!r} is not a Slurm {name} name")
-    if not re.match(r"^[a-z0-9_]+$", mpi):
-        raise ConfigError(f"slurm mpi: {mpi!r} is not an srun --mpi plugin name")
-    for text in overrides:
-        parse_override(text)  # raises ConfigError on a malformed one
-    user_seed = any(text.split("=", 1)[0].strip() == "train.seed" for text in overrides)
+    if not re.match(r"^[a-z0-9_]+$", job.mpi):
+        raise ConfigError(f"slurm mpi: {job.mpi!r} is not an srun --mpi plugin name")
+
+
+def _run_seeds(seeds: Sequence[int] | None, runs: int) -> list[int]:
+    """One seed per run: the given ones, or ``runs`` distinct ones drawn from the OS."""
     if seeds is None:
-        draw = random.SystemRandom()
-        seeds = draw.sample(range(1, 2**31 - 1), runs)
+        seeds = random.SystemRandom().sample(range(1, 2**31 - 1), runs)
     seeds = [int(s) for s in seeds]
     if len(seeds) != runs:
         raise ConfigError(f"slurm seeds: expected {runs} (one per run), got {len(seeds)}")
+    return seeds
+
+
+def _environment(env: Mapping[str, str] | None, cpus_per_task: int | None) -> dict[str, str]:
     env = dict(env or {})
     for key in env:
         if not _ENV_NAME.match(key):
             raise ConfigError(f"slurm env: {key!r} is not an environment variable name")
     if cpus_per_task is not None:
         env.setdefault("OMP_NUM_THREADS", str(cpus_per_task))
+    return env
 
-    config = Path(config_path).expanduser()
-    if not config.is_file():
-        raise ConfigError(f"{config_path}: config file not found")
-    config = config.resolve()
-    out = Path(output_dir).expanduser().absolute()
-    where = Path(workdir).expanduser().absolute() if workdir is not None else Path.cwd()
-    python = python or sys.executable
+
+def _run_steps(layout: _Layout, head: list[str], out: Path, overrides: Sequence[str],
+               seed_each_run: bool, master_port: int) -> list[Verbatim]:
+    """The body of one run: one step ``<head> --set output.dir=...`` per instance (concurrent,
+    each waited for, when there are several).
+
+    With ``seed_each_run`` each step gets ``--set train.seed=<this run's seed + instance>``
+    from the script's SEEDS array (otherwise the user's overrides set the seed).
+    """
     q = shlex.quote
-
-    lines = ["#!/bin/bash"]
-    lines.append(f"#SBATCH --job-name={_sbatch_value('job_name', _clean_label(job_name))}")
-    lines.append(f"#SBATCH --nodes={nodes}")
-    lines.append(f"#SBATCH --ntasks-per-node={tasks_per_node}")
-    if gpus_per_node:
-        lines.append(f"#SBATCH --gpus-per-node={gpus_per_node}")
-    if cpus_per_task is not None:
-        lines.append(f"#SBATCH --cpus-per-task={cpus_per_task}")
-    lines.append(f"#SBATCH --time={time}")
-    if partition:
-        lines.append(f"#SBATCH --partition={partition}")
-    if account:
-        lines.append(f"#SBATCH --account={account}")
-    # Slurm reads "%" in an --output path as a pattern, and a "\\" anywhere turns every pattern
-    # off (%j included): such folders, and those sbatch cannot quote, get the log from the body.
-    log_in_body = any(c in str(out) for c in _SBATCH_UNSAFE + ("%", "\\", '"'))
-    if not log_in_body:
-        lines.append(f"#SBATCH --output={_sbatch_value('output_dir', str(out) + '/slurm-%j.out')}")
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    lines += [
-        "",
-        f"# Rendered by mlhpc.slurm.render_sbatch at {stamp}: {runs} run(s) x {instances} instance(s)",
-        f"# of {nodes} node(s) x {tasks_per_node} task(s), {gpus_per_node} GPU(s) per node.",
-        "set -uo pipefail",
-        f"cd -- {q(str(where))} || exit 1",
-        f"mkdir -p -- {q(str(out))} || exit 1",
-    ]
-    if log_in_body:
-        lines.append(f'exec >>{q(str(out))}/slurm-"$SLURM_JOB_ID".out 2>&1')
-    for key, value in sorted(env.items()):
-        lines.append(f"export {key}={q(str(value))}")
-    lines.append(f"SEEDS=({' '.join(str(s) for s in seeds)})")
-    lines.append("failed=0")
-    lines.append(f"for run in $(seq 0 {runs - 1}); do")
-    lines.append(f'    echo "mlhpc: run $((run + 1)) of {runs} (train.seed ${{SEEDS[$run]}}) starting $(date -u +%FT%TZ)"')
-    srun = ["srun", f"--mpi={mpi}", f"--nodes={inst_nodes}", f"--ntasks={inst_tasks}",
-            f"--ntasks-per-node={min(tasks_per_node, inst_tasks)}", "--kill-on-bad-exit=1"]
-    if instances > 1:
-        srun.append("--exact")
-    for i in range(instances):
-        inst_out = out if instances == 1 else out / f"instance_{i}"
-        argv = srun + [python, "-m", "mlhpc", "run", str(config), "--set", f"output.dir={inst_out}"]
-        cmd = " ".join(q(a) for a in argv)
-        run_seed = "${SEEDS[$run]}" if instances == 1 else f"$((SEEDS[run] + {i}))"
-        seed = "" if user_seed else f' --set "train.seed={run_seed}"'
+    lines: list[Verbatim] = []
+    for i in range(layout.instances):
+        inst_out = out if layout.instances == 1 else out / f"instance_{i}"
+        cmd = " ".join(q(a) for a in [*head, "--set", f"output.dir={inst_out}"])
+        run_seed = "${SEEDS[$run]}" if layout.instances == 1 else f"$((SEEDS[run] + {i}))"
+        seed = f' --set "train.seed={run_seed}"' if seed_each_run else ""
         sets = "".join(f" --set {q(text)}" for text in overrides)
-        port = f"MASTER_PORT={master_port + i} "
-        if instances == 1:
-            lines.append(f"    {port}{cmd}{seed}{sets} || failed=1")
+        step = f"MASTER_PORT={master_port + i} {cmd}{seed}{sets}"
+        if layout.instances == 1:
+            lines.append(Verbatim(f"{step} || failed=1"))
         else:
-            lines.append(f"    {port}{cmd}{seed}{sets} &")
-            lines.append(f"    pid_{i}=$!")
-    if instances > 1:
-        for i in range(instances):
-            lines.append(f"    wait \"$pid_{i}\" || failed=1")
-    lines.append("done")
-    lines.append('echo "mlhpc: all runs finished $(date -u +%FT%TZ), failed=$failed"')
-    lines.append("exit $failed")
-    return "\n".join(lines) + "\n"
+            lines += [Verbatim(f"{step} &"), Verbatim(f"pid_{i}=$!")]
+    if layout.instances > 1:
+        lines += [Verbatim(f'wait "$pid_{i}" || failed=1') for i in range(layout.instances)]
+    return lines
+
+
+def _srun(layout: _Layout, mpi: str) -> list[str]:
+    """``srun`` and its options for the step of one instance."""
+    srun = ["srun", f"--mpi={mpi}", f"--nodes={layout.instance_nodes}", f"--ntasks={layout.instance_tasks}",
+            f"--ntasks-per-node={min(layout.tasks_per_node, layout.instance_tasks)}", "--kill-on-bad-exit=1"]
+    return srun + ["--exact"] if layout.instances > 1 else srun
 
 
 def submit(script: str, *, dry_run: bool, sbatch: str = "sbatch", timeout_s: float = 120.0) -> list[str]:

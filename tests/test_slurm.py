@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mlhpc.errors import ConfigError
-from mlhpc.slurm import SubmitError, render_sbatch, submit
+from mlhpc.slurm import MAX_RUNS, SubmitError, Verbatim, render_sbatch, render_template, submit
 from slurm_cluster import slurm_cluster, wait_for_job  # noqa: F401 - pytest fixture
 
 REPO = Path(__file__).resolve().parents[1]
@@ -158,6 +158,7 @@ def test_failed_run_does_not_stop_the_next_but_fails_the_job(tmp_path: Path) -> 
 @pytest.mark.parametrize("kwargs, message", [
     ({"nodes": 0}, r"slurm nodes: expected an integer >= 1, got 0"),
     ({"runs": 0}, r"slurm runs: expected an integer >= 1"),
+    ({"runs": MAX_RUNS + 1}, rf"slurm runs: at most {MAX_RUNS} runs in one job, got {MAX_RUNS + 1}"),
     ({"gpus_per_node": 4, "tasks_per_node": 2}, r"one task per GPU means 4, got 2"),
     ({"tasks_per_node": 0}, r"slurm tasks_per_node: expected an integer >= 1"),
     ({"nodes": 3, "instances": 2}, r"do not split into 2 instances"),
@@ -174,6 +175,29 @@ def test_impossible_requests_are_config_errors(tmp_path: Path, kwargs: dict, mes
     config.write_text("workload: cosmoflow\n")
     with pytest.raises(ConfigError, match=message):
         render_sbatch(config, output_dir=tmp_path / "o", **kwargs)
+
+
+def test_submit_runs_beyond_the_bound_is_one_line_exit_2(tmp_path: Path) -> None:
+    config = REPO / "configs" / "cosmoflow-mini.yaml"
+    proc = subprocess.run([sys.executable, "-m", "mlhpc", "submit", str(config), "--runs", "5000000",
+                           "--dry-run"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"mlhpc: error: slurm runs: at most {MAX_RUNS} runs in one job, "
+                                        "got 5000000"]
+    assert len(render_sbatch(config, runs=MAX_RUNS, output_dir=tmp_path / "o")) < 100_000
+
+
+def test_template_lines_drop_expand_and_quote() -> None:
+    template = "a=@plain@ b=@word@ n=@count@\n#opt --x=@maybe@\n  @many@\nend\n"
+    values = {"plain": "x y $(z)", "word": Verbatim('"$v"'), "count": 3, "maybe": None,
+              "many": [Verbatim("one"), "t w o"]}
+    assert render_template(template, values) == "a='x y $(z)' b=\"$v\" n=3\n  one\n  't w o'\nend\n"
+    assert render_template(template, {**values, "maybe": 7, "many": []}) == \
+        "a='x y $(z)' b=\"$v\" n=3\n#opt --x=7\nend\n"
+    with pytest.raises(KeyError, match="@count@ has no value"):
+        render_template(template, {k: v for k, v in values.items() if k != "count"})
+    with pytest.raises(KeyError, match="'extra' has no @extra@ placeholder"):
+        render_template(template, {**values, "extra": 1})
 
 
 def test_missing_config_is_a_config_error(tmp_path: Path) -> None:
