@@ -194,52 +194,72 @@ def synthesize(path: Path, workload: "Workload", synth: Any, seed: int) -> bool:
     seed = check_seed(seed)
     path = Path(path)
     wanted = _settings(workload.name, synth, seed)
-    tmp = staging_folder(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with _lock(path):
-            if path.exists() and not path.is_dir():
-                raise DataError(f"{path}: data.path is a file, not a dataset folder")
-            marker = read_marker(path) if path.is_dir() else None
-            if marker is not None:
-                differs = _first_difference(marker, wanted)
-                if differs:
-                    raise DataError(f"{path}: data were synthesised with {differs}; delete the "
-                                    "folder or choose another data.path")
-                if check_complete(path, marker) is None:
-                    return False
-                _remove(path)  # mlhpc's own data, changed since: synthesise afresh
-            intent = _read_json(tmp / INTENT) if tmp.is_dir() else None
-            if tmp.exists() and intent != wanted:
-                _remove(tmp)  # a different, interrupted synthesis: start afresh
-            adopted = path.is_dir()
-            if adopted:  # unmarked (older mlhpc, interrupted, or the user's): complete it
-                if tmp.exists():
-                    _remove(tmp)
-                os.rename(path, tmp)
-            tmp.mkdir(exist_ok=True)
-            _write_json(tmp / INTENT, wanted)
-            for leftover in _partial_files(tmp):
-                leftover.unlink()
-            try:
-                workload.synthesize(tmp, synth, seed)
-            except BaseException:
-                if adopted and not path.exists():  # give the folder back where it was
-                    (tmp / INTENT).unlink(missing_ok=True)
-                    os.rename(tmp, path)
-                raise
-            for leftover in _partial_files(tmp):
-                leftover.unlink()
-            (tmp / INTENT).unlink()
-            _write_json(tmp / MARKER, {"format": MARKER_FORMAT, **wanted,
-                                       "inventory": inventory(tmp)})
-            os.rename(tmp, path)
-            _fsync_dir(path.parent)
+            if not _needs_synthesis(path, wanted):
+                return False
+            _synthesize_into_place(path, workload, synth, seed, wanted)
     except OSError as exc:
         where = exc.filename or path
         raise DataError(f"{where}: cannot write the synthetic dataset "
                         f"({exc.strerror or exc})") from None
     return True
+
+
+def _needs_synthesis(path: Path, wanted: dict[str, Any]) -> bool:
+    """False when ``path`` is marked with the ``wanted`` settings and its files agree; a marked
+    folder whose files changed is removed (mlhpc's own data), and True returned.
+
+    Raises:
+        DataError: ``path`` is a file, or is marked with other settings (the first differing key).
+    """
+    if path.exists() and not path.is_dir():
+        raise DataError(f"{path}: data.path is a file, not a dataset folder")
+    marker = read_marker(path) if path.is_dir() else None
+    if marker is None:
+        return True
+    differs = _first_difference(marker, wanted)
+    if differs:
+        raise DataError(f"{path}: data were synthesised with {differs}; delete the "
+                        "folder or choose another data.path")
+    if check_complete(path, marker) is None:
+        return False
+    _remove(path)  # mlhpc's own data, changed since: synthesise afresh
+    return True
+
+
+def _synthesize_into_place(path: Path, workload: "Workload", synth: Any, seed: int,
+                           wanted: dict[str, Any]) -> None:
+    """Write the dataset in the hidden staging folder beside ``path`` (completing an unmarked
+    ``path`` moved there, or an interrupted synthesis with the same settings), mark it, and
+    rename it to ``path``. Called under `_lock`; OSError propagates."""
+    tmp = staging_folder(path)
+    intent = _read_json(tmp / INTENT) if tmp.is_dir() else None
+    if tmp.exists() and intent != wanted:
+        _remove(tmp)  # a different, interrupted synthesis: start afresh
+    adopted = path.is_dir()
+    if adopted:  # unmarked (older mlhpc, interrupted, or the user's): complete it
+        if tmp.exists():
+            _remove(tmp)
+        os.rename(path, tmp)
+    tmp.mkdir(exist_ok=True)
+    _write_json(tmp / INTENT, wanted)
+    for leftover in _partial_files(tmp):
+        leftover.unlink()
+    try:
+        workload.synthesize(tmp, synth, seed)
+    except BaseException:
+        if adopted and not path.exists():  # give the folder back where it was
+            (tmp / INTENT).unlink(missing_ok=True)
+            os.rename(tmp, path)
+        raise
+    for leftover in _partial_files(tmp):
+        leftover.unlink()
+    (tmp / INTENT).unlink()
+    _write_json(tmp / MARKER, {"format": MARKER_FORMAT, **wanted, "inventory": inventory(tmp)})
+    os.rename(tmp, path)
+    _fsync_dir(path.parent)
 
 
 def _read_json(path: Path) -> Any:
