@@ -142,7 +142,7 @@ def test_package_fails_when_the_official_checker_fails(mlperf_results, tmp_path)
 
 
 def test_v07_layout_is_one_row_per_result_folder_not_checked(mlperf_results, tmp_path):
-    """Round v0.7 has no strong/weak level. Made from v1.0 logs (the v0.7 logs are not shipped):
+    """Round v0.7 has no strong/weak level. Made from v1.0 logs (full folders; the shipped v0.7 logs are one run each):
     two system folders whose logs name the same platform stay two rows, scored, 'not checked'."""
     source = mlperf_results / "hpc_results_v1.0" / "CSCS" / "results"
     root = tmp_path / "hpc_results_v0.7" / "CSCS" / "results"
@@ -157,6 +157,51 @@ def test_v07_layout_is_one_row_per_result_folder_not_checked(mlperf_results, tmp
         assert f.ruleset_note.startswith("not checked: no ruleset for round v0.7 in mlperf-logging ")
         assert f.rcp.passed is None
         assert all(r.compliant is None for r in f.runs)
+    data = json.loads(render(report, "json"))
+    assert len(data["folders"]) == 2
+    assert "invalid" not in render(report, "table")
+
+
+V07_PUBLISHED = Path(__file__).parent / "data" / "mlperf-hpc-results" / "hpc_results_v0.7"
+
+
+def _raw_time_to_train_min(log: Path) -> float:
+    """(run_stop - run_start) / 60000 from the raw MLLOG lines, independent of mlhpc's parser."""
+    stamps = {}
+    for line in log.read_text().splitlines():
+        m = re.match(r':::MLLOG \{.*"time_ms": (\d+), .*"key": "(run_start|run_stop)"', line)
+        if m:
+            stamps[m.group(2)] = int(m.group(1))
+    return (stamps["run_stop"] - stamps["run_start"]) / 60000
+
+
+def test_v07_published_logs_one_row_per_result_folder(tmp_path):
+    """Real v0.7 logs (CSCS daint n128 and n256, one published run each, see
+    tests/data/mlperf-hpc-results/README.md): both logs say platform "Piz Daint GPU", yet they
+    stay two rows keyed on their folders; compliance 'not checked', no RCP; each run's time to
+    train equals the raw run_start/run_stop lines; one run is too few for an olympic mean."""
+    root = tmp_path / "hpc_results_v0.7"
+    shutil.copytree(V07_PUBLISHED, root)
+    logs = sorted(root.glob("CSCS/results/*/cosmoflow/result_*.txt"))
+    assert len(logs) == 2
+    assert all('"key": "submission_platform", "value": "Piz Daint GPU"' in p.read_text() for p in logs)
+    report = build_report([root])
+    by_system = {f.system: f for f in report.folders}
+    assert sorted(by_system) == ["daint_gpu_n128_tf2.2.0", "daint_gpu_n256_tf2.2.0"]
+    for f in report.folders:
+        assert f.round == "hpc_results_v0.7" and f.kind == "strong" and f.ruleset is None
+        assert f.submitter == "CSCS" and f.benchmark == "cosmoflow" and f.division == "closed"
+        assert f.ruleset_note.startswith("not checked: no ruleset for round v0.7 in mlperf-logging ")
+        assert f.rcp.passed is None and f.rcp.normalization == 1.0
+        assert all(r.compliant is None for r in f.runs) and not f.dropped
+        (run,) = f.runs
+        assert run.platform == "Piz Daint GPU"
+        assert run.time_to_train_min == pytest.approx(_raw_time_to_train_min(Path(run.path)), abs=1e-9)
+        assert f.olympic_min is None and any("no olympic mean: 1 scored runs" in n for n in f.notes)
+    assert by_system["daint_gpu_n128_tf2.2.0"].runs[0].global_batch_size == 256
+    assert by_system["daint_gpu_n256_tf2.2.0"].runs[0].global_batch_size == 512
+    assert by_system["daint_gpu_n128_tf2.2.0"].runs[0].time_to_train_min == pytest.approx(400.7682833, abs=1e-6)
+    assert by_system["daint_gpu_n256_tf2.2.0"].runs[0].time_to_train_min == pytest.approx(291.6679167, abs=1e-6)
     data = json.loads(render(report, "json"))
     assert len(data["folders"]) == 2
     assert "invalid" not in render(report, "table")
