@@ -21,6 +21,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationE
                       create_model, field_validator, model_validator)
 
 from mlhpc.errors import ConfigError
+from mlhpc.workload import get as get_workload
 
 #: Every integer a config holds fits a signed 64-bit integer (torch's int64, a C ``long long``).
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -183,7 +184,8 @@ class TrainConfig(Section):
 
 
 class OutputConfig(Section):
-    """Where results go: ``<dir>/result_N.txt``, ``summary.json``, ``config.yaml``, ``env.json``."""
+    """Where results go: run N writes ``<dir>/result_N.txt`` (the MLLOG) and its side files
+    ``measured_N.json``, ``summary_N.json``, ``config_N.yaml``, ``env_N.json`` (`mlhpc.results`)."""
 
     dir: Path = Field(Path("results"), strict=False)
 
@@ -300,6 +302,17 @@ class UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# YAML 1.1 (PyYAML's resolver) reads a float only with a dot and a signed exponent, so ``1e-3``,
+# ``1E+30`` or ``1.5e3`` would stay strings and fail as "input should be a valid number". YAML 1.2's
+# core schema (yaml.org/spec/1.2.2, 10.3.2 "Tag Resolution") reads them as floats, as users mean:
+# this resolver adds the 1.2 exponent forms; the 1.1 forms (and ``.inf``/``.nan``, which every
+# section rejects as non-finite) resolve as before, ahead of it.
+UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"))
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """The mapping in a UTF-8 YAML file, read with a safe loader that refuses duplicate keys.
 
@@ -344,8 +357,6 @@ def from_dict(tree: dict[str, Any], source: str = "<dict>", overrides: tuple[str
         ConfigError: unknown key, wrong type, value out of range, missing value, unknown workload,
             or an override naming no key; the message names ``source`` and the key path.
     """
-    from mlhpc.workload import get as get_workload  # registry; imported late to keep import cheap
-
     tree = copy.deepcopy(tree)
     override_keys: list[str] = []
     for text in overrides:

@@ -129,6 +129,40 @@ def test_non_finite_and_non_integer_values_refused(tmp_path, workload, extra, fr
     assert_one_line(code, err, str(path), fragment)
 
 
+@pytest.mark.parametrize("text, value", [
+    ("1e-3", 1e-3), ("1E+30", 1e30), ("1e30", 1e30), ("2.5e3", 2500.0), (".5e-2", 0.005),
+    ("1.0e+30", 1e30), ("1.5", 1.5), ("3", 3)])
+def test_exponent_floats_are_numbers_in_files_and_sets(tmp_path, text, value):
+    """YAML 1.2 floats (``1e-3``, which YAML 1.1 reads as a string) are numbers, in a file and
+    in a --set; what is not a number stays a string."""
+    path = tmp_path / "c.yaml"
+    path.write_text(BASE.format(workload="cosmoflow") + f"optimizer: {{weight_decay: {text}}}\n")
+    config = cfg.load(path, (f"optimizer.base_learning_rate={text}",))
+    assert config.optimizer.weight_decay == value and config.optimizer.base_learning_rate == value
+    key, parsed = cfg.parse_override(f"a.b={text}")
+    assert parsed == value and type(parsed) is type(value)  # 3 stays an integer
+    assert cfg.parse_override(f"a.b=-{text}") == ("a.b", -value)
+
+
+@pytest.mark.parametrize("text", ["1e", "e3", "1e3x", "1_0e3", "1e+-3"])
+def test_almost_numbers_stay_strings(text):
+    assert cfg.parse_override(f"a.b={text}") == ("a.b", text)
+    assert yaml.load(f"k: {text}", Loader=cfg.UniqueKeyLoader) == {"k": text}
+
+
+@pytest.mark.parametrize("override", ["optimizer.base_learning_rate=.inf", "optimizer.base_learning_rate=-.inf",
+                                      "optimizer.base_learning_rate=.nan", "optimizer.base_learning_rate=1e999"])
+def test_exponent_floats_stay_finite(tmp_path, override):
+    path = tmp_path / "c.yaml"
+    path.write_text(BASE.format(workload="cosmoflow"))
+    code, err = run_cli("submit", str(path), "--dry-run", "--set", override)
+    assert_one_line(code, err, "--set optimizer.base_learning_rate: input should be a finite number")
+
+
+def test_exponent_floats_leave_other_yaml_loaders_alone():
+    assert yaml.safe_load("k: 1e-3") == {"k": "1e-3"}  # the resolver is the config loader's own
+
+
 def test_shipped_values_still_load(tmp_path):
     """Ints where floats are expected, tuples as YAML lists, digit-string keys (as JSON writes a
     saved config or checkpoint) are all still read."""
