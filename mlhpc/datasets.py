@@ -280,13 +280,25 @@ def _describe(path: Path, root: Path, samples: int) -> dict[str, Any]:
             "xxh3_128": checksum(path), "samples": samples}
 
 
-def _convert_one(tools: DataTools, source: Path, fmt: str, out_dir: Path, to: str, root: Path,
-                 rel: str, prepare_size: int = 0) -> dict[str, Any]:
-    if prepare_size:
-        outputs = tools.prepare_file(source, out_dir, to, prepare_size)
+@dataclass(frozen=True)
+class _Writing:
+    """What a convert or prepare writes: from form ``fmt`` (``"raw"`` for prepare) to form ``to``
+    under ``dest``; ``prepare_size`` > 0 cuts raw files into samples of that size per side."""
+
+    tools: DataTools
+    fmt: str
+    to: str
+    dest: Path
+    what: str  # "convert" or "prepare", for progress events
+    prepare_size: int = 0
+
+
+def _convert_one(writing: _Writing, rel: str, source: Path, out_dir: Path) -> dict[str, Any]:
+    if writing.prepare_size:
+        outputs = writing.tools.prepare_file(source, out_dir, writing.to, writing.prepare_size)
     else:
-        outputs = tools.convert_file(source, fmt, out_dir, to)
-    described = [_describe(p, root, n) for p, n in outputs]
+        outputs = writing.tools.convert_file(source, writing.fmt, out_dir, writing.to)
+    described = [_describe(p, writing.dest, n) for p, n in outputs]
     return {"source": rel, "source_bytes": source.stat().st_size, "outputs": described}
 
 
@@ -307,17 +319,18 @@ def _journal(dest: Path) -> dict[str, dict[str, Any]]:
     return done
 
 
-def _drive(tools: DataTools, jobs: list[tuple[str, Path, Path]], fmt: str, dest: Path, to: str,
-           workers: int, progress: ProgressFn, what: str, prepare_size: int = 0) -> ConvertResult:
+def _drive(writing: _Writing, jobs: list[tuple[str, Path, Path]], workers: int,
+           progress: ProgressFn) -> ConvertResult:
     """Run ``jobs`` (relative source name, source path, output folder), resumably."""
+    tools, fmt, dest, to = writing.tools, writing.fmt, writing.dest, writing.to
     start = time.perf_counter()
     dest.mkdir(parents=True, exist_ok=True)
     done = _journal(dest)
     todo = [(rel, src, out) for rel, src, out in jobs if rel not in done]
-    progress({"kind": "start", "what": what, "files": len(jobs), "skipped": len(jobs) - len(todo)})
+    progress({"kind": "start", "what": writing.what, "files": len(jobs), "skipped": len(jobs) - len(todo)})
     bytes_read = bytes_written = 0
     with open(dest / JOURNAL, "a") as journal:
-        work = [(tools, src, fmt, out, to, dest, rel, prepare_size) for rel, src, out in todo]
+        work = [(writing, rel, src, out) for rel, src, out in todo]
         for count, entry in enumerate(_run_all(_convert_one, work, workers), 1):
             journal.write(json.dumps(entry) + "\n")
             journal.flush()
@@ -346,8 +359,8 @@ def _drive(tools: DataTools, jobs: list[tuple[str, Path, Path]], fmt: str, dest:
     return result
 
 
-def convert(workload: Any, src: Path, dst: Path, to: str, *, fmt: str = "auto", workers: int = 1,
-            on_progress: Optional[ProgressFn] = None) -> ConvertResult:
+def convert(workload: Any, src: Path, dst: Path, to: str, *, fmt: str = "auto",  # `data convert`'s options
+            workers: int = 1, on_progress: Optional[ProgressFn] = None) -> ConvertResult:
     """Convert the dataset at ``src`` (train/ and validation/) into form ``to`` under ``dst``.
 
     Lossless: the readers give bit-identical samples from ``src`` and ``dst``. Root files the
@@ -376,10 +389,10 @@ def convert(workload: Any, src: Path, dst: Path, to: str, *, fmt: str = "auto", 
             dst.mkdir(parents=True, exist_ok=True)
             with atomic_output(dst / name) as tmp:
                 shutil.copyfile(src / name, tmp)
-    return _drive(tools, jobs, form, dst, to, workers, on_progress or (lambda e: None), "convert")
+    return _drive(_Writing(tools, form, to, dst, "convert"), jobs, workers, on_progress or (lambda e: None))
 
 
-def prepare(workload: Any, raw_dir: Path, dst: Path, to: str, *, workers: int = 1,
+def prepare(workload: Any, raw_dir: Path, dst: Path, to: str, *, workers: int = 1,  # `data prepare`'s options
             sample_size: int = 128, validation_fraction: float = 0.1111,
             on_progress: Optional[ProgressFn] = None) -> ConvertResult:
     """The reference's preparation step (mlcommons/hpc ``cosmoflow/prepare.py``): each raw file
@@ -409,5 +422,5 @@ def prepare(workload: Any, raw_dir: Path, dst: Path, to: str, *, workers: int = 
         split = "validation" if i >= len(raw) - n_valid else "train"
         (dst / split).mkdir(parents=True, exist_ok=True)
         jobs.append((f"{split}/{path.name}", path, dst / split))
-    return _drive(tools, jobs, "raw", dst, to, workers, on_progress or (lambda e: None), "prepare",
-                  prepare_size=sample_size)
+    return _drive(_Writing(tools, "raw", to, dst, "prepare", prepare_size=sample_size), jobs, workers,
+                  on_progress or (lambda e: None))
