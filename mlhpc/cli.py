@@ -1,7 +1,9 @@
 """The `mlhpc` command line. Each command parses, calls ONE library function, prints.
 
-Every `MlhpcError` (bad config, data, staging or log) becomes one line on stderr and exit
-status 2; anything else is a bug and keeps its traceback.
+Exit status: 0 the quality target was reached, 1 it was not (the run ended, aborted), 2 bad
+input or environment (every `MlhpcError`: bad config, data, staging, log or results folder,
+one line on stderr), 128 + N a signal N stopped the run (143: SIGTERM; a checkpoint was saved
+when it came after run_start). Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except MlhpcError as exc:
-            click.echo(f"mlhpc: error: {exc}", err=True)
-            sys.exit(2)
+            click.echo("mlhpc: error: " + " ".join(str(exc).splitlines()), err=True)
+            sys.exit(getattr(exc, "exit_status", 2))
 
     return wrapper
 
@@ -64,6 +66,8 @@ class _Progress:
                 self.console.print(line, highlight=False)
             else:
                 print(line, flush=True)
+        elif kind == "warning":
+            self.console.print(f"[yellow]warning:[/yellow] {event['message']}", highlight=False)
         elif kind == "step" and self.tty:
             self.console.print(f"  step {event['step']}/{event['steps']} loss {event['loss']:.4f}",
                                highlight=False)
@@ -82,7 +86,11 @@ def _print_summary(summary: dict[str, Any]) -> None:
     sign = "<=" if s.get("target_direction") == "min" else ">="
     rows = [
         ("time to train (run_stop - run_start)", _secs(s.get("time_to_train_s"))),
+        *([("time to train, all attempts (resumed: not a scored run)",
+            f"{_secs(s.get('time_to_train_total_s'))} ({_secs(s.get('earlier_attempts_s'))} before "
+            "the resume)")] if s.get("resumed") else []),
         ("staging", f"{_secs(s.get('staging_s'))} ({(s.get('staged_bytes') or 0) / 1e6:.1f} MB)"),
+        *_staging_rows(s),
         ("init", _secs(s.get("init_s"))),
         ("data synthesis (before init)", _secs(s.get("synthesis_s"))),
         ((f"epochs to target ({s['metric_key']} {sign} {s['target']})" if s["status"] == "success"
@@ -111,6 +119,21 @@ def _print_summary(summary: dict[str, Any]) -> None:
                       highlight=False)
 
 
+def _staging_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """Where staging sat and, on several nodes, its per-node figures (`StagingResult.node_summary`)."""
+    staged = s.get("staging") or {}
+    nodes = staged.get("nodes_summary") or {}
+    rows = [("staging placement", "inside the run (after run_start)" if s.get("staging_in_run")
+             else "initialisation (before run_start)")] if staged else []
+    if nodes.get("nodes", 0) > 1:
+        per_node = ", ".join(f"{b / 1e6:.1f} MB @ {g:.2f} GB/s" for b, g in
+                             zip(nodes["node_staged_bytes"], nodes["node_gb_per_s"]))
+        rows.append((f"staging per node ({nodes['nodes']} nodes, shard {'node' if staged.get('shard') else 'none'})",
+                     f"slowest {nodes['slowest_node_s']:.2f} s, mean {nodes['mean_node_s']:.2f} s, "
+                     f"aggregate {nodes['aggregate_gb_per_s']:.2f} GB/s; {per_node}"))
+    return rows
+
+
 def _secs(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f} s"
 
@@ -122,7 +145,9 @@ def _secs(value: float | None) -> str:
               help="Throughput mode: train K independent models at once, each on its share of "
                    "the ranks, each with its own seed and log (same as --set train.instances=K).")
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None,
-              help="Continue the run stopped in this run folder from its last checkpoint.")
+              help="Continue the run stopped in this run folder (or from this checkpoint_N.pt); "
+                   "the new log goes to that folder and is not a scored run (the MLPerf clock "
+                   "may not be paused).")
 @_friendly
 def run_command(config_path: Path | None, overrides: tuple[str, ...], instances: int | None,
                 resume_dir: Path | None) -> None:
@@ -143,6 +168,13 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
         result = train.run(config, on_progress=_Progress())
     if result.summary:
         _print_summary(result.summary)
+    if result.signal:  # stopped by a signal, checkpoint saved: 128 + N, as a shell reports it
+        import signal
+
+        click.echo(f"mlhpc: stopped by {result.signal}; continue with: mlhpc run --resume "
+                   f"{Path(result.result_file).parent if result.result_file else '<run folder>'}",
+                   err=True)
+        sys.exit(128 + int(signal.Signals[result.signal]))
     sys.exit(0 if result.status == "success" else 1)
 
 
@@ -204,8 +236,10 @@ def submit_command(config_path: Path, nodes: int, gpus_per_node: int, tasks_per_
 
 @main.command("profile")
 @click.argument("config_path", type=click.Path(path_type=Path))
-@click.option("--steps", type=int, default=5, show_default=True, help="Profiled training steps.")
-@click.option("--warmup", type=int, default=2, show_default=True, help="Untimed steps first.")
+@click.option("--steps", type=int, default=5, show_default=True,
+              help="Profiled training steps (1 .. 100000).")
+@click.option("--warmup", type=int, default=2, show_default=True,
+              help="Untimed steps first (0 .. 100000).")
 @click.option("--trace", "trace_path", type=click.Path(path_type=Path), default=None,
               help="Chrome/Perfetto trace file (default: profile-<workload>.json).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)

@@ -7,30 +7,16 @@ are all-reduced before dividing, so R ranks give the metric of one rank on every
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import torch
-from torch.utils.data import Sampler
 
 from mlhpc import loader
 from mlhpc.runtime import Runtime
+from mlhpc.sampler import ShardSampler
 from mlhpc.workload import QualityMetric
 
-
-class ShardSampler(Sampler[int]):
-    """Evaluation sharding without padding: rank r of R takes indices r, r+R, r+2R, ...
-
-    Unlike `DistributedSampler`, no sample is repeated, so sums over ranks are exact.
-    """
-
-    def __init__(self, length: int, rank: int, world_size: int):
-        self.indices = list(range(rank, length, world_size))
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
+__all__ = ["ShardSampler", "all_reduce", "evaluate"]
 
 
 def all_reduce(values: list[float], rt: Runtime, op: str = "sum") -> list[float]:

@@ -13,6 +13,7 @@ and Perfetto open.
 from __future__ import annotations
 
 import copy
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,15 +24,18 @@ import torch
 from torch.profiler import ProfilerActivity, record_function
 from torch.utils.data import DataLoader
 
-from mlhpc import perf, runtime
+from mlhpc import outdir, perf, runtime
 from mlhpc.config import Config
+from mlhpc.errors import ConfigError, OutputError
+from mlhpc.embedded import ensure_data
 from mlhpc.loader import device_transform, make_loader, to_device
 from mlhpc.runtime import Runtime
 from mlhpc.step import Step, compile_mode, precision, train_step, wrap_model
-from mlhpc.train import ensure_data, local_batch_size
+from mlhpc.train import local_batch_size
 from mlhpc.workload import get as get_workload
 
 PHASES = ("data", "forward", "backward", "optimizer")
+MAX_STEPS = 100_000  # profiled or warm-up steps: a profile, not a run
 
 
 @dataclass
@@ -63,13 +67,25 @@ def profile(config: Config, steps: int = 5, warmup: int = 2, trace_path: Path | 
     all-reduce are in the profile whenever they would be in a run.
 
     Raises:
-        ConfigError, DataError: as `mlhpc.train.run`.
+        ConfigError: ``steps`` outside 1 .. `MAX_STEPS` or ``warmup`` outside 0 .. `MAX_STEPS`;
+            otherwise as `mlhpc.train.run`.
+        DataError: as `mlhpc.train.run`.
+        OutputError: the trace file's folder cannot be written (checked before any step runs)
+            or the trace cannot be written (no partial file is left).
     """
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
+        raise ConfigError(f"profile --steps {steps}: must be an integer from 1 to {MAX_STEPS}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or not 0 <= warmup <= MAX_STEPS:
+        raise ConfigError(f"profile --warmup {warmup}: must be an integer from 0 to {MAX_STEPS}")
+    trace = Path(trace_path or f"profile-{config.workload}.json")
+    if trace.is_dir():
+        raise OutputError(f"--trace {trace}: is a folder; give a file name")
+    outdir.check_output_dir(trace.parent if str(trace.parent) else Path("."), key="--trace folder")
     rt = runtime.detect(device=config.train.device)
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
     with runtime.process_group(rt):
-        return _profile(config, rt, steps, warmup, trace_path, top)
+        return _profile(config, rt, steps, warmup, trace, top)
 
 
 def _profile(config: Config, rt: Runtime, steps: int, warmup: int, trace_path: Path | None,
@@ -101,9 +117,7 @@ def _profile(config: Config, rt: Runtime, steps: int, warmup: int, trace_path: P
         for _ in range(steps):
             timer.step(step, batches, decode, timed=True)
         wall = time.perf_counter() - wall0
-    trace = Path(trace_path or f"profile-{workload.name}.json")
-    trace.parent.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(trace))
+    trace = _write_trace(prof, Path(trace_path))
     return ProfileResult(
         steps=steps, local_batch_size=lbs,
         phase_ms={k: v * 1e3 / steps for k, v in timer.seconds.items()},
@@ -112,6 +126,21 @@ def _profile(config: Config, rt: Runtime, steps: int, warmup: int, trace_path: P
         distributed=rt.distributed, precision=step.precision,
         compile=compile_mode(config.train.compile),
         notes=["phase times include profiler overhead; the operator table is per step"])
+
+
+def _write_trace(prof: Any, trace: Path) -> Path:
+    """Export the Chrome trace to ``trace`` through a temporary sibling renamed into place.
+
+    Raises:
+        OutputError: it cannot be written (the temporary file is removed)."""
+    tmp = trace.with_name(f".{trace.name}.{os.getpid()}.part")
+    try:
+        prof.export_chrome_trace(str(tmp))
+        os.replace(tmp, trace)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"--trace {trace}: cannot write the trace ({exc.strerror or exc})") from None
+    return trace
 
 
 def _memory(workload: Any, config: Config, model: torch.nn.Module, x: torch.Tensor,

@@ -143,13 +143,7 @@ class StagingResult:
         for key in ("source", "dest", "manifest"):
             out[key] = str(out[key])
         out["nodes_summary"] = self.node_summary()
-        out.update(bytes=self.staged_bytes, files=self.staged_files)  # transitional, see `seconds`
         return out
-
-    # Transitional names read by mlhpc/train.py until it moves to the unit-named fields.
-    @property
-    def seconds(self) -> float:
-        return self.elapsed_s
 
 
 @dataclass(frozen=True)
@@ -432,6 +426,37 @@ def stage_dataset(config: "Config", runtime: "Runtime") -> Optional[StagingResul
         shard = Shard(runtime.node_rank, runtime.num_nodes, config.train.seed)
     return stage(source, staging_dest(config, runtime), runtime, workers=options.workers,
                  verify=options.verify, shard=shard)
+
+
+def staged_copy_present(config: "Config", runtime: "Runtime") -> bool:
+    """Whether this node's staging folder (`staging_dest`) holds the complete copy a run of
+    ``config`` would stage here: a finished manifest of ``data.path`` for this node's shard
+    (`shard_mode`) whose every file is on disk with its recorded size. Checksums are not read
+    here; `stage_dataset` verifies them when it uses the copy. ``False`` when staging is disabled.
+
+    A run uses this to know that it does not need the source (`mlhpc.train`): after ``mlhpc stage``
+    in one job step the shared copy may be gone in the next.
+    """
+    options = config.data.staging
+    if not options.enabled:
+        return False
+    shard = None
+    if shard_mode(config, runtime) == "node":
+        shard = Shard(runtime.node_rank, runtime.num_nodes, config.train.seed)
+    try:
+        dest = staging_dest(config, runtime)
+    except StagingError:
+        return False
+    plan = _plan_from_manifest(dest, Path(config.data.path), shard)
+    if plan is None:
+        return False
+    for item in plan:
+        try:
+            if os.stat(dest / item.rel).st_size != item.size_bytes:
+                return False
+        except OSError:
+            return False
+    return True
 
 
 def init_limit_s(division: str) -> float:

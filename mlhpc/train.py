@@ -3,12 +3,14 @@
 One straight line (DESIGN.md, "How a run flows"), one function per stage:
 
     run: config -> runtime + process group -> _run_instance:
-      ensure_data (embedded data if missing) -> result_N.txt claimed
+      _ensure_source (embedded data if missing; nothing when every node holds its staged copy
+      and the source is gone) -> result_N.txt claimed
       -> _log_init (init_start, submission_*, cache_clear, seed, resume)
-      -> _stage (staging_start/stop) -> _build (datasets, model, optimizer, loaders)
-      -> _log_hyperparameters (... init_stop)
-      -> train_loop (run_start, [epoch_start .. epoch_stop, eval_start .. eval_stop, metric]
-         until target, run_stop)
+      -> _prepare: _log_hyperparameters, then by data.staging.placement
+           init: _stage (staging_start/stop) -> _build -> _log_samples -> _start_run (init_stop, run_start)
+           run:  _start_run -> _stage -> _build -> _log_samples
+      -> train_loop ([epoch_start .. epoch_stop, eval_start .. eval_stop, metric] until target,
+         run_stop)
       -> _finish: measured_N.json, then summary_N.json from the log (`mlhpc.results`),
          config_N.yaml, env_N.json
 
@@ -17,15 +19,19 @@ The pieces live in their own files: `mlhpc.step` (the one training step, shared 
 `mlhpc.checkpoint` (save, restore, resume), `mlhpc.results` (the result, read back from the log).
 
 Rank 0 writes every log line; the timing events are bracketed by barriers so that a once-only key
-appears once and measures the slowest rank. Data parallelism is DistributedDataParallel with a
-seeded per-epoch shuffle shared by all ranks (so R ranks x local batch b see the same global
-batches as 1 rank x R*b), and the metric is reduced as (sum, count) across ranks.
+appears once and measures the slowest rank. Data parallelism is DistributedDataParallel; which
+samples a rank reads is `mlhpc.sampler`'s choice: after a sharded stage (``data.staging.shard:
+node``) its node's samples, shuffled within the node; otherwise a seeded per-epoch shuffle shared
+by all ranks (so R ranks x local batch b see the same global batches as 1 rank x R*b). The
+metric is reduced as (sum, count) across ranks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+import os
 import random
 import signal
 import threading
@@ -36,24 +42,26 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, default_collate
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
-from mlhpc import checkpoint, loader, mllog, perf, results, runtime, staging
+from mlhpc import checkpoint, embedded, loader, mllog, outdir, perf, results, runtime, staging
 from mlhpc import env as envinfo
+from mlhpc import sampler as sampling
 from mlhpc.checkpoint import Resume
-from mlhpc.config import Config, save
-from mlhpc.errors import ConfigError, DataError
-from mlhpc.evaluate import ShardSampler, all_reduce, evaluate
+from mlhpc.config import Config
+from mlhpc.errors import ConfigError, DataError, MlhpcError
+from mlhpc.evaluate import all_reduce, evaluate
 from mlhpc.mllog import ComplianceLog, constants
 from mlhpc.results import RunFiles, RunResult
 from mlhpc.runtime import Runtime
+from mlhpc.sampler import ShardSampler
 from mlhpc.step import Step, autocast, compile_mode, precision, train_step, wrap_model
 from mlhpc.workload import Workload
 from mlhpc.workload import get as get_workload
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
-__all__ = ["RunResult", "ShardSampler", "compile_mode", "ensure_data", "local_batch_size", "run",
+__all__ = ["RunResult", "ShardSampler", "compile_mode", "local_batch_size", "run",
            "stage_only"]
 
 
@@ -63,16 +71,24 @@ def run(config: Config | None, *, on_progress: ProgressFn | None = None,
         resume_dir: Path | None = None) -> RunResult:
     """Train ``config``'s workload to its quality target; write the run's files on rank 0.
 
-    With ``resume_dir``, continue the run stopped there (``config`` is then taken from its
-    checkpoint and may be None). Returns this rank's instance's `RunResult`.
+    With ``resume_dir`` (a run folder or a ``checkpoint_N.pt``), continue the run stopped there
+    (``config`` is then taken from its checkpoint and may be None; `mlhpc.checkpoint` says what
+    a resumed run is worth). Returns this rank's instance's `RunResult`.
+
+    Everything that can be checked is checked before ``result_N.txt`` is opened (`_preflight`);
+    an attempt that still fails (or is signalled) before ``run_start`` has its log moved to
+    ``<output.dir>/failed/`` and named in the error, so it never counts as a run of the folder;
+    one that fails after ``run_start`` logs ``run_stop`` (aborted, with the reason) first.
 
     Raises:
-        ConfigError, DataError, StagingError: bad input, before any training starts.
+        ConfigError, DataError, StagingError, OutputError: bad input or environment.
+        RunInterrupted: a signal before ``run_start`` (exit status 128 + its number).
     """
     resume = None
     if resume_dir is not None:
         config, resume = checkpoint.load_resume(Path(resume_dir))
     assert config is not None
+    outdir.check_output_dir(config.output.dir)  # before anything is written (OutputError)
     workload = get_workload(config.workload)
     world = runtime.detect(device=config.train.device)
     if config.train.threads:
@@ -110,6 +126,7 @@ class Job:
     log: ComplianceLog | None
     resume: Resume | None
     progress: ProgressFn
+    stop: "_Stop | None" = None
 
     @property
     def seed(self) -> int:
@@ -135,6 +152,9 @@ class Parts:
     staged: staging.StagingResult | None
     flops: perf.FlopCount
     history: list[tuple[int, float]] = field(default_factory=list)
+    train_samples: int = 0  # the job's training-set size (every node's share summed), as logged
+    eval_samples: int = 0  # the job's validation-set size, as logged
+    padded_samples: int = 0  # repeats per epoch that keep every rank's step count equal
 
     @property
     def optimizer(self) -> Any:
@@ -152,25 +172,127 @@ class Outcome:
     status: str
     reason: str | None
     epoch: int
+    signal: str | None = None
 
 
 def _run_instance(job: Job) -> RunResult:
     config, world = job.config, job.world
     job.rt = rt = runtime.split_instances(world, config.train.instances)
-    lbs = local_batch_size(config, rt)
-    synthesis_s = ensure_data(config, job.workload, world)
-    job.log = ComplianceLog.create(Path(config.output.dir), rt.is_main, rt.instance)
-    if rt.is_main:
-        job.progress({"kind": "start", "result_file": str(job.log.path),
-                      "workload": job.workload.name, "instance": rt.instance})
-    try:
-        _log_init(job)
-        parts = _build(job, _stage(job), lbs)
-        _log_hyperparameters(job, parts)
-        outcome = train_loop(job, parts)
-    finally:
-        job.log.close()
+    with _Stop(job) as job.stop:  # SIGTERM: an error before run_start, a checkpoint after it
+        lbs = local_batch_size(config, rt)
+        synthesis_s = _ensure_source(job)
+        _preflight(job, lbs)
+        job.log = ComplianceLog.create(Path(config.output.dir), rt.is_main, rt.instance)
+        try:
+            if job.resume is not None and job.files is not None:
+                checkpoint.claim(job.resume, job.files.log)
+            if rt.is_main:
+                job.progress({"kind": "start", "result_file": str(job.log.path),
+                              "workload": job.workload.name, "instance": rt.instance})
+            _log_init(job)
+            parts = _prepare(job, lbs)
+            outcome = train_loop(job, parts)
+        except BaseException as exc:
+            _close_failed(job, exc)
+            raise
+        finally:
+            job.log.close()
     return _finish(job, parts, outcome, synthesis_s)
+
+
+class RunInterrupted(MlhpcError):
+    """A signal (SIGTERM, SIGINT) stopped the run before ``run_start``; the CLI exits with
+    ``exit_status`` = 128 + the signal's number."""
+
+    def __init__(self, message: str, signum: int = signal.SIGTERM) -> None:
+        super().__init__(message)
+        self.signum = int(signum)
+        self.exit_status = 128 + self.signum
+
+
+def _close_failed(job: Job, exc: BaseException) -> None:
+    """An attempt failed with ``exc`` after its log was opened. Before ``run_start``: its log
+    moves to ``<out>/failed/result_N.log`` (a resume claim is released) and a user error names
+    it; after: ``run_stop`` (aborted, the reason) ends the log. Errors of the library's own
+    (`MlhpcError`) get the new path in their one-line message; anything else keeps its type."""
+    log, files = job.log, job.files
+    if log.first(constants.RUN_START) is not None:
+        if log.first(constants.RUN_STOP) is None:
+            reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+            log.end(constants.RUN_STOP, metadata={"status": constants.ABORTED,
+                                                  "reason": f"{type(exc).__name__}: {reason}"})
+        return
+    if job.resume is not None and files is not None and job.resume.claim.is_file() and \
+            checkpoint._read_claim(job.resume.claim).get("resumed_by") == files.log.name:
+        checkpoint.release(job.resume)
+    if files is None:
+        return
+    log.close()
+    moved = _set_aside(files)
+    if moved is not None and isinstance(exc, MlhpcError) and exc.args:
+        exc.args = (f"{exc.args[0]} (this attempt's log moved to {moved})", *exc.args[1:])
+
+
+def _set_aside(files: RunFiles) -> Path | None:
+    """Move ``files.log`` to the first free ``failed/result_N[.K].log`` beside it (exclusive;
+    an empty log, claimed but never written, is removed). Returns the new path or None."""
+    src = files.log
+    if not src.exists() or src.stat().st_size == 0:
+        src.unlink(missing_ok=True)
+        return None
+    folder = files.out_dir / "failed"
+    folder.mkdir(exist_ok=True)
+    for k in itertools.count():
+        dest = folder / (f"result_{files.index}.log" if k == 0 else f"result_{files.index}.{k}.log")
+        try:
+            os.link(src, dest)
+        except FileExistsError:
+            continue
+        src.unlink()
+        return dest
+    return None
+
+
+def _preflight(job: Job, lbs: int) -> None:
+    """What can be checked before the log is opened: the datasets in ``data.path`` are not empty,
+    a sample fits the model the config builds (shape, dtype: one forward and backward on the
+    meta device, as the FLOP count does), and a checkpoint being resumed fits that model and its
+    optimizer. Skipped when the source is gone (every node holds its staged copy).
+
+    Raises:
+        DataError: no samples, or a sample that does not fit the model (names data.path, the
+            sample shape and the model settings).
+        ConfigError: the checkpoint does not fit (`mlhpc.checkpoint.restore`).
+    """
+    config, workload, rt = job.config, job.workload, job.rt
+    data = Path(config.data.path)
+    if not data.exists():
+        return
+    train_ds, eval_ds = workload.build_datasets(config, rt, data)
+    if len(train_ds) == 0 or len(eval_ds) == 0:
+        raise DataError(f"{data}: no training or validation samples found")
+    model = workload.build_model(config.model)
+    try:
+        _count_flops(model, train_ds, workload.build_loss(config))
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        x, _ = train_ds[0]
+        shape = tuple(getattr(x, "shape", ()))
+        first = " ".join(str(exc).split())[:200]
+        raise DataError(f"{data}: a training sample of shape {shape} ({getattr(x, 'dtype', '?')}) "
+                        f"does not fit the model of the config's model section "
+                        f"({_model_settings(config)}): {first}") from None
+    if job.resume is not None:
+        steps = math.ceil(math.ceil(len(train_ds) / max(lbs * rt.world_size, 1))
+                          / config.train.gradient_accumulation_steps)
+        optimizer, scheduler = workload.build_optimizer(model, config, max(steps, 1))
+        checkpoint.restore(job.resume.state, model, optimizer, scheduler,
+                           source=f"--resume {job.resume.source}")
+
+
+def _model_settings(config: Config) -> str:
+    fields = config.model.model_dump()
+    keys = [k for k in ("input_size", "in_channels", "n_channels", "conv_channels") if k in fields]
+    return ", ".join(f"model.{k}={fields[k]}" for k in keys) or "model.*"
 
 
 def _log_init(job: Job) -> None:
@@ -191,32 +313,82 @@ def _log_init(job: Job) -> None:
     log.event(mllog.NUMBER_OF_NODES, rt.num_nodes)
     log.event(mllog.ACCELERATORS_PER_NODE, rt.accelerators_per_node)
     log.event(constants.SEED, job.seed)
-    if job.resume is not None:
-        state = job.resume.state
-        log.event(mllog.RESUME, {"checkpoint": str(job.resume.source),
+    if job.resume is not None:  # the marker `mlhpc.report.runs.is_resumed` reads
+        resume, state = job.resume, job.resume.state
+        log.event(mllog.RESUME, {"checkpoint": resume.source.name,
                                  "from_result_file": state.result_file, "epoch": state.epoch,
-                                 "step": state.step, "elapsed_before_s": state.elapsed_s},
+                                 "step": state.step,
+                                 "earlier_attempts_s": round(resume.earlier_attempts_s, 3)},
                   metadata={"resumed": True})
 
 
+def _ensure_source(job: Job) -> float:
+    """`mlhpc.embedded.ensure_data` on ``data.path``, unless the source is gone and every node
+    already holds its complete staged copy (`mlhpc.staging.staged_copy_present`): a run after a
+    separate ``mlhpc stage`` step then needs no source (and synthesises none). Every rank of the
+    job takes the same branch. Returns the seconds spent synthesising."""
+    config, world = job.config, job.world
+    present = (not Path(config.data.path).exists()
+               and staging.staged_copy_present(config, world))
+    if all_reduce([float(not present)], world, op="max")[0] == 0.0:
+        return 0.0
+    return embedded.ensure_data(config, job.workload, world)
+
+
+def _prepare(job: Job, lbs: int) -> Parts:
+    """Hyperparameters, staging and building on either side of ``run_start``.
+
+    ``data.staging.placement: init`` stages (and builds the datasets, model and loaders) before
+    ``init_stop``/``run_start``, as MLPerf HPC v3.0 allows within its initialisation limit;
+    ``run`` logs ``init_stop`` and ``run_start`` first, so staging and everything that reads the
+    data count in the time to train (the rule before v3.0). Returns after ``run_start``.
+    """
+    _log_hyperparameters(job)
+    in_run = job.config.data.staging.placement == "run"
+    if in_run:
+        _start_run(job)
+    parts = _build(job, _stage(job), lbs)
+    _log_samples(job, parts)
+    if not in_run:
+        _start_run(job)
+    return parts
+
+
 def _stage(job: Job) -> staging.StagingResult | None:
-    """staging_start .. staging_stop: every rank of the job stages (None: read in place)."""
-    job.log.start(constants.STAGING_START)
+    """staging_start .. staging_stop: every rank of the job stages (None: read in place).
+
+    ``staging_stop`` carries where staging sat (``placement``: ``init`` or ``run``), its
+    duration, the bytes and files the nodes hold, and the per-node figures of
+    `StagingResult.node_summary` (slowest node, mean, GB/s per node and aggregate, bytes per node).
+    """
+    placement = job.config.data.staging.placement
+    job.log.start(constants.STAGING_START, metadata={"placement": placement})
     staged = staging.stage_dataset(job.config, job.world)
     runtime.barrier(job.rt)
-    job.log.end(constants.STAGING_STOP, metadata={
-        "staging_duration": staged.elapsed_s if staged else 0.0,
-        "staged_bytes": staged.staged_bytes if staged else 0,
-        "staged_files": staged.staged_files if staged else 0})
+    meta: dict[str, Any] = {"placement": placement,
+                            "staging_duration": staged.elapsed_s if staged else 0.0,
+                            "staged_bytes": staged.staged_bytes if staged else 0,
+                            "staged_files": staged.staged_files if staged else 0}
+    if staged is not None:
+        meta.update(staged.node_summary(), shard="node" if staged.shard else "none",
+                    offline=staged.offline)
+    job.log.end(constants.STAGING_STOP, metadata=meta)
     return staged
+
+
+def _sharded(staged: staging.StagingResult | None) -> bool:
+    """The data were staged with ``shard: node``: each node holds only its share."""
+    return staged is not None and staged.shard is not None
 
 
 def build_train_sampler(dataset: Dataset, rt: Runtime, config: Config,
                         staged: staging.StagingResult | None) -> Sampler[int]:
-    """The training sampler: a seeded shuffle shared by every rank, each taking its stride."""
-    del staged  # a node-local sharded sampler will choose by the staging plan
-    return DistributedSampler(dataset, num_replicas=rt.world_size, rank=rt.rank, shuffle=True,
-                              seed=config.train.seed + (rt.instance or 0), drop_last=False)
+    """The training sampler (`mlhpc.sampler.train_sampler`): after a sharded stage the node's
+    samples over its local ranks, shuffled within the node; otherwise a seeded shuffle shared by
+    every rank, each taking its stride. Its ``global_samples`` is the job's training-set size and
+    ``padded_samples`` the repeats per epoch."""
+    return sampling.train_sampler(len(dataset), rt, config.train.seed + (rt.instance or 0),
+                                  _sharded(staged))
 
 
 def _build(job: Job, staged: staging.StagingResult | None, lbs: int) -> Parts:
@@ -232,53 +404,76 @@ def _build(job: Job, staged: staging.StagingResult | None, lbs: int) -> Parts:
     options = dict(num_workers=config.data.num_workers, device=rt.device)
     train_loader = loader.make_loader(train_ds, lbs, sampler=sampler, **options)
     eval_loader = loader.make_loader(
-        eval_ds, lbs, sampler=ShardSampler(len(eval_ds), rt.rank, rt.world_size), **options)
+        eval_ds, lbs, sampler=sampling.eval_sampler(len(eval_ds), rt, _sharded(staged)), **options)
     steps_per_epoch = math.ceil(len(train_loader) / config.train.gradient_accumulation_steps)
     optimizer, scheduler = workload.build_optimizer(model, config, steps_per_epoch)
     step = Step(wrap_model(model, rt, config.train.compile), workload.build_loss(config), optimizer,
                 scheduler, precision(config.train.amp, rt.device), rt.device,
                 config.train.gradient_accumulation_steps)
     parts = Parts(model, step, train_ds, eval_ds, sampler, train_loader, eval_loader, lbs, staged,
-                  _count_flops(model, train_ds, step.loss_fn))
+                  _count_flops(model, train_ds, step.loss_fn), train_samples=sampler.global_samples,
+                  eval_samples=sampling.global_count(len(eval_ds), rt, _sharded(staged)),
+                  padded_samples=sampler.padded_samples)
     if job.resume is not None:
         checkpoint.restore(job.resume.state, model, optimizer, scheduler)
         parts.history = list(job.resume.state.history)
     return parts
 
 
-def _log_hyperparameters(job: Job, parts: Parts) -> None:
-    """The hyperparameters and dataset sizes, then init_stop."""
+def _log_hyperparameters(job: Job) -> None:
+    """The hyperparameters (nothing that reads the data)."""
     log, tcfg = job.log, job.config.train
     log.event(constants.GLOBAL_BATCH_SIZE, tcfg.global_batch_size)
     log.event(mllog.GRADIENT_ACCUMULATION_FREQUENCY, tcfg.gradient_accumulation_steps)
     for key, value in job.workload.hyperparameters(job.config).items():
         log.event(key, value)
-    log.event(constants.TRAIN_SAMPLES, len(parts.train_ds))
-    log.event(constants.EVAL_SAMPLES, len(parts.eval_ds))
+
+
+def _log_samples(job: Job, parts: Parts) -> None:
+    """``train_samples`` and ``eval_samples``: the job's counts (after a sharded stage every
+    node's share summed, never one node's); the padding, if any, as metadata."""
+    meta = {"padded_samples_per_epoch": parts.padded_samples} if parts.padded_samples else None
+    job.log.event(constants.TRAIN_SAMPLES, parts.train_samples, metadata=meta)
+    job.log.event(constants.EVAL_SAMPLES, parts.eval_samples)
+
+
+def _start_run(job: Job) -> None:
+    """init_stop (with a warning when staging sat in an initialisation longer than the rules
+    allow, `mlhpc.staging.init_limit_warning`), then run_start."""
+    log = job.log
     runtime.barrier(job.rt)
     log.end(constants.INIT_STOP)
+    start, stop = log.first(constants.INIT_START), log.first(constants.INIT_STOP)
+    if start is not None and stop is not None and job.rt.is_main:
+        warning = staging.init_limit_warning((stop.time_ms - start.time_ms) / 1e3,
+                                             job.config.submission.division,
+                                             job.config.data.staging.placement)
+        if warning:
+            job.progress({"kind": "warning", "message": warning})
+    runtime.barrier(job.rt)
+    log.start(constants.RUN_START)
 
 
 # ---- the timed run -------------------------------------------------------------------------------
 
 def train_loop(job: Job, parts: Parts) -> Outcome:
-    """run_start .. run_stop: epochs and evaluations until the target, max_epochs, a non-finite
+    """(after run_start) .. run_stop: epochs and evaluations until the target, max_epochs, a non-finite
     loss or metric, or SIGTERM (which saves a checkpoint)."""
     tcfg, metric, log = job.config.train, job.workload.metric, job.log
     target = metric.target if tcfg.target is None else tcfg.target
     first_epoch, skip = (job.resume.state.epoch, job.resume.state.step) if job.resume else (1, 0)
     outcome = Outcome(constants.ABORTED, f"max_epochs {tcfg.max_epochs} reached before the target",
                       first_epoch - 1)
-    runtime.barrier(job.rt)
-    log.start(constants.RUN_START)
-    clock = _Clock(job.resume.state.elapsed_s if job.resume else 0.0)
-    with _Stop() as stop:
+    clock = _Clock(job.resume.earlier_attempts_s if job.resume else 0.0)
+    with contextlib.nullcontext(job.stop) as stop:
         for epoch in range(first_epoch, tcfg.max_epochs + 1):
             outcome.epoch = epoch
             stopped, epoch_s, samples_per_s, train_loss = _train_epoch(
                 job, parts, epoch, skip if epoch == first_epoch else 0, stop, clock)
             if stopped is not None:
                 outcome.reason = stopped
+                if stop.signal and stopped.startswith(stop.signal):
+                    outcome.signal = stop.signal
                 break
             value, eval_s = _evaluate_epoch(job, parts, epoch)
             if job.rt.is_main:
@@ -299,6 +494,8 @@ def train_loop(job: Job, parts: Parts) -> Outcome:
     meta: dict[str, Any] = {"status": outcome.status, constants.EPOCH_NUM: outcome.epoch}
     if outcome.reason:
         meta["reason"] = outcome.reason
+    if outcome.signal:  # stopped with a checkpoint: `mlhpc run --resume` may continue it
+        meta["signal"] = outcome.signal
     log.end(constants.RUN_STOP, metadata=meta)
     return outcome
 
@@ -389,8 +586,9 @@ def _save_checkpoint(job: Job, parts: Parts, clock: "_Clock", next_epoch: int, s
 # ---- after run_stop -------------------------------------------------------------------------------
 
 def _finish(job: Job, parts: Parts, outcome: Outcome, synthesis_s: float) -> RunResult:
-    """Write the side file, then the summary read back from the log, the config and the env."""
-    result = RunResult(outcome.status, outcome.reason)
+    """Write the side file, then the summary read back from the log, the config and the env
+    (each once, exclusively: the set was claimed with the log)."""
+    result = RunResult(outcome.status, outcome.reason, signal=outcome.signal)
     files = job.files
     if files is None:
         return result
@@ -398,9 +596,9 @@ def _finish(job: Job, parts: Parts, outcome: Outcome, synthesis_s: float) -> Run
     result.result_file = str(files.log)
     result.summary = results.load(files.log)
     results.write_json(files.summary, result.summary)
-    save(job.config, files.path("config", ".yaml"))
+    results.write_yaml(files.config, job.config.to_dict())
     world = job.world
-    results.write_json(files.path("env", ".json"), {**envinfo.collect(), "runtime": {
+    results.write_json(files.env, {**envinfo.collect(), "runtime": {
         "launcher": world.launcher, "world_size": world.world_size, "num_nodes": world.num_nodes,
         "local_world_size": world.local_world_size, "device": str(job.rt.device),
         "instances": job.config.train.instances}})
@@ -411,12 +609,13 @@ def _measured(job: Job, parts: Parts, synthesis_s: float) -> dict[str, Any]:
     """What the log cannot hold: the contents of ``measured_N.json``."""
     config, rt, model, files = job.config, job.rt, parts.model, job.files
     staged = parts.staged.to_dict() if parts.staged is not None else {}
-    samples = len(parts.train_ds) + len(parts.eval_ds)
+    samples = parts.train_samples + parts.eval_samples  # the job's, as staged_bytes
     peak, peak_source = perf.device_peak(rt.device, parts.step.precision)
     return {
         "workload": job.workload.name, "target": _target(job), "synthesis_s": synthesis_s,
         "world_size": rt.world_size, "num_nodes": rt.num_nodes, "instance": rt.instance,
-        "staging": staged, "departs_from_reference": _departures(job, parts),
+        "staging": staged, "padded_samples_per_epoch": parts.padded_samples,
+        "departs_from_reference": _departures(job, parts),
         "resumed_from": str(job.resume.source) if job.resume else None,
         "checkpoint": str(files.checkpoint) if files.checkpoint.exists() else None,
         "perf": {
@@ -449,7 +648,7 @@ def _departures(job: Job, parts: Parts) -> list[str]:
     ref_model = workload.model_config()
     notes = [f"model.{key}={value} (reference {getattr(ref_model, key)})"
              for key, value in config.model.model_dump().items() if getattr(ref_model, key) != value]
-    train_n, eval_n = len(parts.train_ds), len(parts.eval_ds)
+    train_n, eval_n = parts.train_samples, parts.eval_samples
     ref_train, ref_eval = workload.reference_samples
     if ref_train and (train_n, eval_n) != (ref_train, ref_eval):
         notes.append(f"samples {train_n}/{eval_n} (reference {ref_train}/{ref_eval})")
@@ -471,33 +670,6 @@ def local_batch_size(config: Config, rt: Runtime) -> int:
         raise ConfigError(f"{config.source}: train.global_batch_size: {gbs} is not divisible by "
                           f"world size {rt.world_size} x gradient_accumulation_steps {accum}")
     return gbs // (rt.world_size * accum)
-
-
-def ensure_data(config: Config, workload: Workload, rt: Runtime) -> float:
-    """Synthesize the embedded dataset at ``config.data.path`` if it is missing and allowed.
-
-    Returns the seconds spent (0 when the data was there). Rank 0 writes; the others wait.
-
-    Raises:
-        DataError: the folder is missing and ``data.synthesize_if_missing`` is false, or its
-            train/ or validation/ folder is empty.
-    """
-    path = Path(config.data.path)
-    runtime.barrier(rt)  # every rank looks before rank 0 may start writing ...
-    missing = not ((path / "train").is_dir() and (path / "validation").is_dir())
-    runtime.barrier(rt)  # ... so all ranks agree on `missing`
-    start = time.perf_counter()
-    if missing:
-        if not config.data.synthesize_if_missing:
-            raise DataError(f"{path}: dataset folder not found (expected train/ and validation/); "
-                            "set data.path or data.synthesize_if_missing: true")
-        if rt.is_main:
-            workload.synthesize(path, config.synth, config.train.seed)
-        runtime.barrier(rt)
-    for split in ("train", "validation"):
-        if not any(p.is_file() for p in (path / split).iterdir()):
-            raise DataError(f"{path / split}: dataset folder is empty")
-    return time.perf_counter() - start if missing else 0.0
 
 
 def _seed_everything(seed: int) -> None:
@@ -524,15 +696,22 @@ class _Clock:
 
 
 class _Stop:
-    """SIGTERM (what Slurm sends before a time limit) sets ``signal``; checked between steps.
-    Installed for the ``with`` block when this is the main thread."""
+    """SIGTERM (what Slurm sends before a time limit): before ``run_start`` it raises
+    `RunInterrupted` (the attempt's log is set aside); from ``run_start`` on it sets ``signal``,
+    checked between steps (a checkpoint is saved, run_stop logged). Installed for the ``with``
+    block when this is the main thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, job: Job | None = None) -> None:
         self.signal: str | None = None
         self._previous: Any = None
+        self._job = job
 
     def __call__(self, signum: int, frame: Any) -> None:
-        self.signal = signal.Signals(signum).name
+        name = signal.Signals(signum).name
+        log = self._job.log if self._job is not None else None
+        if self._job is not None and (log is None or log.first(constants.RUN_START) is None):
+            raise RunInterrupted(f"{name} before run_start: nothing trained, no checkpoint", signum)
+        self.signal = name
 
     def __enter__(self) -> "_Stop":
         if threading.current_thread() is threading.main_thread():

@@ -2,7 +2,7 @@
 
 The sampler's coverage property is checked over many node/rank/sample-count layouts, even and
 uneven; the two-node job on one machine (two torchrun agents, ``--nnodes 2``) runs ``mlhpc
-stage`` for real.
+stage`` and then ``mlhpc run`` for real, the run with the shared source moved away.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import collections
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -200,3 +201,60 @@ def test_two_nodes_stage_disjoint_halves_and_reuse_them_without_the_source(tmp_p
     assert report["offline"] and report["copied_files"] == 0
     assert report["skipped_files"] == staged_files
     assert [_files(d) for d in dests] == held
+
+
+def _events(log: Path) -> list[dict]:
+    return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()
+            if ":::MLLOG " in line]
+
+
+@pytest.mark.parametrize("placement", ["init", pytest.param("run", marks=pytest.mark.slow)])
+def test_two_nodes_stage_then_train_from_their_shards_with_the_source_gone(tmp_path, repo,
+                                                                          small_files_data, placement):
+    """`mlhpc stage` as one job step, the source moved away, `mlhpc run` as the next: each node
+    trains from its own half, the log counts the job's samples and passes the official checker."""
+    from conftest import compliance_check
+
+    source = tmp_path / "shared" / "cosmoflow"
+    source.parent.mkdir()
+    shutil.copytree(small_files_data, source)
+    common = [str(repo / "configs" / "cosmoflow-mini.yaml"), *TINY, "--set", f"data.path={source}",
+              "--set", f"data.staging.dest={tmp_path}/node{{node_rank}}-local",
+              "--set", f"data.staging.placement={placement}"]
+    for proc in two_nodes(["stage", *common], tmp_path):
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    dests = [tmp_path / f"node{n}-local" for n in range(2)]
+    held = [{r for r in _files(d) if r.startswith("train/")} for d in dests]
+    assert held[0] and held[1] and not held[0] & held[1]
+    assert held[0] | held[1] == {r for r in _files(source) if r.startswith("train/")}
+
+    source.rename(tmp_path / "shared" / "moved")  # the shared copy is gone for the run step
+    out = tmp_path / "results"
+    procs = two_nodes(["run", *common, "--set", f"output.dir={out}", "--set", "train.max_epochs=1",
+                       "--set", "train.target=0.0"], tmp_path)
+    for proc in procs:  # target 0.0 is never reached: status aborted, exit 1, after one epoch
+        assert proc.returncode == 1, proc.stderr[-3000:]
+    assert not source.exists()  # nothing synthesised in its place
+    assert sorted(p.name for p in out.glob("result_*.txt")) == ["result_0.txt"]
+    log = out / "result_0.txt"
+    events = _events(log)
+    value = {e["key"]: e["value"] for e in events}
+    assert value["train_samples"] == 64 and value["eval_samples"] == 32  # the job's, not a node's
+    assert value["number_of_nodes"] == 2
+    stop = next(e for e in events if e["key"] == "staging_stop")["metadata"]
+    assert stop["placement"] == placement and stop["nodes"] == 2 and stop["shard"] == "node"
+    assert stop["offline"] and len(stop["node_staged_bytes"]) == 2
+    assert stop["staged_bytes"] == sum(stop["node_staged_bytes"])
+    keys = [e["key"] for e in events]
+    before_run = keys.index("staging_start") < keys.index("run_start")
+    assert before_run == (placement == "init")
+    assert keys.index("run_start") < keys.index("epoch_start")
+    # The hpc rules want one eval_error <= 0.124 in the log, which a seconds-long run cannot
+    # reach (tests/test_run_e2e.py reaches it on one node): every other check must pass.
+    checked = compliance_check(log)
+    text = checked.stdout + checked.stderr
+    assert re.findall(r"Failed checks for (\S+)", text) == ["eval_error"], text[-3000:]
+    assert "v['value'] <= 0.124" in text and "CHECK for" not in text, text[-3000:]
+    summary = json.loads(next(out.glob("summary_*.json")).read_text())
+    assert summary["staging"]["nodes_summary"]["nodes"] == 2
+    assert summary["padded_samples_per_epoch"] == 0  # 4 files x 8 samples per node, 1 rank each

@@ -336,8 +336,9 @@ def build_datasets(config: "Config", runtime: "Runtime", data_dir: Path
     The form is ``config.data.format`` (``auto``: detected from the training folder's file names
     by `formats.detect_format`; both splits must have the same). Uses the first
     ``config.data.train_samples`` / ``config.data.eval_samples`` samples in stem order (all when
-    None). ``runtime`` is accepted for the Workload interface; every rank sees the whole dataset
-    and the harness's sampler shards it.
+    None). Every rank sees the whole folder it is given (after a node-sharded stage, its node's
+    share) and the harness's sampler shards it; ``runtime`` makes the standardisation statistics
+    the same on every rank (`job_channel_stats`).
 
     Returns:
         Two `CosmoFlowDataset`; each item is ``x`` int16 ``(S, S, S, 4)`` counts, ``y`` float32
@@ -361,10 +362,37 @@ def build_datasets(config: "Config", runtime: "Runtime", data_dir: Path
         raise _renamed(exc, origin) from None
     train.origin = valid.origin = origin
     if getattr(getattr(config, "model", None), "input_standardization", "none") == "channel":
-        mean, std = train.channel_stats()
+        mean, std = job_channel_stats(train, runtime)
         train.standardize(mean, std)
         valid.standardize(mean, std)
     return train, valid
+
+
+def job_channel_stats(train: CosmoFlowDataset, runtime: "Runtime",
+                      n_samples: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """`CosmoFlowDataset.channel_stats` made the same on every rank of ``runtime.group``.
+
+    After a node-sharded stage (``data.staging.shard: node``) each node's training split is its
+    own share, so its first ``n_samples`` differ from another node's and the nodes would
+    standardise their inputs differently. The ranks gather ``(samples used, mean, std)``; when
+    they all agree (every node holds the whole set, or one process) the statistics are returned
+    as computed, bit for bit; otherwise they are pooled: the sample-weighted mean of the means
+    and of ``std**2 + mean**2``, so every rank standardises with one float32 ``(4,)`` pair.
+    """
+    mean, std = train.channel_stats(n_samples)
+    if not getattr(runtime, "distributed", False) or not torch.distributed.is_initialized():
+        return mean, std
+    rows: list[Any] = [None] * torch.distributed.get_world_size(group=runtime.group)
+    torch.distributed.all_gather_object(rows, (min(n_samples, len(train)), mean.tolist(), std.tolist()),
+                                        group=runtime.group)
+    if all(row == rows[0] for row in rows):
+        return mean, std
+    weight = np.array([row[0] for row in rows], np.float64)[:, None]
+    means, stds = np.array([row[1] for row in rows]), np.array([row[2] for row in rows])
+    pooled = (weight * means).sum(0) / weight.sum()
+    second = (weight * (stds ** 2 + means ** 2)).sum(0) / weight.sum()
+    return (pooled.astype(np.float32),
+            np.sqrt(np.maximum(second - pooled ** 2, 1e-12)).astype(np.float32))
 
 
 def _build(config: "Config", data_dir: Path) -> tuple[CosmoFlowDataset, CosmoFlowDataset]:
