@@ -499,3 +499,26 @@ def test_node_summary(source: Path, tmp_path: Path) -> None:
     summary = result.to_dict()["nodes_summary"]
     assert summary["nodes"] == 1 and summary["slowest_node_s"] == result.elapsed_s
     assert summary["node_staged_bytes"] == [sum(SIZES.values())] == [summary["max_node_staged_bytes"]]
+
+
+def test_staged_copy_present_says_whether_a_run_needs_the_source(source: Path, tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from mlhpc.config import StagingConfig
+
+    dest = tmp_path / "node{node_rank}"
+    config = SimpleNamespace(data=SimpleNamespace(path=source, staging=StagingConfig(dest=dest)),
+                             train=SimpleNamespace(instances=1, seed=0))
+    assert not staging.staged_copy_present(config, Runtime())  # nothing staged yet
+    staging.stage_dataset(config, Runtime())
+    assert staging.staged_copy_present(config, Runtime())
+    # node 1 of 2 (a sharded plan) is not what node 0 staged unsharded
+    assert not staging.staged_copy_present(config, Runtime(rank=1, world_size=2, node_rank=0, num_nodes=2))
+    moved = source.rename(tmp_path / "moved")
+    assert staging.staged_copy_present(config, Runtime())  # the source is not needed
+    victim = next(p for p in (tmp_path / "node0").rglob("*") if p.is_file() and not p.name.startswith("."))
+    victim.write_bytes(victim.read_bytes()[:-1])
+    assert not staging.staged_copy_present(config, Runtime())  # a file lost a byte
+    config.data.staging = StagingConfig(enabled=False, dest=dest)
+    assert not staging.staged_copy_present(config, Runtime())
+    assert moved.is_dir()
