@@ -148,6 +148,9 @@ class DataConfig(Section):
     eval_samples: Optional[int] = Field(None, ge=1)
     # on-disk form of the samples; auto: detected from the file names (the workload's reader)
     format: Literal["auto", "hdf5", "tfrecord", "npy"] = "auto"
+    # seed of the embedded (synthesised) dataset: the data stay the same across runs whose
+    # train.seed differs, as a real dataset does (a closed submission runs 5 or 10 seeds on one dataset)
+    synth_seed: int = Field(0, ge=0, le=SEED_MAX)
     num_workers: int = Field(0, ge=0, le=64)  # DataLoader worker processes per rank
     staging: StagingConfig = StagingConfig()
 

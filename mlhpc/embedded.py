@@ -319,7 +319,7 @@ def ensure_data(config: "Config", workload: "Workload", rt: "Runtime") -> float:
         DataError: the data are missing, interrupted or changed and synthesis is not allowed (the
             message says which and names the folder); synthesised with other settings; a split
             folder (train/, validation/) is missing or empty; the folder cannot be written.
-        ConfigError: ``train.seed`` outside what synthesis accepts.
+        ConfigError: ``data.synth_seed`` outside what synthesis accepts.
     """
     from mlhpc import runtime
 
@@ -328,7 +328,7 @@ def ensure_data(config: "Config", workload: "Workload", rt: "Runtime") -> float:
     state = describe(path)
     if state == "complete":  # every rank, so that all raise together
         marker = read_marker(path) or {}
-        differs = _first_difference(marker, _settings(workload.name, config.synth, config.train.seed))
+        differs = _first_difference(marker, _settings(workload.name, config.synth, config.data.synth_seed))
         if differs:
             raise DataError(f"{path}: data were synthesised with {differs}; delete the folder or "
                             "choose another data.path")
@@ -346,7 +346,7 @@ def ensure_data(config: "Config", workload: "Workload", rt: "Runtime") -> float:
             raise DataError(f"{path}: {reason}; set data.synthesize_if_missing: true to "
                             "synthesise it, or data.path")
         if rt.is_main:
-            synthesize(path, workload, config.synth, config.train.seed)
+            synthesize(path, workload, config.synth, config.data.synth_seed)
         runtime.barrier(rt)
     for split in SPLITS:
         folder = path / split

@@ -23,10 +23,11 @@ SYNTH = {"cube_size": 8, "train_samples": 12, "eval_samples": 6, "workers": 1}
 ONE_RANK = SimpleNamespace(is_main=True, distributed=False)
 
 
-def config_for(path: Path, synthesize: bool = True, seed: int = 0, **synth):
+def config_for(path: Path, synthesize: bool = True, seed: int = 0, train_seed: int = 0, **synth):
     return cfg.from_dict({"workload": "cosmoflow",
-                          "train": {"global_batch_size": 4, "max_epochs": 1, "seed": seed},
-                          "data": {"path": str(path), "synthesize_if_missing": synthesize},
+                          "train": {"global_batch_size": 4, "max_epochs": 1, "seed": train_seed},
+                          "data": {"path": str(path), "synthesize_if_missing": synthesize,
+                                   "synth_seed": seed},
                           "synth": {**SYNTH, **synth}})
 
 
@@ -54,6 +55,9 @@ def test_synthesised_folder_is_marked_and_checked(tmp_path):
     # the marker's settings must be the config's: other seed -> refused, named
     with pytest.raises(DataError, match=r"data were synthesised with seed=0, the config asks for 3"):
         embedded.ensure_data(config_for(path, seed=3), cosmo, ONE_RANK)
+    # ... while another training seed uses the same data (runs of one submission differ in
+    # train.seed, not in their dataset)
+    assert embedded.ensure_data(config_for(path, train_seed=601530164), cosmo, ONE_RANK) == 0.0
     with pytest.raises(DataError, match=r"synth.eval_samples=6, the config asks for 8"):
         embedded.ensure_data(config_for(path, eval_samples=8), cosmo, ONE_RANK)
     # synth.workers changes speed, not bytes
