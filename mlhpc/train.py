@@ -362,6 +362,7 @@ def _stage(job: Job) -> staging.StagingResult | None:
     `StagingResult.node_summary` (slowest node, mean, GB/s per node and aggregate, bytes per node).
     """
     placement = job.config.data.staging.placement
+    runtime.barrier(job.rt)  # every rank starts together: a node's time is its own staging
     job.log.start(constants.STAGING_START, metadata={"placement": placement})
     staged = staging.stage_dataset(job.config, job.world)
     runtime.barrier(job.rt)

@@ -174,13 +174,26 @@ def _run_table_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     header = ["run", "status", "compliant", "time to train s", "staging s", "init s", "epochs",
               f"{unit} to target", "mean epoch s", "samples/s", "eval s", "residual s", "resumed"]
     body = []
-    for row in run_rows(report):
+    runs = [r for f in report.folders for r in f.runs]  # the order of run_rows
+    for row, run in zip(run_rows(report), runs):
         body.append([row["file"], row["status"], _fmt(row["compliant"]), _fmt(row["time_to_train_s"]),
-                     _fmt(row["staging_s"]), _fmt(row["init_s"]), _fmt(row["epochs"]),
+                     _fmt(row["staging_s"]) + _staging_nodes_note(getattr(run, "staging_nodes", None)),
+                     _fmt(row["init_s"]), _fmt(row["epochs"]),
                      _fmt(row["epochs_to_target"], 0), _fmt(row["mean_epoch_s"]),
                      _fmt(row["samples_per_s"], 1), _fmt(row["eval_s"]), _fmt(row["residual_s"]),
                      _fmt(row["resumed"])])
     return header, body
+
+
+def _staging_nodes_note(nodes: dict[str, Any] | None) -> str:
+    """`` (N nodes: slowest, mean s, aggregate GB/s, max bytes per node)`` for a run whose
+    ``staging_stop`` carries mlhpc's per-node figures (`RunSummary.staging_nodes`); empty otherwise."""
+    if not nodes or not nodes.get("nodes"):
+        return ""
+    per_node = nodes.get("node_staged_bytes") or [0]
+    return (f" ({nodes['nodes']} nodes: slowest {_fmt(nodes.get('slowest_node_s'))}, mean "
+            f"{_fmt(nodes.get('mean_node_s'))}, {_fmt(nodes.get('aggregate_gb_per_s'))} GB/s, "
+            f"<= {max(per_node) / 1e9:.3g} GB/node)")
 
 
 def _convergence_text(f: FolderResult) -> str:
