@@ -2,14 +2,36 @@
 
 A run writes ``checkpoint_N.pt`` (N: its result file's index) when SIGTERM stops it (what Slurm
 sends before a time limit) and every ``train.checkpoint_every_epochs``; ``mlhpc run --resume
-RUN_FOLDER`` continues from the newest one with a new ``result_M.txt`` that logs a ``resume``
-event. The file is a plain dict of tensors and containers, saved atomically (temporary file +
-rename) and read back with ``torch.load(weights_only=True)``.
+RUN_FOLDER`` (or ``--resume RUN_FOLDER/checkpoint_N.pt``) continues from it with a new
+``result_M.txt`` in that folder that logs a ``resume`` event. The file is a plain dict of tensors
+and containers, saved atomically (temporary file + rename) and read back with
+``torch.load(weights_only=True)``; every field is checked before any file is written.
+
+What a resumed run is worth, by the MLPerf rules (mlcommons/training_policies, training_rules.adoc,
+"Run Results", which hpc_training_rules.adoc follows as "MLPerf Training Rule 10"): "A run result
+consists of a wall-clock timing measurement for a contiguous period" ... "The clock may not be
+paused during the run."; and "A _run_ is a complete execution of an implementation on a system,
+training a model from initialization to the quality target." Checkpoints themselves are allowed
+("Check points can be created at the discretion of submitter. No check points are required to be
+produced or retained.", "Quality measure"). A run stopped and resumed is therefore not a run
+result: its log says so (the ``resume`` event, with ``earlier_attempts_s``: the timed seconds of
+every attempt before it), `mlhpc report` keeps it and the stopped attempt apart from the scored
+runs and shows the total time across attempts, and ``report --package`` refuses both.
+
+The answers ``--resume`` gives (each `ConfigError`, one line, exit status 2, nothing written):
+a run that finished (``run_stop`` without a signal) has nothing to resume; a checkpoint already
+resumed (its ``resumed_N.json`` claim exists, created exclusively by the resuming run) is not
+resumed twice; several stopped runs in one folder need the checkpoint named. A run folder that was
+moved is resumed where it now is: the new log goes to the folder given, and the config's paths are
+those the first attempt resolved (made absolute against its working folder when it started), so
+nothing is synthesised or read relative to the current folder.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,9 +39,13 @@ from typing import Any
 import torch
 
 from mlhpc.config import Config, from_dict
-from mlhpc.errors import ConfigError
+from mlhpc.errors import ConfigError, OutputError
+from mlhpc.report.parse import parse_log
 
 CHECKPOINT_PATTERN = "checkpoint_{}.pt"
+CLAIM_PATTERN = "resumed_{}.json"
+_REQUIRED = {"config": dict, "epoch": int, "step": int, "model": dict, "optimizer": dict,
+             "scheduler": dict}
 
 
 @dataclass
@@ -27,13 +53,13 @@ class CheckpointState:
     """Everything a resumed run takes from the one it continues.
 
     Attributes:
-        config: the resolved config as a dict (`Config.to_dict`).
+        config: the resolved config as a dict (`Config.to_dict`), its paths absolute.
         epoch: the epoch to (re)enter, 1-based.
         step: micro-steps of that epoch already done.
         history: ``[(epoch, metric value)]`` of the evaluations so far.
         result_file: the name of the log of the attempt that saved it.
         elapsed_s: seconds of timed run (run_start onwards) spent by that attempt and every
-            attempt before it.
+            attempt before it, up to the save.
         model / optimizer / scheduler: their ``state_dict()``.
         torch_rng: ``torch.get_rng_state()`` (uint8 tensor).
     """
@@ -55,76 +81,231 @@ class CheckpointState:
         return out
 
     @classmethod
-    def from_dict(cls, state: dict[str, Any]) -> "CheckpointState":
-        return cls(config=state["config"], epoch=int(state["epoch"]), step=int(state["step"]),
-                   history=[(int(e), float(v)) for e, v in state.get("history", [])],
-                   result_file=state.get("result_file"), elapsed_s=float(state.get("elapsed_s", 0.0)),
+    def from_dict(cls, state: Any, source: str = "checkpoint") -> "CheckpointState":
+        """Check and convert a loaded checkpoint.
+
+        Raises:
+            ConfigError: not a dict, a required key missing or of the wrong type, a negative
+                epoch/step, a malformed history; the message names ``source`` and the key.
+        """
+        if not isinstance(state, dict):
+            raise ConfigError(f"{source}: not an mlhpc checkpoint (a {type(state).__name__}, not a dict)")
+        for key, kind in _REQUIRED.items():
+            if key not in state:
+                raise ConfigError(f"{source}: not an mlhpc checkpoint (no '{key}' entry)")
+            if not isinstance(state[key], kind) or isinstance(state[key], bool):
+                raise ConfigError(f"{source}: '{key}' is a {type(state[key]).__name__}, "
+                                  f"expected a {kind.__name__}")
+        if state["epoch"] < 1 or state["step"] < 0:
+            raise ConfigError(f"{source}: 'epoch' {state['epoch']} / 'step' {state['step']} out of range")
+        try:
+            history = [(int(e), float(v)) for e, v in state.get("history", [])]
+            elapsed_s = float(state.get("elapsed_s", 0.0))
+        except (TypeError, ValueError):
+            raise ConfigError(f"{source}: 'history' or 'elapsed_s' malformed") from None
+        rng = state.get("torch_rng")
+        if rng is not None and not (isinstance(rng, torch.Tensor) and rng.dtype == torch.uint8):
+            raise ConfigError(f"{source}: 'torch_rng' is not a uint8 tensor")
+        return cls(config=state["config"], epoch=state["epoch"], step=state["step"],
+                   history=history, result_file=state.get("result_file"), elapsed_s=elapsed_s,
                    model=state["model"], optimizer=state["optimizer"], scheduler=state["scheduler"],
-                   torch_rng=state.get("torch_rng"))
+                   torch_rng=rng)
 
 
 @dataclass
 class Resume:
-    """A checkpoint to continue from: its state and the file it was read from."""
+    """A checkpoint to continue from: its state, the file it was read from, the folder the new
+    attempt writes to, and the timed seconds of every earlier attempt (from their logs)."""
 
     state: CheckpointState
     source: Path
+    run_dir: Path
+    earlier_attempts_s: float = 0.0
+
+    @property
+    def claim(self) -> Path:
+        return self.run_dir / CLAIM_PATTERN.format(_index(self.source))
+
+
+def absolute_paths(tree: dict[str, Any], base: Path) -> dict[str, Any]:
+    """``tree`` (a `Config.to_dict`) with ``data.path``, ``output.dir`` and ``data.staging.dest``
+    made absolute against ``base``, so a resumed run reads what the first attempt read wherever
+    it is started from."""
+    out = json.loads(json.dumps(tree))
+    for section, key in (("data", "path"), ("output", "dir")):
+        value = out.get(section, {}).get(key)
+        if isinstance(value, str) and not Path(value).is_absolute():
+            out[section][key] = str(base / value)
+    staging = out.get("data", {}).get("staging") or {}
+    dest = staging.get("dest")
+    if isinstance(dest, str) and not dest.startswith("{") and not Path(dest).is_absolute():
+        staging["dest"] = str(base / dest)
+    return out
 
 
 def capture(config: Config, parts: Any, epoch: int, step: int, history: list[tuple[int, float]],
             result_file: str | None, elapsed_s: float) -> CheckpointState:  # 7: one per state field
     """The state to save: ``parts`` holds ``model``, ``optimizer`` and ``scheduler``."""
     return CheckpointState(
-        config=config.to_dict(), epoch=epoch, step=step, history=list(history),
-        result_file=result_file, elapsed_s=elapsed_s, model=parts.model.state_dict(),
-        optimizer=parts.optimizer.state_dict(), scheduler=parts.scheduler.state_dict(),
-        torch_rng=torch.get_rng_state())
+        config=absolute_paths(config.to_dict(), Path.cwd()), epoch=epoch, step=step,
+        history=list(history), result_file=result_file, elapsed_s=elapsed_s,
+        model=parts.model.state_dict(), optimizer=parts.optimizer.state_dict(),
+        scheduler=parts.scheduler.state_dict(), torch_rng=torch.get_rng_state())
 
 
 def save(path: Path, state: CheckpointState) -> None:
-    """Write ``state`` to ``path`` atomically (a reader never sees half a file)."""
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save(state.to_dict(), tmp)
-    os.replace(tmp, path)
+    """Write ``state`` to ``path`` atomically (a reader never sees half a file; a failed write
+    leaves no temporary file).
+
+    Raises:
+        OutputError: the file cannot be written (full file system, permissions).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        torch.save(state.to_dict(), tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"{path}: cannot write checkpoint ({exc.strerror or exc})") from None
 
 
-def restore(state: CheckpointState, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> None:
-    """Load the saved weights, optimizer and scheduler state and the torch RNG."""
-    model.load_state_dict(state.model)
-    optimizer.load_state_dict(state.optimizer)
-    scheduler.load_state_dict(state.scheduler)
+def restore(state: CheckpointState, model: torch.nn.Module, optimizer: Any, scheduler: Any,
+            source: str = "checkpoint") -> None:
+    """Load the saved weights, optimizer and scheduler state and the torch RNG.
+
+    Raises:
+        ConfigError: the saved tensors do not fit the model the config builds (names, shapes).
+    """
+    try:
+        model.load_state_dict(state.model)
+        optimizer.load_state_dict(state.optimizer)
+        scheduler.load_state_dict(state.scheduler)
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
+        first = " ".join(str(exc).split())[:300]
+        raise ConfigError(f"{source}: the saved state does not fit the model its config builds "
+                          f"({first})") from None
     if state.torch_rng is not None:
         torch.set_rng_state(state.torch_rng)
 
 
-def find(run_dir: Path) -> Path:
-    """The newest ``checkpoint_N.pt`` in ``run_dir``.
+def _index(path: Path) -> str:
+    return path.name[len("checkpoint_"):-len(".pt")]
+
+
+def _log_state(log: Path) -> tuple[str, float]:
+    """``(state, timed seconds)`` of the attempt logged in ``log``: ``"finished"`` (run_stop
+    without a signal), ``"stopped"`` (run_stop by a signal), ``"crashed"`` (no run_stop) or
+    ``"missing"``; seconds from run_start to run_stop (or to its last record) plus the attempts
+    it continued."""
+    if not log.is_file():
+        return "missing", 0.0
+    events = parse_log(log).events
+    start = next((e.time_ms for e in events if e.key == "run_start"), None)
+    stop = next((e for e in events if e.key == "run_stop"), None)
+    earlier = next((e.value.get("earlier_attempts_s", 0.0) for e in events
+                    if e.key == "resume" and isinstance(e.value, dict)), 0.0)
+    end = stop.time_ms if stop is not None else (events[-1].time_ms if events else None)
+    seconds = (end - start) / 1000.0 + float(earlier or 0.0) if start is not None and end else 0.0
+    if stop is None:
+        return "crashed", seconds
+    return ("stopped" if stop.metadata.get("signal") else "finished"), seconds
+
+
+def select(target: Path) -> tuple[Path, float]:
+    """The checkpoint to resume from ``target`` (a run folder or a ``checkpoint_N.pt``) and the
+    timed seconds of the attempts before it.
 
     Raises:
-        ConfigError: the folder or a checkpoint in it does not exist.
+        ConfigError: not a run folder or checkpoint; no checkpoint; every checkpoint belongs to a
+            finished run or was resumed already; several stopped runs (name the checkpoint).
     """
-    if not run_dir.is_dir():
-        raise ConfigError(f"--resume {run_dir}: not a run folder")
-    found = sorted(run_dir.glob("checkpoint_*.pt"), key=lambda p: p.stat().st_mtime)
-    if not found:
-        raise ConfigError(f"--resume {run_dir}: no checkpoint_N.pt in this folder (a run writes one "
+    if target.is_file():
+        candidates, run_dir = [target], target.parent
+    elif target.is_dir():
+        run_dir = target
+        candidates = sorted(target.glob("checkpoint_*.pt"), key=lambda p: p.name)
+    else:
+        raise ConfigError(f"--resume {target}: not a run folder or checkpoint file")
+    if not candidates:
+        raise ConfigError(f"--resume {target}: no checkpoint_N.pt in this folder (a run writes one "
                           "when stopped by SIGTERM or every train.checkpoint_every_epochs)")
-    return found[-1]
+    open_, refusals = [], []
+    for path in candidates:
+        index = _index(path)
+        claim = run_dir / CLAIM_PATTERN.format(index)
+        state, seconds = _log_state(run_dir / f"result_{index}.txt")
+        if claim.exists():
+            by = _read_claim(claim).get("resumed_by", "another run")
+            refusals.append(f"{path.name} was already resumed by {by} ({claim.name}); resume that "
+                            "run's checkpoint instead")
+        elif state == "finished":
+            refusals.append(f"result_{index}.txt finished (run_stop without a signal); nothing to "
+                            "resume from " + path.name)
+        else:
+            open_.append((path, seconds))
+    if len(open_) > 1:
+        names = ", ".join(p.name for p, _ in open_)
+        raise ConfigError(f"--resume {target}: {len(open_)} stopped runs ({names}); give the "
+                          "checkpoint file to resume")
+    if not open_:
+        raise ConfigError(f"--resume {target}: " + refusals[-1])
+    return open_[0]
 
 
-def load_resume(run_dir: Path) -> tuple[Config, Resume]:
-    """The config and saved state to continue the run stopped in ``run_dir``.
+def _read_claim(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
-    The checkpoint is loaded with ``weights_only=True`` (tensors and plain containers only).
+
+def load_resume(target: Path) -> tuple[Config, Resume]:
+    """The config and saved state to continue the run stopped in ``target`` (see `select`).
+
+    The checkpoint is loaded with ``weights_only=True`` (tensors and plain containers only) and
+    every field checked; the config's ``output.dir`` becomes the folder the checkpoint is in.
 
     Raises:
-        ConfigError: no checkpoint, or one that cannot be read.
+        ConfigError: as `select`, a checkpoint that cannot be read or is malformed, or a config
+            in it that does not validate.
     """
-    path = find(run_dir)
+    path, earlier_s = select(Path(target))
     try:
         raw = torch.load(path, map_location="cpu", weights_only=True)
-        state = CheckpointState.from_dict(raw)
     except Exception as exc:  # torch raises several types for a damaged or foreign file
         raise ConfigError(f"--resume {path}: cannot read checkpoint ({type(exc).__name__})") from None
-    config = from_dict(state.config, source=f"{path} (config)")
-    return config, Resume(state, path)
+    state = CheckpointState.from_dict(raw, source=f"--resume {path}")
+    tree = dict(state.config)
+    tree["output"] = {**(tree.get("output") or {}), "dir": str(path.parent)}
+    config = from_dict(tree, source=f"{path} (config)")
+    if not earlier_s:  # the stopped attempt's log is gone: the time the checkpoint recorded
+        earlier_s = state.elapsed_s
+    return config, Resume(state, path, path.parent, earlier_s)
+
+
+def claim(resume: Resume, log: Path) -> None:
+    """Mark ``resume``'s checkpoint as resumed by ``log`` (``resumed_N.json``, created
+    exclusively: of two resumes of one checkpoint, one wins).
+
+    Raises:
+        ConfigError: the checkpoint was resumed already (names the log that did).
+        OutputError: the claim cannot be written.
+    """
+    record = {"checkpoint": resume.source.name, "resumed_by": log.name,
+              "time_unix_s": time.time(), "pid": os.getpid()}
+    try:
+        fd = os.open(resume.claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        by = _read_claim(resume.claim).get("resumed_by", "another run")
+        raise ConfigError(f"--resume {resume.source}: already resumed by {by} "
+                          f"({resume.claim.name})") from None
+    except OSError as exc:
+        raise OutputError(f"{resume.claim}: cannot write ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "w") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+def release(resume: Resume) -> None:
+    """Undo `claim` (the resuming attempt failed before run_start: the checkpoint stays open)."""
+    resume.claim.unlink(missing_ok=True)

@@ -2,7 +2,10 @@
 
 Only global rank 0 writes. Each run writes a fresh ``result_N.txt``: the file is created with
 ``O_EXCL`` (mode ``"x"``), so no run ever overwrites or appends to an existing result, and two
-runs started at once into one folder get distinct files. Every line is flushed as it is written,
+runs started at once into one folder get distinct files. ``result_N.txt`` claims the whole set of
+run N (`RUN_FILES`: its summary, measured values, config, environment, checkpoint and resume
+claim): a slot N is free only when no file of that set exists, so a side file left by an earlier
+run (its log moved or deleted) is never overwritten. Every line is flushed as it is written,
 so a crash leaves a readable log.
 
 Keys come from `mlperf_logging.mllog.constants` where a constant exists; the HPC keys without one
@@ -31,19 +34,30 @@ GRADIENT_ACCUMULATION_FREQUENCY = "gradient_accumulation_frequency"
 DROPOUT = "dropout"
 BATCHNORM_GROUP_SIZE = "batchnorm_group_size"
 TRACKED_STATS = "tracked_stats"
-RESUME = "resume"  # mlhpc: this run continues a stopped one (value: where from)
+RESUME = "resume"  # mlhpc: this run continues a stopped one (value: where from, earlier attempts' time)
 
 RESULT_PATTERN = "result_{}.txt"
+#: The files of run N, one set: claimed together through ``result_N.txt``, never overwritten.
+RUN_FILES = (RESULT_PATTERN, "measured_{}.json", "summary_{}.json", "config_{}.yaml",
+             "env_{}.json", "checkpoint_{}.pt", "resumed_{}.json")
 _counter = itertools.count()
 
 
+def slot_taken(out_dir: Path, n: int | str) -> bool:
+    """Whether any file of run ``n``'s set (`RUN_FILES`) exists in ``out_dir``."""
+    return any(os.path.lexists(out_dir / pattern.format(n)) for pattern in RUN_FILES)
+
+
 def open_next_result(out_dir: Path) -> tuple[Path, IO[str]]:
-    """Create the first free ``result_N.txt`` in ``out_dir`` exclusively (N = 0, 1, ...).
+    """Create ``result_N.txt`` in ``out_dir`` exclusively for the first N whose whole file set
+    (`RUN_FILES`) is free (N = 0, 1, ...).
 
     Returns the path and a line-buffered text handle. Never overwrites or appends.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     for n in itertools.count():
+        if slot_taken(out_dir, n):
+            continue
         path = out_dir / RESULT_PATTERN.format(n)
         try:
             handle = open(path, "x", buffering=1, encoding="utf-8")
@@ -145,6 +159,6 @@ class ComplianceLog:
             self._handler = None
 
 
-__all__ = ["ComplianceLog", "Event", "open_next_result", "constants", "EVAL_ERROR",
+__all__ = ["ComplianceLog", "Event", "open_next_result", "slot_taken", "RUN_FILES", "constants", "EVAL_ERROR",
            "NUMBER_OF_NODES", "ACCELERATORS_PER_NODE", "GRADIENT_ACCUMULATION_FREQUENCY",
            "DROPOUT", "BATCHNORM_GROUP_SIZE", "TRACKED_STATS"]

@@ -8,21 +8,29 @@ and the device peak (so MFU = FLOPs x the log's samples/s / peak), data-path swi
 detail per node, the departures from the reference, where a resumed run came from. The end-of-run
 table, ``summary_N.json`` and ``mlhpc report`` therefore cannot disagree.
 
-The files of run N in an output folder, claimed together through ``result_N.txt`` (created with
-O_EXCL, `mlhpc.mllog.open_next_result`) and never overwritten: ``result_N.txt`` (the MLLOG),
-``measured_N.json``, ``summary_N.json``, ``config_N.yaml`` (the resolved config), ``env_N.json``
-(software, hardware, launcher) and, when the run stopped early or checkpoints periodically,
-``checkpoint_N.pt``.
+The files of run N in an output folder are one set (`mlhpc.mllog.RUN_FILES`), claimed together
+through ``result_N.txt`` (created with O_EXCL, `mlhpc.mllog.open_next_result`, only when no file of
+set N exists) and never overwritten (each side file is written once, exclusively, through
+`mlhpc.outdir.write_text_atomic`): ``result_N.txt`` (the MLLOG), ``measured_N.json``,
+``summary_N.json``, ``config_N.yaml`` (the resolved config), ``env_N.json`` (software, hardware,
+launcher), ``checkpoint_N.pt`` when the run stopped early or checkpoints periodically, and
+``resumed_N.json`` once ``mlhpc run --resume`` has continued that checkpoint.
+
+A resumed run's summary carries ``earlier_attempts_s`` (the timed seconds of the attempts before
+it, from its ``resume`` record) and ``time_to_train_total_s`` (its own time to train plus those):
+the honest total, never only the time after the resume (see `mlhpc.checkpoint` for the rules).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from mlhpc import outdir
 from mlhpc.report.parse import parse_log
 from mlhpc.report.runs import RunSummary, summarize_run
 
@@ -58,6 +66,14 @@ class RunFiles:
     def checkpoint(self) -> Path:
         return self.path("checkpoint", ".pt")
 
+    @property
+    def config(self) -> Path:
+        return self.path("config", ".yaml")
+
+    @property
+    def env(self) -> Path:
+        return self.path("env", ".json")
+
 
 @dataclass
 class RunResult:
@@ -69,19 +85,30 @@ class RunResult:
         result_file: the log this rank wrote (None on ranks that write none).
         summary: on the writing rank, `summary_dict` of the log and its side file (what
             ``summary_N.json`` holds); empty elsewhere.
+        signal: the signal that stopped the run (``"SIGTERM"``; a checkpoint was saved), else
+            None; the CLI exits with 128 + its number.
     """
 
     status: str
     reason: str | None
     result_file: str | None = None
     summary: dict[str, Any] = field(default_factory=dict)
+    signal: str | None = None
 
 
 def write_json(path: Path, obj: Any) -> None:
-    """Write ``obj`` as indented JSON atomically (temporary file + rename)."""
-    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    """Write ``obj`` as indented JSON, atomically and exclusively (a side file of a run is
+    written once and never replaces a file).
+
+    Raises:
+        OutputError: the file exists or cannot be written (nothing half-written is left).
+    """
+    outdir.write_text_atomic(path, json.dumps(obj, indent=2, default=str) + "\n", exclusive=True)
+
+
+def write_yaml(path: Path, obj: Any) -> None:
+    """As `write_json`, as YAML (``config_N.yaml``)."""
+    outdir.write_text_atomic(path, yaml.safe_dump(obj, sort_keys=False), exclusive=True)
 
 
 def derived_perf(perf: dict[str, Any], samples_per_s: float, world_size: int) -> dict[str, Any]:

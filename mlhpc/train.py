@@ -442,6 +442,8 @@ def _start_run(job: Job) -> None:
     """init_stop (with a warning when staging sat in an initialisation longer than the rules
     allow, `mlhpc.staging.init_limit_warning`), then run_start."""
     log = job.log
+    if job.stop is not None:
+        job.stop.check()  # a signal during initialisation: the attempt is set aside
     runtime.barrier(job.rt)
     log.end(constants.INIT_STOP)
     start, stop = log.first(constants.INIT_START), log.first(constants.INIT_STOP)
@@ -708,11 +710,16 @@ class _Stop:
         self._job = job
 
     def __call__(self, signum: int, frame: Any) -> None:
-        name = signal.Signals(signum).name
+        self.signal = signal.Signals(signum).name
+        self.check()
+
+    def check(self) -> None:
+        """Raise `RunInterrupted` when a signal came and run_start is not logged yet (also called
+        just before run_start, in case library code caught the handler's exception)."""
         log = self._job.log if self._job is not None else None
-        if self._job is not None and (log is None or log.first(constants.RUN_START) is None):
-            raise RunInterrupted(f"{name} before run_start: nothing trained, no checkpoint", signum)
-        self.signal = name
+        if self.signal and self._job is not None and (log is None or log.first(constants.RUN_START) is None):
+            raise RunInterrupted(f"{self.signal} before run_start: nothing trained, no checkpoint",
+                                 signal.Signals[self.signal])
 
     def __enter__(self) -> "_Stop":
         if threading.current_thread() is threading.main_thread():

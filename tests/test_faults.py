@@ -1,4 +1,7 @@
-"""Faults end clearly: NaN loss, SIGTERM with checkpoint and --resume, throughput instances."""
+"""Faults end clearly: NaN loss, sizes that disagree, SIGTERM during initialisation, side files of a
+freed slot, unusable results folders, throughput instances. (Stopped and resumed runs:
+test_resume.py.) Each: exit status, one line naming the culprit, the results folder scoring
+exactly its good runs."""
 
 from __future__ import annotations
 
@@ -13,7 +16,68 @@ import pytest
 import torch
 
 from test_distributed import BIN, launch
+from test_resume import one_line_error, start_run, wait_for
 from test_run_e2e import events, run_cli, tiny_args, tiny_data  # noqa: F401 (fixture)
+
+
+def scored_runs(out: Path, cwd: Path) -> tuple[list[str], dict]:
+    """(names of the logs `mlhpc report` scores in ``out``, its dropped runs)."""
+    proc = run_cli(["report", str(out), "--format", "json", "--no-compliance"], cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    [folder] = json.loads(proc.stdout)["folders"]
+    names = [Path(r["path"]).name for r in folder["runs"] if str(r["path"]) not in folder["resumed"]]
+    return [n for n in names if not any(n in k for k in folder["dropped"])], folder["dropped"]
+
+
+def test_model_and_data_sizes_that_disagree_are_one_line_before_any_log(tmp_path, repo, tiny_data):
+    out = tmp_path / "out"
+    proc = run_cli(tiny_args(repo, tiny_data, out, "--set", "model.input_size=32"), cwd=tmp_path)
+    one_line_error(proc, "model.input_size=32")
+    assert str(tiny_data) in proc.stderr and "a training sample of shape (16, 16, 16, 4)" in proc.stderr
+    assert not list(out.glob("result_*")) and not (out / "failed").exists()
+
+
+def test_sigterm_during_init_sets_the_log_aside(tmp_path, repo, tiny_data):
+    """SIGTERM between init_start and run_start: exit 143, the log moved to failed/ and named,
+    nothing left that scores as a run; the next run takes the freed slot and scores alone."""
+    for attempt in range(3):  # the window is ~0.3 s; retry when the signal lands after run_start
+        out = tmp_path / f"out{attempt}"
+        proc = start_run(tiny_args(repo, tiny_data, out), cwd=tmp_path)
+        wait_for(out / "result_0.txt", '"init_start"', proc)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+        if (out / "failed").exists():
+            break
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr, stderr
+    assert "SIGTERM before run_start" in stderr and "failed/result_0.log" in stderr
+    assert not (out / "result_0.txt").exists() and (out / "failed" / "result_0.log").is_file()
+    assert not list(out.glob("checkpoint_*"))
+    good = run_cli(tiny_args(repo, tiny_data, out, "--set", "train.target=10.0"), cwd=tmp_path)
+    assert good.returncode == 0, good.stderr[-2000:]
+    assert scored_runs(out, tmp_path) == (["result_0.txt"], {})
+
+
+def test_side_files_of_a_freed_slot_are_never_overwritten(tmp_path, repo, tiny_data):
+    """result_0.txt moved away, its summary and checkpoint left: slot 0 is not free."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary_0.json").write_text('{"precious": true}\n')
+    (out / "checkpoint_0.pt").write_bytes(b"a resumable checkpoint")
+    proc = run_cli(tiny_args(repo, tiny_data, out, "--set", "train.target=10.0"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (out / "summary_0.json").read_text() == '{"precious": true}\n'
+    assert (out / "checkpoint_0.pt").read_bytes() == b"a resumable checkpoint"
+    assert sorted(p.name for p in out.iterdir() if p.name.endswith("_1.txt") or "_1." in p.name) == [
+        "config_1.yaml", "env_1.json", "measured_1.json", "result_1.txt", "summary_1.json"]
+
+
+def test_output_dir_that_is_a_file_is_one_line(tmp_path, repo, tiny_data):
+    target = tmp_path / "a-file"
+    target.write_text("not a folder\n")
+    proc = run_cli(tiny_args(repo, tiny_data, target), cwd=tmp_path)
+    one_line_error(proc, "is a file")
+    assert target.read_text() == "not a folder\n"
 
 
 def test_nan_loss_aborts_with_reason(tmp_path, repo, tiny_data):
@@ -24,46 +88,6 @@ def test_nan_loss_aborts_with_reason(tmp_path, repo, tiny_data):
     stop = [e for e in events(out / "result_0.txt") if e["key"] == "run_stop"]
     assert stop[0]["metadata"]["status"] == "aborted"
     assert "non-finite" in stop[0]["metadata"]["reason"]
-
-
-def test_sigterm_checkpoints_and_resume_continues(tmp_path, repo, tiny_data):
-    out = tmp_path / "out"
-    args = tiny_args(repo, tiny_data, out, "--set", "train.max_epochs=4", "--set", "train.target=0.0",
-                     "--set", "train.check_every_steps=1")
-    proc = subprocess.Popen([str(BIN / "mlhpc"), *args], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    log = out / "result_0.txt"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if log.exists() and '"epoch_start"' in log.read_text():
-            break
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 1, stderr
-    stop = [e for e in events(log) if e["key"] == "run_stop"]
-    assert len(stop) == 1 and stop[0]["metadata"]["status"] == "aborted"
-    assert "SIGTERM" in stop[0]["metadata"]["reason"]
-    checkpoint = out / "checkpoint_0.pt"
-    state = torch.load(checkpoint, weights_only=True)  # loads with weights_only=True
-    stopped_epoch = state["epoch"]
-
-    resumed = run_cli(["run", "--resume", str(out)], cwd=tmp_path)
-    assert resumed.returncode == 1, resumed.stderr  # target 0.0: runs to max_epochs
-    log2 = out / "result_1.txt"
-    ev = events(log2)
-    resume = [e for e in ev if e["key"] == "resume"]
-    assert len(resume) == 1 and resume[0]["value"]["from_result_file"] == "result_0.txt"
-    epochs = [e["metadata"]["epoch_num"] for e in ev if e["key"] == "epoch_start"]
-    assert epochs[0] == stopped_epoch and epochs[-1] == 4
-    assert json.loads((out / "summary_1.json").read_text())["resumed_from"].endswith("checkpoint_0.pt")
-    # the first log is untouched by the resumed run
-    assert [e["key"] for e in events(log)][-1] == "run_stop"
-    # and the report shows the second run as resumed
-    report = run_cli(["report", str(out), "--format", "json", "--no-compliance"], cwd=tmp_path)
-    assert report.returncode == 0, report.stderr
-    runs = {Path(r["path"]).name: r for r in json.loads(report.stdout)["folders"][0]["runs"]}
-    assert runs["result_1.txt"]["resumed"] and not runs["result_0.txt"]["resumed"]
 
 
 def test_resume_without_checkpoint_is_one_line(tmp_path):

@@ -1,5 +1,9 @@
 import json
 import socket
+import subprocess
+import sys
+
+import pytest
 
 import torch
 
@@ -55,3 +59,23 @@ def test_profile_runs_the_training_step_with_ddp_and_amp(tmp_path, repo, tiny_da
     assert result.distributed and result.precision == "bf16"
     names = " ".join(row["name"] for row in result.operators).lower()
     assert "allreduce" in names or "gloo" in names, names
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--steps", "0"], "--steps 0"),
+    (["--steps", "-3"], "--steps -3"),
+    (["--warmup", "-1"], "--warmup -1"),
+    (["--trace", "FILE/trace.json"], "--trace folder"),
+])
+def test_profile_bad_arguments_are_one_line(tmp_path, repo, args, fragment):
+    blocker = tmp_path / "FILE"
+    blocker.write_text("a file\n")
+    args = [str(blocker / "trace.json") if a == "FILE/trace.json" else a for a in args]
+    proc = subprocess.run([sys.executable, "-m", "mlhpc", "profile",
+                           str(repo / "configs" / "cosmoflow-mini.yaml"), *args,
+                           "--set", f"data.path={tmp_path / 'data'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in proc.stderr
+    assert "trace:" not in proc.stdout and not (tmp_path / "data").exists()

@@ -37,7 +37,7 @@ import yaml
 
 from mlhpc.errors import ConfigError, LogFormatError
 from mlhpc.report.parse import parse_log
-from mlhpc.report.runs import is_resumed, summarize_run
+from mlhpc.report.runs import is_resumed, summarize_run, superseded_logs
 from mlhpc.report.score import RESULT_RE, _natural
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+\-]*$")
@@ -175,9 +175,12 @@ def package_runs(run_dirs: list[Path | str], out: Path | str, org: str | None = 
     runs = []
     for log in logs:
         parsed = parse_log(log)
-        if is_resumed(parsed):
-            raise ConfigError(f"--package: {log} is a resumed run; a submission holds only runs "
-                              "that trained from the start")
+        resumed = is_resumed(parsed)
+        if resumed or log.name in superseded_logs(sorted(log.parent.glob("result_*.txt"))):
+            what = "a resumed run" if resumed else "a stopped run continued by --resume"
+            raise ConfigError(f"--package: {log} is {what}; the rules time a run as one contiguous "
+                              "period (\"The clock may not be paused during the run\"), so a "
+                              "submission holds only runs that trained from the start unbroken")
         runs.append((log, summarize_run(parsed)))
     first_log, first = runs[0]
     config = _read_mapping(_sidecar(first_log, "config", ".yaml"), "yaml")

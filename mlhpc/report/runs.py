@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from mlhpc.report.parse import Event, ParsedLog
+from mlhpc.report.parse import Event, ParsedLog, parse_log
 
 METRIC_KEYS = ("eval_error", "eval_accuracy")
 
@@ -58,6 +58,43 @@ def is_resumed(parsed: ParsedLog) -> bool:
     """The log marks its run as resumed from a checkpoint: a ``resume`` record, or a record with
     ``"resumed": true`` in its metadata. The one place that knows the marker."""
     return any(event.key == RESUME_KEY or event.metadata.get("resumed") is True for event in parsed.events)
+
+
+def earlier_attempts_s(parsed: ParsedLog) -> float | None:
+    """Seconds of timed run spent by the attempts before this resumed one: the ``resume``
+    record's ``earlier_attempts_s`` (None when the log is not resumed or does not say)."""
+    for event in parsed.events:
+        if event.key == RESUME_KEY and isinstance(event.value, dict):
+            value = event.value.get("earlier_attempts_s")
+            return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return None
+
+
+def superseded_logs(files: list[Path]) -> set[str]:
+    """Names of the logs among ``files`` (one folder) that a resumed log among them continues
+    (`resumed_from`): stopped attempts, kept apart with their resumed run."""
+    names: set[str] = set()
+    for path in files:
+        try:
+            if '"resume"' not in Path(path).read_text(encoding="utf-8", errors="replace"):
+                continue
+        except OSError:
+            continue
+        name = resumed_from(parse_log(path))
+        if name:
+            names.add(name)
+    return names
+
+
+def resumed_from(parsed: ParsedLog) -> str | None:
+    """The name of the log whose checkpoint this resumed run continues (``from_result_file`` of
+    its ``resume`` record), else None. That log is superseded by this one: a stopped attempt,
+    kept apart with the resumed run instead of counting as a failed run of its folder."""
+    for event in parsed.events:
+        if event.key == RESUME_KEY and isinstance(event.value, dict):
+            name = event.value.get("from_result_file")
+            return Path(name).name if isinstance(name, str) and name else None
+    return None
 
 
 @dataclass(frozen=True)
@@ -104,8 +141,13 @@ class RunSummary:
             mlperf_logging's rule file, `quality_target`).
         global_batch_size / number_of_nodes / accelerators_per_node / instance_id: as logged.
         resumed: a ``resume`` event or ``"resumed": true`` metadata appears in the log.
+        earlier_attempts_s: a resumed run's timed seconds in the attempts before it
+            (`earlier_attempts_s`); ``time_to_train_total_s`` in `to_dict` adds them.
         reason / last_epoch: ``run_stop``'s ``reason`` and ``epoch_num`` metadata, when logged.
         eval_samples: as logged. staged_bytes: ``staging_stop``'s ``staged_bytes`` metadata.
+        staging_nodes: ``staging_stop``'s per-node figures when mlhpc logged them (``nodes``,
+            ``slowest_node_s``, ``mean_node_s``, ``node_gb_per_s``, ``aggregate_gb_per_s``,
+            ``node_staged_bytes``, ``placement``; `mlhpc.staging.StagingResult.node_summary`).
         malformed: ``"file:line: reason"`` for every unreadable record line.
     """
 
@@ -139,12 +181,14 @@ class RunSummary:
     accelerators_per_node: int | None = None
     instance_id: Any = None
     resumed: bool = False
+    earlier_attempts_s: float | None = None
     concurrent_eval: bool = False
     eval_overlap_s: float = 0.0
     reason: str | None = None
     last_epoch: float | None = None
     eval_samples: int | None = None
     staged_bytes: int | None = None
+    staging_nodes: dict[str, Any] | None = None
     malformed: list[str] = field(default_factory=list)
     compliant: bool | None = None
     compliance_messages: list[str] = field(default_factory=list)
@@ -170,7 +214,9 @@ class RunSummary:
         out = {k: v for k, v in self.__dict__.items()}
         out["metric_series"] = [list(p) for p in self.metric_series]
         out.update(time_to_train_min=self.time_to_train_min, mean_epoch_s=self.mean_epoch_s,
-                   total_train_s=self.total_train_s, total_eval_s=self.total_eval_s)
+                   total_train_s=self.total_train_s, total_eval_s=self.total_eval_s,
+                   time_to_train_total_s=None if self.time_to_train_s is None
+                   else self.time_to_train_s + (self.earlier_attempts_s or 0.0))
         return out
 
 
@@ -293,7 +339,7 @@ def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
     first_values: dict[str, Any] = {}
     for event in events:
         first_values.setdefault(event.key, event.value)
-    run.resumed = is_resumed(parsed)
+    run.resumed, run.earlier_attempts_s = is_resumed(parsed), earlier_attempts_s(parsed)
     text = lambda key: first_values[key] if isinstance(first_values.get(key), str) else None  # noqa: E731
     run.benchmark = text("submission_benchmark")
     run.org, run.division = text("submission_org"), text("submission_division")
@@ -323,6 +369,10 @@ def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
     run.staging_s = _span_s(parsed, "staging_start", "staging_stop")
     staging_stop = parsed.first("staging_stop")
     run.staged_bytes = _int(staging_stop.metadata.get("staged_bytes")) if staging_stop else None
+    if staging_stop and isinstance(staging_stop.metadata.get("nodes"), int):
+        run.staging_nodes = {k: staging_stop.metadata.get(k) for k in (
+            "nodes", "slowest_node_s", "mean_node_s", "node_gb_per_s", "aggregate_gb_per_s",
+            "node_staged_bytes", "placement")}
     staging_start = parsed.first("staging_start")
     run.staging_in_run = bool(start and staging_start and staging_start.time_ms >= start.time_ms)
     run.init_s = _span_s(parsed, "init_start", "init_stop")

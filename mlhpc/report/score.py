@@ -22,7 +22,8 @@ Source followed: ``mlperf_logging/result_summarizer/result_summarizer.py`` (hpc 
 
 Rows are keyed on the folders, never on names inside the logs: round + submitter + system folder
 + division + benchmark. A log marked resumed (`mlhpc.report.runs.is_resumed`) is kept apart: it
-is listed, never scored as an ordinary run of its folder.
+is listed, never scored as an ordinary run of its folder, and so is the stopped attempt it
+continues (`mlhpc.report.runs.superseded_logs`), which is not a failed run of the folder.
 
 mlhpc's own run folders (any other folder holding ``result_*.txt``) are scored like a strong
 result and shown run by run.
@@ -43,7 +44,7 @@ from mlhpc.report.compliance import check_run, not_checked_reason, round_of, rul
 from mlhpc.report.parse import file_kind, parse_log
 from mlhpc.report.rcp import RcpVerdict, check_folder
 from mlhpc.report.runs import (RunSummary, is_resumed, official_instance_scale, official_start_stop,
-                               summarize_run)
+                               summarize_run, superseded_logs)
 
 RESULT_RE = re.compile(r"^result_.*\.txt$")
 PRUNED = "pruned_results"
@@ -307,11 +308,12 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
     scored: list[tuple[RunSummary, float, float]] = []
     scale_seen: int | None = None
     scales: dict[str, int | None] = {}
+    superseded = superseded_logs(files)  # stopped attempts that a resumed log continues
     for path in files:
         parsed = parse_log(path)
         run = summarize_run(parsed, target=_run_target(path) if kind == "runs" else None)
         result.runs.append(run)
-        if is_resumed(parsed):  # kept apart: never an ordinary run of its folder
+        if is_resumed(parsed) or path.name in superseded:  # kept apart: never an ordinary run
             result.resumed.append(str(path))
             continue
         reason = None
