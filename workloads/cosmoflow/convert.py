@@ -97,7 +97,7 @@ class CosmoFlowDataTools:
     def convert_file(self, path: Path, fmt: str, out_dir: Path, to: str) -> list[tuple[Path, int]]:
         """Every sample of one source file, written in form ``to``. Raises DataError."""
         reader = formats.reader(fmt)
-        info = reader.inspect(path, full=True)
+        info = reader.inspect(path, full=False)  # TFRecord: headers only, decoded once by open
         source = reader.open(path, info)
         try:
             stored = source.counts
