@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import h5py
@@ -48,6 +49,62 @@ def write_npy(out_dir: Path, name: str, counts: np.ndarray, target: np.ndarray) 
                 np.lib.format.write_array(handle, array, allow_pickle=False)
         written.append(final)
     return written
+
+
+def copy_range(src: Path, src_offset: int, dst: Path, dst_offset: int, nbytes: int) -> None:
+    """Copy ``nbytes`` of ``src`` from ``src_offset`` into ``dst`` at ``dst_offset`` inside the
+    kernel (``copy_file_range``, as ``cp`` does; a read/write loop where the kernel refuses).
+    Raises DataError when ``src`` is shorter than announced."""
+    with open(src, "rb") as source, open(dst, "r+b") as dest:
+        done = 0
+        while done < nbytes:
+            try:
+                n = os.copy_file_range(source.fileno(), dest.fileno(), nbytes - done,
+                                       src_offset + done, dst_offset + done)
+            except OSError:  # another file system, an old kernel: copy through user space
+                source.seek(src_offset + done)
+                chunk = source.read(min(nbytes - done, 8 << 20))
+                n = os.pwrite(dest.fileno(), chunk, dst_offset + done)
+            if n == 0:
+                raise DataError(f"{src}: ends before its counts do (truncated)")
+            done += n
+
+
+def _copy_mapped(src: Path, offset: int, shape: tuple[int, ...], targets: np.ndarray,
+                 out_dir: Path, name: str, to: str) -> list[tuple[Path, int]]:
+    """`_write` for a source whose int16 counts ``shape`` lie contiguous at ``offset`` (npy,
+    contiguous HDF5): the headers are written here and the counts copied by the kernel."""
+    n = shape[0]
+    sample_bytes = int(np.prod(shape[1:])) * 2
+    if to == "hdf5":
+        final = out_dir / f"{name}.h5"
+        with atomic_output(final) as tmp:
+            with h5py.File(tmp, "w") as f:
+                dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+                dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)  # contiguous space now, unfilled
+                dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+                space = h5py.h5s.create_simple(shape[1:] if n == 1 else shape)
+                full = h5py.h5d.create(f.id, b"full", h5py.h5t.STD_I16LE, space, dcpl=dcpl)
+                dst_offset = full.get_offset()
+                f.create_dataset("unitPar", data=np.asarray(targets[0] if n == 1 else targets, "<f4"))
+            copy_range(src, offset, tmp, dst_offset, n * sample_bytes)
+        return [(final, n)]
+    out: list[tuple[Path, int]] = []
+    for i in range(n):
+        stem_i = name if n == 1 else f"{name}_{i:03d}"
+        data = out_dir / f"{stem_i}{formats.NPY_DATA}"
+        with atomic_output(data) as tmp:
+            with open(tmp, "wb") as handle:
+                header = {"descr": "<i2", "fortran_order": False, "shape": tuple(shape[1:])}
+                np.lib.format.write_array_header_1_0(handle, header)
+                dst_offset = handle.tell()
+            copy_range(src, offset + i * sample_bytes, tmp, dst_offset, sample_bytes)
+        label = out_dir / f"{stem_i}{formats.NPY_LABEL}"
+        with atomic_output(label) as tmp:
+            with open(tmp, "wb") as handle:
+                np.lib.format.write_array(handle, np.asarray(targets[i], "<f4"), allow_pickle=False)
+        out += [(data, 1), (label, 0)]
+    return out
 
 
 def _write(out_dir: Path, name: str, counts: np.ndarray, targets: np.ndarray, to: str
@@ -95,9 +152,17 @@ class CosmoFlowDataTools:
         return FileCheck(info.n_samples, (info.cube,) * 3 + (formats.N_CHANNELS,), "int16", size)
 
     def convert_file(self, path: Path, fmt: str, out_dir: Path, to: str) -> list[tuple[Path, int]]:
-        """Every sample of one source file, written in form ``to``. Raises DataError."""
+        """Every sample of one source file, written in form ``to``. Counts stored contiguous
+        (npy, contiguous HDF5) are copied by the kernel as they are, without passing through
+        Python; TFRecord and chunked HDF5 are decoded (counts checked >= 0) and written.
+        Raises DataError."""
         reader = formats.reader(fmt)
         info = reader.inspect(path, full=False)  # TFRecord: headers only, decoded once by open
+        if info.offset is not None and fmt in ("npy", "hdf5"):  # counts lie contiguous on disk
+            targets = info.targets if info.targets is not None else reader.inspect(path, True).targets
+            shape = (info.n_samples,) + (info.cube,) * 3 + (formats.N_CHANNELS,)
+            return _copy_mapped(path, info.offset, shape, targets, Path(out_dir),
+                                formats.stem(path.name), to)
         source = reader.open(path, info)
         try:
             stored = source.counts
