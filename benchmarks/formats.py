@@ -14,7 +14,7 @@ cell), so that GZIP finds a ratio of the order the distributed files show; they 
 this script, GZIP at zlib's default level 6 (TensorFlow's GZIP writer's level).
 
 Usage: python benchmarks/formats.py [--samples 16] [--cube 128] [--workers 2] [--repeats 3]
-       [--json benchmarks/formats-2core-cpu.json]
+       [--json benchmarks/formats-2core-cpu.json] [--only-convert | --only-decode]
 """
 
 from __future__ import annotations
@@ -196,6 +196,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--only-decode", action="store_true",
                         help="Only the per-file reader vs inflate comparison.")
+    parser.add_argument("--only-convert", action="store_true",
+                        help="Only the conversions next to cp.")
     args = parser.parse_args()
     if args.only_decode:
         with tempfile.TemporaryDirectory(prefix="mlhpc-formats-") as tmp:
@@ -214,13 +216,9 @@ def main() -> None:
                        f"(shared with other work), torch {torch.__version__}",
             "samples": args.samples, "cube": args.cube,
             "gzip_ratio": raw_bytes / gz_bytes,
-            "read_samples_per_s": {form: read_rate(path, args.repeats) for form, path in forms.items()},
-            "raw_gunzip_samples_per_s": raw_gunzip_rate(forms["tfrecord"], args.repeats),
-            "training_step_samples_per_s": training_rate(args.cube),
         }
-        result["tfrecord_vs_raw_gunzip"] = (result["read_samples_per_s"]["tfrecord"]
-                                            / result["raw_gunzip_samples_per_s"])
-        result["per_file_decode_vs_inflate"] = decode_vs_inflate(forms["tfrecord"], args.repeats)
+        if not args.only_convert:
+            result.update(measure_reading(forms, args))
         for name, src, to in (("tfrecord_gz_to_npy", forms["tfrecord"], "npy"),
                               ("npy_to_hdf5", forms["npy"], "hdf5")):
             conv = convert_rate(src, scratch, to, args.workers, args.repeats)
@@ -235,6 +233,18 @@ def main() -> None:
     if args.json:
         args.json.write_text(text + "\n")
 
+
+def measure_reading(forms: dict[str, Path], args: argparse.Namespace) -> dict:
+    """Reading rates of every form, raw GZIP inflate, the training step, per-file decode."""
+    result = {
+        "read_samples_per_s": {form: read_rate(path, args.repeats) for form, path in forms.items()},
+        "raw_gunzip_samples_per_s": raw_gunzip_rate(forms["tfrecord"], args.repeats),
+        "training_step_samples_per_s": training_rate(args.cube),
+    }
+    result["tfrecord_vs_raw_gunzip"] = (result["read_samples_per_s"]["tfrecord"]
+                                        / result["raw_gunzip_samples_per_s"])
+    result["per_file_decode_vs_inflate"] = decode_vs_inflate(forms["tfrecord"], args.repeats)
+    return result
 
 if __name__ == "__main__":
     main()
