@@ -1,23 +1,40 @@
-"""Embedded CosmoFlow data: log-normal dark-matter universes written in the official HDF5 layout.
+"""Embedded CosmoFlow data: dark-matter particles moved by Lagrangian perturbation theory, counted
+on a grid, written in the official HDF5 layout.
 
 The MLPerf HPC CosmoFlow dataset (``cosmoUniverse_2019_05_4parE``, ExaLearn / NERSC) holds N-body
 simulations of (512 Mpc/h)^3 with 512^3 dark-matter particles, histogrammed on a 512^3 grid at four
 redshifts; the files store ``full`` = int16 particle counts ``(512, 512, 512, 4)`` and
 ``unitPar`` = the four cosmological parameters (Omega_m, sigma_8, n_s, H0) mapped to [-1, 1]. The
-benchmark trains on 128^3 x 4 sub-cubes cut from them (mlcommons/hpc ``cosmoflow/prepare.py``).
+benchmark trains on 128^3 x 4 sub-cubes cut from them (mlcommons/hpc ``cosmoflow/prepare.py``);
+every universe is its own simulation, so validation cubes share no initial conditions with
+training cubes.
 
-Running an N-body code is out of reach here, so each sample is an approximation with the same
-statistics to first order (Coles & Jones 1991, MNRAS 248, 1):
+Running an N-body code is out of reach here; each sample is the classic approximation that N-body
+initial-condition codes use (2LPTic, Crocce, Pueblas & Scoccimarro 2006, MNRAS 373, 369), carried
+to the output redshifts:
 
 1. draw (Omega_m, sigma_8, n_s, H0) uniformly from the configured ranges;
 2. the linear matter power spectrum P(k) at z = 0 from colossus (Eisenstein & Hu 1998 transfer
-   function, normalised to sigma_8), for a flat LambdaCDM cosmology with that draw;
-3. a Gaussian random field g with that P(k) on an S^3 grid of side ``box_size_mpc_h``
-   (powerbox); per redshift channel the log-density is D(z) g, D = colossus' linear growth
-   factor (D(0) = 1), so the density 1 + delta = exp(D(z) g) / <exp(D(z) g)> is log-normal
-   (the original form of Coles & Jones) and the four channels are snapshots of one universe;
-   dividing by the box mean keeps the number of particles per box fixed, as in an N-body run;
-4. particle counts ~ Poisson(mean_particles_per_cell * (1 + delta)), stored as int16.
+   function, normalised to sigma_8), for a flat LambdaCDM cosmology with that draw, and the
+   linear growth factor D(z) (D(0) = 1);
+3. a Gaussian linear density field delta_L with that P(k) on the particles' Lagrangian grid
+   (N_p^3 points in a periodic box of side ``box_size_mpc_h``; numpy FFTs of white noise drawn
+   from the sample's own seed: every universe, training or validation, has its own phases);
+4. the particles move by Lagrangian perturbation theory: x = q + D(z) psi1(q) + D2(z) psi2(q),
+   with the Zel'dovich (1970) displacement psi1 = grad(laplacian^-1 delta_L) in Fourier space
+   (i k / k^2 delta_L) and, for ``lpt_order: 2``, the second-order displacement psi2 from
+   laplacian phi2 = sum_{i<j} (phi_ii phi_jj - phi_ij^2) with D2 = -3/7 D^2 Omega_m(z)^(-1/143)
+   (Bouchet et al. 1995); particles keep their identity across the four redshift channels, so the
+   channels are snapshots of one universe;
+5. ``full`` = the number of particles in each of the S^3 cells (nearest-grid-point counts, as the
+   reference's histograms), int16.
+
+Unlike a log-normal or Gaussian field, the result is non-Gaussian in the way N-body fields are:
+particles stream along the displacement, shell-cross into sheets and filaments and empty the voids,
+and the counts are discrete. The information on the parameters is therefore no longer all in the
+power spectrum: at fixed P(k) the displacement structure still differs between channels and
+parameters. ``benchmarks/baseline_powerspectrum.py`` measures how far a power-spectrum regressor
+gets on this data; tests/test_baselines.py keeps it above the mini target.
 
 Reproducibility: every sample's random numbers come from ``numpy.random.SeedSequence((seed,
 split, index))`` alone, so a sample does not depend on how many samples, files or worker processes
@@ -33,7 +50,7 @@ import math
 import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Optional
+from typing import Literal
 
 import h5py
 import numpy as np
@@ -59,32 +76,33 @@ class SynthConfig(Section):
     Learn the Universe at Scale", SC18); H0 in [60, 80] km/s/Mpc and the redshifts (0, 0.5, 1.5, 3)
     stand for the four-parameter ExaLearn set used by MLPerf HPC (Farrell et al. 2021,
     arXiv:2110.11466) but are not yet checked against its README (portal.nersc.gov/project/m3363).
-    The particle density of that set (512^3 particles in (512 Mpc/h)^3, one per (Mpc/h)^3) on
-    8 Mpc/h cells gives the default 512 particles per cell; 256 Mpc/h boxes put the grid's k range
-    (0.025 .. 0.39 h/Mpc) across the turnover-to-sigma_8 scales, where n_s and h bend P(k) most.
 
-    Learnability: on 32^3 cubes with independent phases, sigma_8 and Omega_m (through D(z)
-    between channels) are well determined, n_s and H0 only weakly (sample variance of a 32^3
-    cube). ``phase_realizations`` trades that realism for a visible imprint of all four.
+    Particles: ``mean_particles_per_cell`` sets the Lagrangian grid, N_p = round(S * m^(1/3))
+    particles per side, so the mean count per cell is (N_p / S)^3 (exactly m when m is a cube:
+    1, 8, 27, 64, ...). The reference set has about one particle per cell at its full resolution.
+    Box: the smaller ``box_size_mpc_h`` per cell, the further the particles stream relative to a
+    cell and the less Gaussian the counts (shell crossing); see configs/cosmoflow-mini.yaml for the
+    sizes the mini benchmark uses and what was measured with them.
     """
 
     cube_size: int = Field(32, ge=4, le=512)  # S: cells per side
     train_samples: int = Field(1024, ge=1)
     eval_samples: int = Field(256, ge=1)
     samples_per_file: int = Field(1, ge=1)  # 1: one file per sample; >1: leading sample axis
-    box_size_mpc_h: float = Field(256.0, gt=0)  # comoving side of one cube, Mpc/h
+    box_size_mpc_h: float = Field(128.0, gt=0)  # comoving side of one cube, Mpc/h
     redshifts: tuple[float, float, float, float] = (0.0, 0.5, 1.5, 3.0)
-    mean_particles_per_cell: float = Field(512.0, gt=0)
+    mean_particles_per_cell: float = Field(8.0, gt=0, le=4096)
+    lpt_order: Literal[1, 2] = 2  # 1: Zel'dovich; 2: second-order Lagrangian perturbation theory
     omega_m_range: tuple[float, float] = (0.25, 0.35)
     sigma_8_range: tuple[float, float] = (0.78, 0.95)
     n_s_range: tuple[float, float] = (0.90, 1.00)
     h0_range_km_per_s_per_mpc: tuple[float, float] = (60.0, 80.0)
     omega_b: float = Field(0.049, gt=0, lt=0.25)  # baryon density, fixed (Planck 2018)
-    # None: every sample has its own initial phases (as in the reference simulations).
-    # n: samples cycle through n phase realisations shared by both splits, a phase-matched suite
-    # (cf. Garrison et al. 2018, Abacus Cosmos) that removes sample variance from the targets.
-    phase_realizations: Optional[int] = Field(None, ge=1)
     workers: int = Field(0, ge=0, le=256)  # synthesis processes; 0: one per usable CPU
+
+    def particles_per_side(self) -> int:
+        """N_p, the side of the particles' Lagrangian grid (at least one particle per cell side)."""
+        return max(self.cube_size, int(round(self.cube_size * self.mean_particles_per_cell ** (1 / 3))))
 
     @model_validator(mode="after")
     def _check_ranges(self) -> "SynthConfig":
@@ -121,6 +139,43 @@ def draw_parameters(cfg: SynthConfig, seed: int, split: str, index: int) -> np.n
     return rng.uniform(ranges[:, 0], ranges[:, 1])
 
 
+def _wavenumbers(n: int, box: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Wavevector components [h/Mpc] of an ``rfftn`` of an n^3 grid of side ``box``, broadcastable."""
+    k = np.fft.fftfreq(n, d=1.0 / n) * (2 * math.pi / box)
+    kz = np.fft.rfftfreq(n, d=1.0 / n) * (2 * math.pi / box)
+    return k[:, None, None], k[None, :, None], kz[None, None, :]
+
+
+def _irfft(field_k: np.ndarray, n: int) -> np.ndarray:
+    return np.fft.irfftn(field_k, s=(n, n, n), axes=(0, 1, 2))
+
+
+def displacements(delta_k: np.ndarray, n: int, box: float, order: int
+                  ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Lagrangian displacements of the particles on an n^3 grid from the linear density.
+
+    Args:
+        delta_k: complex ``(n, n, n // 2 + 1)``, ``rfftn`` of the linear density at D = 1.
+        n: particles per side; box: side [Mpc/h]; order: 1 (Zel'dovich) or 2 (2LPT).
+    Returns:
+        psi1 float64 ``(n^3, 3)`` [Mpc/h] with div psi1 = -delta_L, and psi2 ``(n^3, 3)`` with
+        div psi2 = sum_{i<j} (phi_ii phi_jj - phi_ij^2) (None for order 1), in C order of the grid.
+    """
+    ks = _wavenumbers(n, box)
+    k2 = ks[0] ** 2 + ks[1] ** 2 + ks[2] ** 2
+    inv_k2 = np.divide(1.0, k2, out=np.zeros_like(k2), where=k2 > 0)
+    potential = delta_k * inv_k2  # -phi1_k: laplacian phi1 = delta
+    psi1 = np.stack([_irfft(1j * kc * potential, n).ravel() for kc in ks], axis=1)
+    if order == 1:
+        return psi1, None
+    phi = {(i, j): _irfft(ks[i] * ks[j] * potential, n) for i in range(3) for j in range(i, 3)}
+    source = (phi[0, 0] * phi[1, 1] + phi[0, 0] * phi[2, 2] + phi[1, 1] * phi[2, 2]
+              - phi[0, 1] ** 2 - phi[0, 2] ** 2 - phi[1, 2] ** 2)
+    source_k = np.fft.rfftn(source, axes=(0, 1, 2)) * inv_k2  # -phi2_k
+    psi2 = np.stack([_irfft(-1j * kc * source_k, n).ravel() for kc in ks], axis=1)
+    return psi1, psi2
+
+
 def synthesize_sample(cfg: SynthConfig, seed: int, split: str, index: int
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One universe: ``(full, unitPar, physPar)``.
@@ -130,9 +185,8 @@ def synthesize_sample(cfg: SynthConfig, seed: int, split: str, index: int
             (counts above 32767 are clipped; the defaults stay far below).
         unitPar: float32 ``(4,)`` in [-1, 1].
         physPar: float32 ``(4,)`` (Omega_m, sigma_8, n_s, H0 [km/s/Mpc]).
-    Deterministic in ``(cfg, seed, split, index)``.
+    Deterministic in ``(cfg, seed, split, index)``; no two ``(split, index)`` share random numbers.
     """
-    import powerbox
     from colossus.cosmology import cosmology
 
     phys = draw_parameters(cfg, seed, split, index)
@@ -140,39 +194,33 @@ def synthesize_sample(cfg: SynthConfig, seed: int, split: str, index: int
     cosmo = cosmology.Cosmology(name="mlhpc-synth", flat=True, Om0=omega_m, Ob0=cfg.omega_b,
                                 H0=h0, sigma8=sigma_8, ns=n_s, interpolation=False,
                                 persistence="", print_warnings=False)
-    size = cfg.cube_size
-    # Tabulate P(k) [(Mpc/h)^3] over the grid's k range [h/Mpc] once, interpolate in log-log.
-    k_min = 2 * math.pi / cfg.box_size_mpc_h
-    k_table = np.geomspace(0.5 * k_min, 2.0 * math.sqrt(3) * math.pi * size / cfg.box_size_mpc_h, 256)
-    log_p_table = np.log(cosmo.matterPowerSpectrum(k_table, z=0.0, model="eisenstein98"))
-    log_k_table = np.log(k_table)
-    growth = np.asarray(cosmo.growthFactor(np.asarray(cfg.redshifts, dtype=np.float64)))
-
-    sequence = _sample_seed(seed, split, index)
-    if cfg.phase_realizations is None:
-        phase_seed = int(sequence.generate_state(1)[0])
-    else:
-        phase_seed = int(np.random.SeedSequence((seed, 2, index % cfg.phase_realizations))
-                         .generate_state(1)[0])
-    poisson = np.random.default_rng(sequence.spawn(2)[1])
-
-    def power(k: np.ndarray) -> np.ndarray:
-        safe_k = np.maximum(k, k_table[0])
-        return np.exp(np.interp(np.log(safe_k), log_k_table, log_p_table))
-
-    # The log-density is the linear Gaussian field (Coles & Jones 1991): one realisation at z = 0,
-    # scaled by D(z) per channel, so the four channels are snapshots of one universe.
-    box = powerbox.PowerBox(shape=(size,) * 3, size=(cfg.box_size_mpc_h,) * 3, pk=power,
-                            seed=phase_seed)
-    gaussian = np.asarray(box.delta_x(), dtype=np.float64)
-    full = np.empty((size, size, size, len(cfg.redshifts)), dtype=np.int16)
-    for channel, d_z in enumerate(growth):
-        density = np.exp(float(d_z) * gaussian)
-        density /= density.mean()  # mass conservation: a fixed number of particles per box
-        counts = poisson.poisson(cfg.mean_particles_per_cell * density)
+    n, size, box = cfg.particles_per_side(), cfg.cube_size, cfg.box_size_mpc_h
+    ks = _wavenumbers(n, box)
+    k = np.sqrt(ks[0] ** 2 + ks[1] ** 2 + ks[2] ** 2)
+    # P(k) [(Mpc/h)^3] tabulated over the grid's k range [h/Mpc], interpolated in log-log.
+    k_table = np.geomspace(math.pi / box, 1.01 * float(k.max()), 256)
+    log_p = np.interp(np.log(np.maximum(k, k_table[0])), np.log(k_table),
+                      np.log(cosmo.matterPowerSpectrum(k_table, z=0.0, model="eisenstein98")))
+    # White noise of unit variance per grid point -> delta_k with <|delta_k|^2> = N^3 P / V_cell,
+    # i.e. the field's power spectrum is P(k) under the V / N^6 |DFT|^2 estimator.
+    noise = np.random.default_rng(_sample_seed(seed, split, index).spawn(2)[1]).standard_normal((n, n, n))
+    delta_k = np.fft.rfftn(noise) * np.sqrt(np.exp(log_p) / (box / n) ** 3)
+    delta_k[0, 0, 0] = 0.0
+    psi1, psi2 = displacements(delta_k, n, box, cfg.lpt_order)
+    lagrangian = (np.indices((n, n, n), dtype=np.float64).reshape(3, -1).T + 0.5) * (box / n)
+    redshifts = np.asarray(cfg.redshifts, dtype=np.float64)
+    growth = np.asarray(cosmo.growthFactor(redshifts), dtype=np.float64)
+    full = np.empty((size, size, size, len(redshifts)), dtype=np.int16)
+    for channel, (z, d1) in enumerate(zip(redshifts, growth)):
+        position = lagrangian + d1 * psi1
+        if psi2 is not None:
+            d2 = -3.0 / 7.0 * d1 ** 2 * float(cosmo.Om(z)) ** (-1.0 / 143.0)
+            position += d2 * psi2
+        cell = np.floor(position * (size / box)).astype(np.int64) % size
+        flat = (cell[:, 0] * size + cell[:, 1]) * size + cell[:, 2]
+        counts = np.bincount(flat, minlength=size ** 3).reshape(size, size, size)
         full[..., channel] = np.minimum(counts, _INT16_MAX)
-    ranges = cfg.ranges()
-    return full, normalise(phys, ranges), phys.astype(np.float32)
+    return full, normalise(phys, cfg.ranges()), phys.astype(np.float32)
 
 
 def _fingerprint(cfg: SynthConfig, seed: int) -> dict:
@@ -212,8 +260,11 @@ def _write_file(path: Path, cfg: SynthConfig, seed: int, split: str, first: int,
         f.attrs["first_sample"] = first
         f.attrs["seed"] = seed
         f.attrs["split"] = split
-        f.attrs["generator"] = ("mlhpc log-normal exp(D(z) g), g Gaussian (powerbox) with colossus Eisenstein-Hu linear "
-                                "P(k), D(z) growth, Poisson counts")
+        f.attrs["lpt_order"] = cfg.lpt_order
+        f.attrs["particles_per_side"] = cfg.particles_per_side()
+        f.attrs["generator"] = ("mlhpc Lagrangian perturbation theory (Zel'dovich / 2LPT) displacement of "
+                                "particles from a Gaussian field with colossus Eisenstein-Hu linear P(k), "
+                                "D(z) growth, nearest-grid-point counts")
     os.replace(partial, path)
 
 
