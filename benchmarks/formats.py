@@ -38,14 +38,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-import cosmoflow_writers as writers  # noqa: E402  (the tests' independent writers)
-import crc32c  # noqa: E402
+import cosmoflow_writers as writers
+import crc32c
 
 writers.crc32c = crc32c.crc32c  # the writers' bit-by-bit CRC is for tests; the value is the same
-from mlhpc import datasets  # noqa: E402
-from mlhpc.config import DataConfig  # noqa: E402
-from mlhpc.workload import get  # noqa: E402
-from mlhpc_workloads.cosmoflow.data import build_datasets  # noqa: E402
+from mlhpc_workloads.cosmoflow.data import build_datasets
+
+from mlhpc import datasets
+from mlhpc.config import DataConfig
+from mlhpc.workload import get
 
 
 def make_samples(n: int, cube: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:

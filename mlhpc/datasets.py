@@ -21,11 +21,12 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Protocol
+from typing import Any, Protocol
 
 import xxhash
 
@@ -127,8 +128,8 @@ class SplitReport:
 
     files: int = 0
     samples: int = 0
-    sample_shape: Optional[tuple[int, ...]] = None
-    dtype: Optional[str] = None
+    sample_shape: tuple[int, ...] | None = None
+    dtype: str | None = None
     bytes: int = 0
     bad: list[str] = field(default_factory=list)
 
@@ -158,7 +159,7 @@ def _check_one(tools: DataTools, path: Path, fmt: str, full: bool) -> tuple[Path
         return path, str(exc)
 
 
-def _pool(workers: int) -> Optional[ProcessPoolExecutor]:
+def _pool(workers: int) -> ProcessPoolExecutor | None:
     if workers <= 1:
         return None
     import multiprocessing
@@ -209,7 +210,7 @@ def detect(tools: DataTools, root: Path, fmt: str = "auto") -> str:
 
 
 def check(workload: Any, root: Path, *, full: bool = False, fmt: str = "auto", workers: int = 1,
-          on_progress: Optional[ProgressFn] = None) -> CheckReport:
+          on_progress: ProgressFn | None = None) -> CheckReport:
     """Read every file's metadata (``full``: every sample, values checked) under ``root/train``
     and ``root/validation``; bad files are collected, not raised.
 
@@ -360,7 +361,7 @@ def _drive(writing: _Writing, jobs: list[tuple[str, Path, Path]], workers: int,
 
 
 def convert(workload: Any, src: Path, dst: Path, to: str, *, fmt: str = "auto",  # `data convert`'s options
-            workers: int = 1, on_progress: Optional[ProgressFn] = None) -> ConvertResult:
+            workers: int = 1, on_progress: ProgressFn | None = None) -> ConvertResult:
     """Convert the dataset at ``src`` (train/ and validation/) into form ``to`` under ``dst``.
 
     Lossless: the readers give bit-identical samples from ``src`` and ``dst``. Root files the
@@ -394,7 +395,7 @@ def convert(workload: Any, src: Path, dst: Path, to: str, *, fmt: str = "auto", 
 
 def prepare(workload: Any, raw_dir: Path, dst: Path, to: str, *, workers: int = 1,  # `data prepare`'s options
             sample_size: int = 128, validation_fraction: float = 0.1111,
-            on_progress: Optional[ProgressFn] = None) -> ConvertResult:
+            on_progress: ProgressFn | None = None) -> ConvertResult:
     """The reference's preparation step (mlcommons/hpc ``cosmoflow/prepare.py``): each raw file
     under ``raw_dir`` split into samples of ``sample_size`` per side, written in form ``to``.
 

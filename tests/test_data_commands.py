@@ -8,19 +8,19 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import cosmoflow_writers as w
 import h5py
 import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from mlhpc_workloads.cosmoflow.convert import CosmoFlowDataTools
+from mlhpc_workloads.cosmoflow.data import build_datasets
 
-import cosmoflow_writers as w
 from mlhpc import datasets
 from mlhpc.config import DataConfig
 from mlhpc.errors import DataError
 from mlhpc.workload import get
-from mlhpc_workloads.cosmoflow.convert import CosmoFlowDataTools
-from mlhpc_workloads.cosmoflow.data import build_datasets
 
 TRAIN, VALID = w.samples(6, seed=3), w.samples(3, seed=4)
 
@@ -156,6 +156,7 @@ def test_reference_config_runs_on_every_distributed_form(workload, tmp_path, rep
     NVIDIA's npy layout and one in HDF5 each run `mlhpc run configs/cosmoflow.yaml --set
     data.path=DIR` to a compliant log with the right sample counts and the same eval_error."""
     from conftest import compliance_check
+
     from mlhpc.cli import main
 
     tf = w.write_dataset(tmp_path / "tf", "tfrecord", _learnable(w.samples(16, cube=16, seed=1)),

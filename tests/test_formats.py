@@ -8,16 +8,16 @@ import gzip
 from pathlib import Path
 from types import SimpleNamespace
 
+import cosmoflow_writers as w
 import h5py
 import numpy as np
 import pytest
 import torch
+from mlhpc_workloads.cosmoflow import formats, tfrecord_io
+from mlhpc_workloads.cosmoflow.data import build_datasets
 
-import cosmoflow_writers as w
 from mlhpc.config import DataConfig
 from mlhpc.errors import DataError
-from mlhpc_workloads.cosmoflow import formats, tfrecord_io
-from mlhpc_workloads.cosmoflow.data import CosmoFlowDataset, build_datasets, find_files
 
 FORMS = ("tfrecord", "tfrecord-plain", "npy", "npy-lst", "hdf5", "hdf5-xy")
 TRAIN, VALID = w.samples(6, seed=1), w.samples(3, seed=2)

@@ -31,10 +31,9 @@ CONVERT_TO = ("hdf5", "npy")
 def write_hdf5(path: Path, counts: np.ndarray, targets: np.ndarray) -> Path:
     """One HDF5 file: ``full`` int16 and ``unitPar`` float32, contiguous (memory-mappable);
     written under a temporary name and renamed."""
-    with atomic_output(path) as tmp:
-        with h5py.File(tmp, "w") as f:
-            f.create_dataset("full", data=np.ascontiguousarray(counts, dtype="<i2"))
-            f.create_dataset("unitPar", data=np.asarray(targets, dtype="<f4"))
+    with atomic_output(path) as tmp, h5py.File(tmp, "w") as f:
+        f.create_dataset("full", data=np.ascontiguousarray(counts, dtype="<i2"))
+        f.create_dataset("unitPar", data=np.asarray(targets, dtype="<f4"))
     return path
 
 
@@ -44,9 +43,8 @@ def write_npy(out_dir: Path, name: str, counts: np.ndarray, target: np.ndarray) 
     for suffix, array in ((formats.NPY_DATA, np.ascontiguousarray(counts, dtype="<i2")),
                           (formats.NPY_LABEL, np.asarray(target, dtype="<f4"))):
         final = out_dir / f"{name}{suffix}"
-        with atomic_output(final) as tmp:
-            with open(tmp, "wb") as handle:
-                np.lib.format.write_array(handle, array, allow_pickle=False)
+        with atomic_output(final) as tmp, open(tmp, "wb") as handle:
+            np.lib.format.write_array(handle, array, allow_pickle=False)
         written.append(final)
     return written
 

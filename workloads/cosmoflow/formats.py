@@ -36,7 +36,7 @@ import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import h5py
 import numpy as np
@@ -114,9 +114,9 @@ class FileInfo:
 
     n_samples: int
     cube: int
-    targets: Optional[np.ndarray]
+    targets: np.ndarray | None
     identity: tuple[int, int, int]
-    offset: Optional[int] = None
+    offset: int | None = None
     keys: tuple[str, str] = ("full", "unitPar")
 
 
@@ -149,7 +149,7 @@ def _map(path: Path, offset: int, shape: tuple[int, ...]) -> np.ndarray:
     return np.frombuffer(mapping, dtype=np.int16, count=nbytes // 2, offset=offset).reshape(shape)
 
 
-def _list_file(folder: Path, name: str) -> Optional[list[str]]:
+def _list_file(folder: Path, name: str) -> list[str] | None:
     """The names in a ``files_*.lst`` (first field of each line; NVIDIA's gzip-TFRecord lists add
     ``<size>``), or None when the folder has none."""
     path = folder / name
@@ -256,7 +256,7 @@ class Hdf5Format:
         return Source(full if len(full.shape) == 5 else _Single(full), info.targets, handle)
 
 
-def _byte_offset(full: h5py.Dataset) -> Optional[int]:
+def _byte_offset(full: h5py.Dataset) -> int | None:
     """File offset of ``full``'s data when it can be memory-mapped (contiguous, unfiltered,
     allocated, little-endian int16); None otherwise."""
     if full.chunks is not None or full.compression is not None or full.dtype != np.dtype("<i2"):
@@ -282,7 +282,7 @@ class _Single:
 # ------------------------------------------------------------------------------- TFRecord
 
 
-def decode_examples(path: Path, cube: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+def decode_examples(path: Path, cube: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Every Example of a TFRecord file (GZIP or plain): counts int16 ``(n, S, S, S, 4)`` and
     targets float32 ``(n, 4)``; counts >= 0 and finite targets are checked.
 

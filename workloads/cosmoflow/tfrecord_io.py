@@ -29,8 +29,8 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import crc32c as _crc32c
 

@@ -83,10 +83,9 @@ class DeepCamDataTools:
         tag = path.name[len("data-"):].rsplit(".", 1)[0]
         if to == "hdf5":
             final = Path(out_dir) / f"data-{tag}.h5"
-            with atomic_output(final) as tmp:
-                with h5py.File(tmp, "w") as f:
-                    f.create_dataset(data.DATA_KEY, data=values)
-                    f.create_dataset(data.LABEL_KEY, data=label)
+            with atomic_output(final) as tmp, h5py.File(tmp, "w") as f:
+                f.create_dataset(data.DATA_KEY, data=values)
+                f.create_dataset(data.LABEL_KEY, data=label)
             return [(final, 1)]
         out = []
         for prefix, array, count in (("data", values, 1), ("label", label, 0)):
