@@ -7,14 +7,9 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-import torch
-
 from test_distributed import BIN, launch
 from test_resume import one_line_error, start_run, wait_for
 from test_run_e2e import events, run_cli, tiny_args, tiny_data  # noqa: F401 (fixture)
