@@ -352,6 +352,10 @@ def ensure_data(config: "Config", workload: "Workload", rt: "Runtime") -> float:
         folder = path / split
         if not folder.is_dir() or not any(p.is_file() and not is_partial_file(p)
                                           for p in folder.iterdir()):
+            hint = ""
+            if state == "unmarked" and not folder.exists():  # someone's own data, not ours
+                hint = (f"; a folder of raw data (e.g. whole simulated universes) is made into "
+                        f"train/ and validation/ by `mlhpc data prepare {workload.name} {path} DST`")
             raise DataError(f"{folder}: dataset folder is missing or empty "
-                            "(expected train/ and validation/ with data files)")
+                            f"(expected train/ and validation/ with data files){hint}")
     return time.perf_counter() - start if work else 0.0

@@ -195,3 +195,16 @@ def test_data_synth_onto_a_file_is_one_line(tmp_path, mlhpc_cmd):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [f"mlhpc: error: {target}: data.path is a file, not a dataset folder"]
     assert target.read_text() == "not a folder"
+
+
+def test_a_folder_of_raw_data_is_named_and_never_synthesised_over(tmp_path):
+    """A user's folder without train/ and validation/ (here: one raw file) is not mlhpc's to
+    rewrite: it is refused with one line that names the folder and `mlhpc data prepare`."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "universe_000.hdf5").write_bytes(b"not ours")
+    with pytest.raises(DataError, match=r"raw/train: dataset folder is missing or empty .*"
+                                        r"mlhpc data prepare cosmoflow"):
+        embedded.ensure_data(config_for(raw), get("cosmoflow"), ONE_RANK)
+    assert sorted(p.name for p in raw.iterdir()) == ["universe_000.hdf5"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw"]
