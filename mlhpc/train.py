@@ -4,10 +4,12 @@ One straight line (DESIGN.md, "How a run flows"), one function per stage:
 
     run: config -> runtime + process group -> _run_instance:
       _ensure_source (embedded data if missing; nothing when every node holds its staged copy
-      and the source is gone) -> result_N.txt claimed
+      and the source is gone) -> _preflight (config, model, checkpoint: nothing that reads the
+      dataset) -> result_N.txt claimed
       -> _log_init (init_start, submission_*, cache_clear, seed, resume)
       -> _prepare: _log_hyperparameters, then by data.staging.placement
-           init: _stage (staging_start/stop) -> _build -> _log_samples -> _start_run (init_stop, run_start)
+           init: _stage (staging_start/stop) -> _build (first read of the data: a sample checked
+                 against the model) -> _log_samples -> _start_run (init_stop, run_start)
            run:  _start_run -> _stage -> _build -> _log_samples
       -> train_loop ([epoch_start .. epoch_stop, eval_start .. eval_stop, metric] until target,
          run_stop)
@@ -75,8 +77,10 @@ def run(config: Config | None, *, on_progress: ProgressFn | None = None,
     (``config`` is then taken from its checkpoint and may be None; `mlhpc.checkpoint` says what
     a resumed run is worth). Returns this rank's instance's `RunResult`.
 
-    Everything that can be checked is checked before ``result_N.txt`` is opened (`_preflight`);
-    an attempt that still fails (or is signalled) before ``run_start`` has its log moved to
+    Everything that can be checked without reading the dataset is checked before
+    ``result_N.txt`` is opened (`_preflight`); the data are read first after ``init_start``
+    (`_build`, `_check_sample`). An attempt that fails (or is signalled) before ``run_start`` has
+    its log moved to
     ``<output.dir>/failed/`` and named in the error, so it never counts as a run of the folder;
     one that fails after ``run_start`` logs ``run_stop`` (aborted, with the reason) first.
 
@@ -180,8 +184,12 @@ def _run_instance(job: Job) -> RunResult:
     job.rt = rt = runtime.split_instances(world, config.train.instances)
     with _Stop(job) as job.stop:  # SIGTERM: an error before run_start, a checkpoint after it
         lbs = local_batch_size(config, rt)
+        # Synthesising the embedded dataset when it is missing creates the data a run then reads
+        # (as a download would); it is not the benchmark touching the dataset, so it stays before
+        # the log, untimed. Nothing here reads a sample: `_ensure_source` looks at the completion
+        # marker and file sizes only.
         synthesis_s = _ensure_source(job)
-        _preflight(job, lbs)
+        _preflight(job)
         job.log = ComplianceLog.create(Path(config.output.dir), rt.is_main, rt.instance)
         try:
             if job.resume is not None and job.files is not None:
@@ -253,40 +261,80 @@ def _set_aside(files: RunFiles) -> Path | None:
     return None
 
 
-def _preflight(job: Job, lbs: int) -> None:
-    """What can be checked before the log is opened: the datasets in ``data.path`` are not empty,
-    a sample fits the model the config builds (shape, dtype: one forward and backward on the
-    meta device, as the FLOP count does), and a checkpoint being resumed fits that model and its
-    optimizer. Skipped when the source is gone (every node holds its staged copy).
+def _preflight(job: Job) -> None:
+    """What can be checked before the log is opened without touching the dataset: the model the
+    config builds can be constructed, and a checkpoint being resumed fits that model and its
+    optimizer (names, shapes). The config (ranges, seeds) and the output folder were checked
+    before (`mlhpc.config`, `mlhpc.outdir`). Whether the data fit the model is checked after
+    ``init_start`` (`_check_sample`): MLPerf's training rules (training_rules.adoc, "Run Results")
+    say "The clock must start before any part of the system touches the dataset", and the log is
+    where that start is shown.
 
     Raises:
-        DataError: no samples, or a sample that does not fit the model (names data.path, the
-            sample shape and the model settings).
         ConfigError: the checkpoint does not fit (`mlhpc.checkpoint.restore`).
     """
-    config, workload, rt = job.config, job.workload, job.rt
-    data = Path(config.data.path)
-    if not data.exists():
-        return
-    train_ds, eval_ds = workload.build_datasets(config, rt, data)
-    if len(train_ds) == 0 or len(eval_ds) == 0:
-        raise DataError(f"{data}: no training or validation samples found")
+    config, workload = job.config, job.workload
     model = workload.build_model(config.model)
-    try:
-        _count_flops(model, train_ds, workload.build_loss(config))
-    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
-        x, _ = train_ds[0]
-        shape = tuple(getattr(x, "shape", ()))
-        first = " ".join(str(exc).split())[:200]
-        raise DataError(f"{data}: a training sample of shape {shape} ({getattr(x, 'dtype', '?')}) "
-                        f"does not fit the model of the config's model section "
-                        f"({_model_settings(config)}): {first}") from None
     if job.resume is not None:
-        steps = math.ceil(math.ceil(len(train_ds) / max(lbs * rt.world_size, 1))
-                          / config.train.gradient_accumulation_steps)
-        optimizer, scheduler = workload.build_optimizer(model, config, max(steps, 1))
+        # steps per epoch shape only the schedule's function, never the state restored here;
+        # `_build` restores again with the real count
+        optimizer, scheduler = workload.build_optimizer(model, config, 1)
         checkpoint.restore(job.resume.state, model, optimizer, scheduler,
                            source=f"--resume {job.resume.source}")
+
+
+def _check_sample(job: Job, model: torch.nn.Module, train_ds: Dataset, loss_fn: Any,
+                  data_dir: Path) -> perf.FlopCount:
+    """The first training sample fits the model (shape, dtype: one forward and backward on the
+    meta device); returns the FLOPs per sample of a training step counted on it
+    (`_count_flops`).
+
+    This is the first read of a sample, so it runs after ``init_start`` and never before the
+    clock may start. MLPerf's training rules (training_rules.adoc, "Run Results"): "The clock
+    must start before any part of the system touches the dataset or when the maximum model
+    initialization time is exceeded." MLPerf HPC v3.0 lets data staging, and so this read,
+    sit inside the logged initialisation (``init_start`` .. ``init_stop``, within its limit):
+    with ``data.staging.placement: init`` the check follows staging there, and a mismatch sets
+    the attempt's log aside (`_close_failed`). With ``placement: run`` the dataset is first
+    touched after ``run_start``: the check follows staging inside the timed run (it is not done
+    earlier, which would read the data before the clock starts), and a mismatch ends that run
+    with ``run_stop`` (aborted, naming the file).
+
+    Raises:
+        DataError: the sample does not fit; names the sample's source file (not a staged copy),
+            its shape and dtype, and the model settings.
+    """
+    try:
+        return _count_flops(model, train_ds, loss_fn)
+    except DataError:
+        raise
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        x, _ = train_ds[0]
+        first = " ".join(str(exc).split())[:200]
+        raise DataError(f"{_sample_name(train_ds, 0, data_dir, job.config)}: a training sample of "
+                        f"shape {tuple(getattr(x, 'shape', ()))} ({getattr(x, 'dtype', '?')}) "
+                        f"does not fit the model of the config's model section "
+                        f"({_model_settings(job.config)}): {first}") from None
+
+
+def _sample_name(dataset: Dataset, index: int, data_dir: Path, config: Config) -> str:
+    """``<file> sample <k>`` of sample ``index``, the file named in ``data.path`` when
+    ``data_dir`` is a staged copy (the copy named after it in brackets)."""
+    if hasattr(dataset, "locate"):
+        path, local = dataset.locate(index)
+        name = f"{path} sample {local}"
+    elif getattr(dataset, "files", None):
+        path, name = Path(dataset.files[index]), str(dataset.files[index])
+    else:
+        return f"{config.data.path} sample {index}"
+    source = Path(config.data.path)
+    try:
+        rel = Path(path).relative_to(data_dir)
+    except ValueError:
+        return name
+    if Path(data_dir).resolve() == source.resolve():
+        return name
+    return name.replace(str(path), str(source / rel), 1) + f" [read from the staged copy {path}]"
 
 
 def _model_settings(config: Config) -> str:
@@ -400,7 +448,9 @@ def _build(job: Job, staged: staging.StagingResult | None, lbs: int) -> Parts:
     if len(train_ds) == 0 or len(eval_ds) == 0:
         raise DataError(f"{data_dir}: no training or validation samples found")
     _seed_everything(job.seed)
-    model = workload.build_model(config.model).to(rt.device)
+    model = workload.build_model(config.model)
+    flops = _check_sample(job, model, train_ds, workload.build_loss(config), data_dir)
+    model = model.to(rt.device)
     sampler = build_train_sampler(train_ds, rt, config, staged)
     options = dict(num_workers=config.data.num_workers, device=rt.device)
     train_loader = loader.make_loader(train_ds, lbs, sampler=sampler, **options)
@@ -412,7 +462,7 @@ def _build(job: Job, staged: staging.StagingResult | None, lbs: int) -> Parts:
                 scheduler, precision(config.train.amp, rt.device), rt.device,
                 config.train.gradient_accumulation_steps)
     parts = Parts(model, step, train_ds, eval_ds, sampler, train_loader, eval_loader, lbs, staged,
-                  _count_flops(model, train_ds, step.loss_fn), train_samples=sampler.global_samples,
+                  flops, train_samples=sampler.global_samples,
                   eval_samples=sampling.global_count(len(eval_ds), rt, _sharded(staged)),
                   padded_samples=sampler.padded_samples)
     if job.resume is not None:

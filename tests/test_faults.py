@@ -24,12 +24,42 @@ def scored_runs(out: Path, cwd: Path) -> tuple[list[str], dict]:
     return [n for n in names if not any(n in k for k in folder["dropped"])], folder["dropped"]
 
 
-def test_model_and_data_sizes_that_disagree_are_one_line_before_any_log(tmp_path, repo, tiny_data):
+def test_model_and_data_sizes_that_disagree_are_one_line_and_set_aside(tmp_path, repo, tiny_data):
+    """The sample is first read inside the logged initialisation (after init_start, after
+    staging), never before the log: a mismatch is one line naming the source file (not the staged
+    copy) and its sample, exit 2, and the attempt's log moved to failed/, so the folder holds no
+    run; the next run takes slot 0 and scores alone."""
     out = tmp_path / "out"
     proc = run_cli(tiny_args(repo, tiny_data, out, "--set", "model.input_size=32"), cwd=tmp_path)
     one_line_error(proc, "model.input_size=32")
-    assert str(tiny_data) in proc.stderr and "a training sample of shape (16, 16, 16, 4)" in proc.stderr
-    assert not list(out.glob("result_*")) and not (out / "failed").exists()
+    assert f"{tiny_data / 'train'}/" in proc.stderr and " sample 0" in proc.stderr, proc.stderr
+    assert "a training sample of shape (16, 16, 16, 4)" in proc.stderr
+    assert "failed/result_0.log" in proc.stderr
+    assert not list(out.glob("result_*")) and not list(out.glob("summary_*"))
+    keys = [e["key"] for e in events(out / "failed" / "result_0.log")]
+    assert keys.index("init_start") < keys.index("staging_stop") and "init_stop" not in keys
+    assert "run_start" not in keys and "run_stop" not in keys
+    good = run_cli(tiny_args(repo, tiny_data, out, "--set", "train.target=10.0"), cwd=tmp_path)
+    assert good.returncode == 0, good.stderr[-2000:]
+    assert scored_runs(out, tmp_path) == (["result_0.txt"], {})
+
+
+def test_sizes_that_disagree_with_staging_in_the_run_abort_the_timed_run(tmp_path, repo, tiny_data):
+    """``data.staging.placement: run``: the dataset is first touched after run_start, so the
+    sample is checked there (after staging) and a mismatch ends that run with run_stop
+    (aborted, naming the source file): one line, exit 2, nothing read before the clock."""
+    out = tmp_path / "out"
+    proc = run_cli(tiny_args(repo, tiny_data, out, "--set", "model.input_size=32",
+                             "--set", "data.staging.placement=run"), cwd=tmp_path)
+    one_line_error(proc, "model.input_size=32")
+    assert f"{tiny_data / 'train'}/" in proc.stderr and "failed/" not in proc.stderr
+    log = events(out / "result_0.txt")
+    keys = [e["key"] for e in log]
+    assert keys.index("run_start") < keys.index("staging_start") < keys.index("run_stop")
+    assert "epoch_start" not in keys
+    [stop] = [e for e in log if e["key"] == "run_stop"]
+    assert stop["metadata"]["status"] == "aborted" and "DataError" in stop["metadata"]["reason"]
+    assert str(tiny_data / "train") in stop["metadata"]["reason"]
 
 
 def test_sigterm_during_init_sets_the_log_aside(tmp_path, repo, tiny_data):
