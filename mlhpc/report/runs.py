@@ -75,6 +75,8 @@ def superseded_logs(files: list[Path]) -> set[str]:
     (`resumed_from`): stopped attempts, kept apart with their resumed run."""
     names: set[str] = set()
     for path in files:
+        if not Path(path).is_file():  # a FIFO or device is named by parse_log, never read here
+            continue
         try:
             if '"resume"' not in Path(path).read_text(encoding="utf-8", errors="replace"):
                 continue
