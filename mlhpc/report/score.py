@@ -41,7 +41,7 @@ from typing import Any, Iterable
 
 from mlhpc.errors import LogFormatError
 from mlhpc.report.compliance import check_run, not_checked_reason, round_of, ruleset_for
-from mlhpc.report.parse import file_kind, parse_log
+from mlhpc.report.parse import ParsedLog, file_kind, parse_log
 from mlhpc.report.rcp import RcpVerdict, check_folder
 from mlhpc.report.runs import (RunSummary, is_resumed, official_instance_scale, official_start_stop,
                                summarize_run, superseded_logs)
@@ -283,6 +283,102 @@ def _run_target(log: Path) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _new_result(folder: Path, ruleset: str | None) -> FolderResult:
+    """An empty `FolderResult` for ``folder``: its place in the layout, ruleset, system description."""
+    kind, round_, submitter, system, benchmark = _layout(folder)
+    v07 = kind == "strong" and folder.parts[-3] == "results"
+    result = FolderResult(path=str(folder), kind=kind, round=round_, submitter=submitter,
+                          system=system, benchmark=benchmark,
+                          ruleset=None if v07 and ruleset is None else ruleset_for(folder, ruleset))
+    if result.ruleset is None:
+        result.ruleset_note = not_checked_reason(round_of(round_ or "") or round_)
+    result.system_desc = _system_desc(folder, kind, system, v07)
+    return result
+
+
+def _drop_reason(result: FolderResult, parsed: ParsedLog, run: RunSummary, compliance: bool) -> str | None:
+    """Why ``run`` does not count, as result_summarizer drops it (compliance, parse error,
+    run_start or run_stop missing), else None. Records the compliance verdict on ``run``."""
+    reason = None
+    if compliance and result.ruleset is not None:
+        verdict = check_run(parsed, result.ruleset)
+        run.compliant, run.compliance_messages = verdict.ok, list(verdict.messages)
+        if not verdict.ok:
+            reason = "fails compliance: " + (verdict.messages[0] if verdict.messages else "?")
+    elif compliance:
+        run.compliance_messages = [result.ruleset_note or ""]
+    if reason is None and parsed.malformed:
+        reason = f"parse error: {parsed.malformed[0].message}"
+    start, stop = official_start_stop(parsed.events)
+    if reason is None and start is None:
+        reason = "run_start not recorded"
+    if reason is None and stop is None:
+        reason = "run_stop not recorded"
+    return reason
+
+
+@dataclass
+class _Tally:
+    """The runs of a folder that count: ``(run, run_start_ms, run_stop_ms)``, and the instance
+    scales seen (the first counted weak-scaling one, and each counted log's)."""
+
+    scored: list[tuple[RunSummary, float, float]] = field(default_factory=list)
+    scale_seen: int | None = None
+    scales: dict[str, int | None] = field(default_factory=dict)
+
+
+def _weak_scale_reason(result: FolderResult, parsed: ParsedLog, path: Path, tally: _Tally) -> str | None:
+    """A weak-scaling log without an instance scale is dropped; one whose scale differs from the
+    first is noted."""
+    scale = official_instance_scale(parsed.events)
+    if scale is None:
+        return "number_of_nodes or accelerators_per_node not recorded"
+    if tally.scale_seen is None:
+        tally.scale_seen = scale
+    elif scale != tally.scale_seen:
+        result.notes.append(f"{path.name}: instance scale {scale} differs from {tally.scale_seen}")
+    return None
+
+
+def _read_runs(result: FolderResult, files: list[Path], compliance: bool) -> _Tally:
+    """Parse and summarize every log into ``result.runs``; keep resumed runs apart, drop the
+    runs that do not count (``result.dropped``) and return those that do."""
+    tally = _Tally()
+    superseded = superseded_logs(files)  # stopped attempts that a resumed log continues
+    for path in files:
+        parsed = parse_log(path)
+        run = summarize_run(parsed, target=_run_target(path) if result.kind == "runs" else None)
+        result.runs.append(run)
+        if is_resumed(parsed) or path.name in superseded:  # kept apart: never an ordinary run
+            result.resumed.append(str(path))
+            continue
+        reason = _drop_reason(result, parsed, run, compliance)
+        if reason is None and result.kind == "weak":
+            reason = _weak_scale_reason(result, parsed, path, tally)
+        if reason is not None:
+            result.dropped[str(path)] = reason
+            continue
+        start, stop = official_start_stop(parsed.events)
+        tally.scored.append((run, start, stop))  # type: ignore[arg-type]
+        tally.scales[str(path)] = official_instance_scale(parsed.events)
+    return tally
+
+
+def _name_from_runs(result: FolderResult, folder: Path) -> None:
+    """Benchmark, division (and for mlhpc run folders system and submitter) from the logs where
+    the layout does not give them; the note on resumed runs kept apart."""
+    if result.benchmark is None:
+        result.benchmark = next((r.benchmark for r in result.runs if r.benchmark), None)
+    result.division = next((r.division for r in result.runs if r.division), None) or (
+        str(result.system_desc.get("division")) if result.system_desc.get("division") else None)
+    if result.kind == "runs":
+        result.system = next((r.platform for r in result.runs if r.platform), folder.name)
+        result.submitter = next((r.org for r in result.runs if r.org), None)
+    if result.resumed:
+        result.notes.append(f"{len(result.resumed)} resumed run(s) kept apart, not scored: "
+                            + ", ".join(Path(p).name for p in result.resumed))
+
+
 def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
                  ruleset: str | None = None) -> FolderResult:
     """Parse, check and score one result folder.
@@ -297,75 +393,21 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
     Raises:
         LogFormatError: a log or ``scaling.json`` cannot be read.
     """
-    kind, round_, submitter, system, benchmark = _layout(folder)
-    v07 = kind == "strong" and folder.parts[-3] == "results"
-    result = FolderResult(path=str(folder), kind=kind, round=round_, submitter=submitter,
-                          system=system, benchmark=benchmark,
-                          ruleset=None if v07 and ruleset is None else ruleset_for(folder, ruleset))
-    if result.ruleset is None:
-        result.ruleset_note = not_checked_reason(round_of(round_ or "") or round_)
-    result.system_desc = _system_desc(folder, kind, system, v07)
-    scored: list[tuple[RunSummary, float, float]] = []
-    scale_seen: int | None = None
-    scales: dict[str, int | None] = {}
-    superseded = superseded_logs(files)  # stopped attempts that a resumed log continues
-    for path in files:
-        parsed = parse_log(path)
-        run = summarize_run(parsed, target=_run_target(path) if kind == "runs" else None)
-        result.runs.append(run)
-        if is_resumed(parsed) or path.name in superseded:  # kept apart: never an ordinary run
-            result.resumed.append(str(path))
-            continue
-        reason = None
-        if compliance and result.ruleset is not None:
-            verdict = check_run(parsed, result.ruleset)
-            run.compliant, run.compliance_messages = verdict.ok, list(verdict.messages)
-            if not verdict.ok:
-                reason = "fails compliance: " + (verdict.messages[0] if verdict.messages else "?")
-        elif compliance:
-            run.compliance_messages = [result.ruleset_note or ""]
-        if reason is None and parsed.malformed:
-            reason = f"parse error: {parsed.malformed[0].message}"
-        start, stop = official_start_stop(parsed.events)
-        if reason is None and start is None:
-            reason = "run_start not recorded"
-        if reason is None and stop is None:
-            reason = "run_stop not recorded"
-        if reason is None and kind == "weak":
-            scale = official_instance_scale(parsed.events)
-            if scale is None:
-                reason = "number_of_nodes or accelerators_per_node not recorded"
-            elif scale_seen is None:
-                scale_seen = scale
-            elif scale != scale_seen:
-                result.notes.append(f"{path.name}: instance scale {scale} differs from {scale_seen}")
-        if reason is not None:
-            result.dropped[str(path)] = reason
-        else:
-            scored.append((run, start, stop))  # type: ignore[arg-type]
-            scales[str(path)] = official_instance_scale(parsed.events)
-
-    if result.benchmark is None:
-        result.benchmark = next((r.benchmark for r in result.runs if r.benchmark), None)
-    result.division = next((r.division for r in result.runs if r.division), None) or (
-        str(result.system_desc.get("division")) if result.system_desc.get("division") else None)
-    if kind == "runs":
-        result.system = next((r.platform for r in result.runs if r.platform), folder.name)
-        result.submitter = next((r.org for r in result.runs if r.org), None)
-    if result.resumed:
-        result.notes.append(f"{len(result.resumed)} resumed run(s) kept apart, not scored: "
-                            + ", ".join(Path(p).name for p in result.resumed))
+    result = _new_result(folder, ruleset)
+    tally = _read_runs(result, files, compliance)
+    _name_from_runs(result, folder)
     result.scaling_factor = read_scaling_factor(folder)
 
-    own_throughput = kind == "runs" and len({r.instance_id for r in result.runs}) > 1 and all(
+    own_throughput = result.kind == "runs" and len({r.instance_id for r in result.runs}) > 1 and all(
         r.instance_id is not None for r in result.runs)
     if own_throughput:  # an mlhpc throughput run (--instances K): one log per model instance
-        kind = result.kind = "weak"
-        scale_seen = next((v for v in scales.values() if v is not None), None)
-    if kind == "weak":
-        _score_weak(result, scored, scale_seen, 1 if own_throughput else required_result_count(result.benchmark))
+        result.kind = "weak"
+        tally.scale_seen = next((v for v in tally.scales.values() if v is not None), None)
+    if result.kind == "weak":
+        needed = 1 if own_throughput else required_result_count(result.benchmark)
+        _score_weak(result, tally.scored, tally.scale_seen, needed)
     else:
-        _score_strong(result, scored, folder, [Path(p) for p in files if str(p) not in result.resumed])
+        _score_strong(result, tally.scored, folder, [Path(p) for p in files if str(p) not in result.resumed])
     return result
 
 
