@@ -107,6 +107,68 @@ def _olympic(epochs: list[float]) -> float | None:
     return float(sum(ordered) / len(ordered)) if ordered else None
 
 
+def _not_checked(benchmark: str | None, ruleset: str | None, division: str | None) -> RcpVerdict | None:
+    """The verdict when no RCP check applies (open division, no RCPs for the round or the
+    benchmark), else None."""
+    if division == "open":
+        return RcpVerdict(None, "not checked: open division (the official tools check closed results only)")
+    if ruleset is None or ruleset not in rcp_rulesets():
+        return RcpVerdict(None, f"not checked: no RCPs for this round in mlperf-logging {mlperf_logging_version()}")
+    if not has_rcps(benchmark, ruleset):
+        return RcpVerdict(None, f"not checked: no RCPs for {benchmark or 'an unnamed benchmark'} in hpc "
+                                f"{ruleset} (mlperf-logging {mlperf_logging_version()})")
+    return None
+
+
+def _run_checker(folder: Path, ruleset: str) -> tuple[tuple[Any, Any, Any], tuple[Any, Any], list[logging.LogRecord]]:
+    """``check_directory``'s ``(passed, message, normalization)``, ``get_submission_epochs``'
+    ``(global batch size, epochs)`` and the log records the checker wrote meanwhile (the root
+    logger is swapped under a lock, as the checker logs through it)."""
+    from mlperf_logging.rcp_checker import rcp_checker
+
+    capture = _Capture()
+    root = logging.getLogger()
+    with _lock:
+        saved_handlers, saved_level = root.handlers[:], root.level
+        root.handlers[:] = [capture]
+        root.setLevel(logging.INFO)
+        try:
+            checked = rcp_checker.check_directory(
+                str(folder), "hpc", ruleset, False, False, rcp_pass=RCP_PASS, rcp_bypass=False,
+                set_scaling=False)
+            gbs, epochs, _ = rcp_checker.get_submission_epochs(
+                [str(f) for f in sorted(folder.glob("result_*.txt"))], ruleset, False)
+        finally:
+            root.handlers[:] = saved_handlers
+            root.setLevel(saved_level)
+    return checked, (gbs, epochs), capture.records
+
+
+def _verdict(checked: tuple[Any, Any, Any], submission: tuple[Any, Any],
+             records: list[logging.LogRecord]) -> RcpVerdict:
+    """The checker's results as an `RcpVerdict`, with the figures it logged while deciding."""
+    passed, message, norm = checked
+    gbs, epochs = submission
+    record: dict[str, Any] | None = None
+    mean = None
+    for rec in records:
+        if rec.msg == " RCP Record: %s" and rec.args:
+            record = rec.args[0] if isinstance(rec.args, tuple) else rec.args  # type: ignore[assignment]
+        elif rec.msg == " Submission mean epochs: %.4f" and rec.args:
+            mean = float(rec.args[0])  # type: ignore[index]
+    converged = [float(e) for e in epochs] if epochs else []
+    if mean is None and converged:
+        mean = _olympic(converged)
+    if mean is not None and not math.isfinite(mean):
+        mean = None
+    rcp_mean = rcp_min = None
+    if isinstance(record, dict) and "RCP Mean" in record:
+        rcp_mean = float(record["RCP Mean"])
+        rcp_min = rcp_mean / float(record["Max Speedup"])
+    return RcpVerdict(bool(passed), str(message), float(norm),
+                      None if gbs in (None, -1) else int(gbs), mean, rcp_mean, rcp_min, tuple(converged))
+
+
 def check_folder(folder: Path | str, *, benchmark: str | None, ruleset: str | None,
                  division: str | None, files: list[Path] | None = None) -> RcpVerdict:
     """rcp_checker's verdict on the ``result_*.txt`` files of ``folder``.
@@ -121,15 +183,10 @@ def check_folder(folder: Path | str, *, benchmark: str | None, ruleset: str | No
         an `RcpVerdict`; never raises for a bad or missing folder (the reason is the message).
         Verdicts are cached in-process by the files' content hashes.
     """
-    from mlperf_logging.rcp_checker import rcp_checker
-
-    if division == "open":
-        return RcpVerdict(None, "not checked: open division (the official tools check closed results only)")
-    if ruleset is None or ruleset not in rcp_rulesets():
-        return RcpVerdict(None, f"not checked: no RCPs for this round in mlperf-logging {mlperf_logging_version()}")
-    if not has_rcps(benchmark, ruleset):
-        return RcpVerdict(None, f"not checked: no RCPs for {benchmark or 'an unnamed benchmark'} in hpc "
-                                f"{ruleset} (mlperf-logging {mlperf_logging_version()})")
+    skipped = _not_checked(benchmark, ruleset, division)
+    if skipped is not None:
+        return skipped
+    assert ruleset is not None  # _not_checked returns a verdict without one
     folder = Path(folder)
     files = sorted(files if files is not None else folder.glob("result_*.txt"))
     try:
@@ -138,41 +195,11 @@ def check_folder(folder: Path | str, *, benchmark: str | None, ruleset: str | No
         key = None
     if key is not None and key in _cache:
         return _cache[key]
-    capture = _Capture()
-    root = logging.getLogger()
-    with _lock:
-        saved_handlers, saved_level = root.handlers[:], root.level
-        root.handlers[:] = [capture]
-        root.setLevel(logging.INFO)
-        try:
-            passed, message, norm = rcp_checker.check_directory(
-                str(folder), "hpc", ruleset, False, False, rcp_pass=RCP_PASS, rcp_bypass=False,
-                set_scaling=False)
-            gbs, epochs, _ = rcp_checker.get_submission_epochs(
-                [str(f) for f in sorted(folder.glob("result_*.txt"))], ruleset, False)
-        except Exception as exc:  # the checker raises bare exceptions on unreadable folders
-            return RcpVerdict(False, f"rcp_checker failed: {type(exc).__name__}: {exc}")
-        finally:
-            root.handlers[:] = saved_handlers
-            root.setLevel(saved_level)
-    record: dict[str, Any] | None = None
-    mean = None
-    for rec in capture.records:
-        if rec.msg == " RCP Record: %s" and rec.args:
-            record = rec.args[0] if isinstance(rec.args, tuple) else rec.args  # type: ignore[assignment]
-        elif rec.msg == " Submission mean epochs: %.4f" and rec.args:
-            mean = float(rec.args[0])  # type: ignore[index]
-    converged = [float(e) for e in epochs] if epochs else []
-    if mean is None and converged:
-        mean = _olympic(converged)
-    if mean is not None and not math.isfinite(mean):
-        mean = None
-    rcp_mean = rcp_min = None
-    if isinstance(record, dict) and "RCP Mean" in record:
-        rcp_mean = float(record["RCP Mean"])
-        rcp_min = rcp_mean / float(record["Max Speedup"])
-    verdict = RcpVerdict(bool(passed), str(message), float(norm),
-                         None if gbs in (None, -1) else int(gbs), mean, rcp_mean, rcp_min, tuple(converged))
+    try:
+        checked, submission, records = _run_checker(folder, ruleset)
+    except Exception as exc:  # the checker raises bare exceptions on unreadable folders
+        return RcpVerdict(False, f"rcp_checker failed: {type(exc).__name__}: {exc}")
+    verdict = _verdict(checked, submission, records)
     if key is not None:
         _cache[key] = verdict
     return verdict
