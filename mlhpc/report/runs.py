@@ -324,24 +324,12 @@ def _span_s(parsed: ParsedLog, start_key: str, stop_key: str) -> float | None:
     return (stop.time_ms - start.time_ms) / 1000.0
 
 
-def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
-    """Summarize one parsed log.
-
-    Args:
-        parsed: from `mlhpc.report.parse.parse_log`.
-        target: the quality target to show (default: the closed-division target of the logged
-            benchmark in mlperf_logging's rules, `quality_target`).
-
-    Returns:
-        a `RunSummary`; a log missing keys yields ``None`` fields and status ``"incomplete"``,
-        never an exception.
-    """
-    run = RunSummary(path=parsed.path, malformed=[m.message for m in parsed.malformed])
+def _read_submission(run: RunSummary, parsed: ParsedLog) -> None:
+    """The ``submission_*`` names, sizes and instance id: each key's first value."""
     events = parsed.events
     first_values: dict[str, Any] = {}
     for event in events:
         first_values.setdefault(event.key, event.value)
-    run.resumed, run.earlier_attempts_s = is_resumed(parsed), earlier_attempts_s(parsed)
     text = lambda key: first_values[key] if isinstance(first_values.get(key), str) else None  # noqa: E731
     run.benchmark = text("submission_benchmark")
     run.org, run.division = text("submission_org"), text("submission_division")
@@ -357,7 +345,12 @@ def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
             if "instance" in event.metadata:
                 run.instance_id = event.metadata["instance"]
                 break
+    if run.benchmark in SAMPLE_COUNTED_EPOCHS:
+        run.epoch_unit = "samples"
 
+
+def _read_start_stop(run: RunSummary, parsed: ParsedLog) -> None:
+    """Time to train from the first ``run_start`` and ``run_stop``; status, reason, last epoch."""
     start, stop = parsed.first("run_start"), parsed.first("run_stop")
     run.run_start_ms = start.time_ms if start else None
     run.run_stop_ms = stop.time_ms if stop else None
@@ -368,6 +361,10 @@ def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
         reason = stop.metadata.get("reason")
         run.reason = reason if isinstance(reason, str) else None
         run.last_epoch = _number(stop.metadata.get("epoch_num"))
+
+
+def _read_staging_and_init(run: RunSummary, parsed: ParsedLog) -> None:
+    """Staging and init spans, staged bytes, mlhpc's per-node staging figures."""
     run.staging_s = _span_s(parsed, "staging_start", "staging_stop")
     staging_stop = parsed.first("staging_stop")
     run.staged_bytes = _int(staging_stop.metadata.get("staged_bytes")) if staging_stop else None
@@ -375,14 +372,19 @@ def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
         run.staging_nodes = {k: staging_stop.metadata.get(k) for k in (
             "nodes", "slowest_node_s", "mean_node_s", "node_gb_per_s", "aggregate_gb_per_s",
             "node_staged_bytes", "placement")}
-    staging_start = parsed.first("staging_start")
+    start, staging_start = parsed.first("run_start"), parsed.first("staging_start")
     run.staging_in_run = bool(start and staging_start and staging_start.time_ms >= start.time_ms)
     run.init_s = _span_s(parsed, "init_start", "init_stop")
 
-    if run.benchmark in SAMPLE_COUNTED_EPOCHS:
-        run.epoch_unit = "samples"
-    # Only what happens between run_start and the first run_stop is part of time to train (some
-    # logs go on training after run_stop).
+
+def _latencies_s(epoch_stops: list[Event], key: str) -> list[float]:
+    """``epoch_stop``'s ``key`` metadata (ms) in seconds, where logs carry no start/stop pairs."""
+    return [float(e.metadata[key]) / 1000.0 for e in epoch_stops if _number(e.metadata.get(key)) is not None]
+
+
+def _read_epochs(run: RunSummary, events: list[Event]) -> None:
+    """Training time per epoch, evaluation time, residual and samples/s, from the records
+    between run_start and the first run_stop (some logs go on training after run_stop)."""
     begin = next((i for i, e in enumerate(events) if e.key == "run_start"), -1)
     end = next((i for i, e in enumerate(events) if e.key == "run_stop"), len(events))
     timed = events[begin + 1:end] if begin < end else []
@@ -393,19 +395,20 @@ def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
         run.train_epoch_s, run.eval_overlap_s = _split_epochs(epochs, evals)
         run.concurrent_eval = run.eval_overlap_s > 0
     elif any("training_epoch_latency" in e.metadata for e in epoch_stops):
-        run.train_epoch_s = [float(e.metadata["training_epoch_latency"]) / 1000.0 for e in epoch_stops
-                             if _number(e.metadata.get("training_epoch_latency")) is not None]
+        run.train_epoch_s = _latencies_s(epoch_stops, "training_epoch_latency")
     if evals:
         run.eval_s = [ev.duration_s for ev in evals]
     elif any("eval_epoch_latency" in e.metadata for e in epoch_stops):
-        run.eval_s = [float(e.metadata["eval_epoch_latency"]) / 1000.0 for e in epoch_stops
-                      if _number(e.metadata.get("eval_epoch_latency")) is not None]
+        run.eval_s = _latencies_s(epoch_stops, "eval_epoch_latency")
     run.n_epochs = len(run.train_epoch_s)
     if run.time_to_train_s is not None and (run.train_epoch_s or run.eval_s):
         run.residual_s = run.time_to_train_s - run.total_train_s - (run.total_eval_s - run.eval_overlap_s)
     if run.train_samples and run.train_epoch_s and run.epoch_unit == "epochs" and run.total_train_s > 0:
         run.samples_per_s = run.train_samples * len(run.train_epoch_s) / run.total_train_s
 
+
+def _read_metric(run: RunSummary, events: list[Event]) -> None:
+    """The quality metric's series, and epochs to target as rcp_checker counts them."""
     last_metric_epoch = None
     for event in events:
         if event.key in METRIC_KEYS:
@@ -422,6 +425,9 @@ def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
                 run.epochs_to_target = last_metric_epoch
             break
 
+
+def _read_target(run: RunSummary, target: float | None) -> None:
+    """The target shown (``target``, else the rules' closed-division one) and its direction."""
     reference = quality_target(run.benchmark)
     if target is not None:
         run.target = target
@@ -431,4 +437,26 @@ def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
         run.target_direction = reference[2]
     elif run.metric_key:
         run.target_direction = "min" if run.metric_key == "eval_error" else "max"
+
+
+def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
+    """Summarize one parsed log.
+
+    Args:
+        parsed: from `mlhpc.report.parse.parse_log`.
+        target: the quality target to show (default: the closed-division target of the logged
+            benchmark in mlperf_logging's rules, `quality_target`).
+
+    Returns:
+        a `RunSummary`; a log missing keys yields ``None`` fields and status ``"incomplete"``,
+        never an exception.
+    """
+    run = RunSummary(path=parsed.path, malformed=[m.message for m in parsed.malformed])
+    run.resumed, run.earlier_attempts_s = is_resumed(parsed), earlier_attempts_s(parsed)
+    _read_submission(run, parsed)
+    _read_start_stop(run, parsed)
+    _read_staging_and_init(run, parsed)
+    _read_epochs(run, parsed.events)
+    _read_metric(run, parsed.events)
+    _read_target(run, target)
     return run
