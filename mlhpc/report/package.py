@@ -37,7 +37,7 @@ import yaml
 
 from mlhpc.errors import ConfigError, LogFormatError
 from mlhpc.report.parse import parse_log
-from mlhpc.report.runs import is_resumed, summarize_run, superseded_logs
+from mlhpc.report.runs import RunSummary, is_resumed, summarize_run, superseded_logs
 from mlhpc.report.score import RESULT_RE, _natural
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+\-]*$")
@@ -141,6 +141,95 @@ def system_description(org: str, system: str, env: dict[str, Any], config: dict[
     return desc
 
 
+@dataclass(frozen=True)
+class _Submission:
+    """Who and what a package is for: names, and the first run's sidecars and summary.
+
+    Attributes:
+        org / system: submitter and system folder names.
+        config / env: the first run's ``config_N.yaml`` and ``env_N.json`` (empty when absent).
+        submission: that config's ``submission`` mapping.
+        first_log / first: the first run's log and its `RunSummary`.
+    """
+
+    org: str
+    system: str
+    config: dict[str, Any]
+    env: dict[str, Any]
+    submission: dict[str, Any]
+    first_log: Path
+    first: RunSummary
+
+
+def _find_logs(run_dirs: list[Path | str]) -> list[Path]:
+    """The result logs given, or found in the given folders (natural order)."""
+    logs: list[Path] = []
+    for raw in run_dirs:
+        path = Path(raw)
+        if path.is_file():
+            logs.append(path)
+        elif path.is_dir():
+            logs.extend(sorted((p for p in path.iterdir() if RESULT_RE.match(p.name)), key=_natural))
+        else:
+            raise ConfigError(f"--package: run folder {path} does not exist")
+    if not logs:
+        raise ConfigError("--package: no result_*.txt in the given run folders")
+    return logs
+
+
+def _read_unbroken_runs(logs: list[Path]) -> list[tuple[Path, RunSummary]]:
+    """``(log, summary)`` per log; a resumed run, or a stopped one that a resume continues, is refused."""
+    runs = []
+    for log in logs:
+        parsed = parse_log(log)
+        resumed = is_resumed(parsed)
+        if resumed or log.name in superseded_logs(sorted(log.parent.glob("result_*.txt"))):
+            what = "a resumed run" if resumed else "a stopped run continued by --resume"
+            raise ConfigError(f"--package: {log} is {what}; the rules time a run as one contiguous "
+                              "period (\"The clock may not be paused during the run\"), so a "
+                              "submission holds only runs that trained from the start unbroken")
+        runs.append((log, summarize_run(parsed)))
+    return runs
+
+
+def _identify(runs: list[tuple[Path, RunSummary]], org: str | None, system: str | None) -> _Submission:
+    """Org and system names (given, else the logs', else the config's), checked to be folder
+    names, with the first run's sidecars."""
+    first_log, first = runs[0]
+    config = _read_mapping(_sidecar(first_log, "config", ".yaml"), "yaml")
+    env = _read_mapping(_sidecar(first_log, "env", ".json"), "json")
+    submission = config.get("submission") if isinstance(config.get("submission"), dict) else {}
+    org = org or first.org or submission.get("org")
+    system = system or first.platform or submission.get("platform")
+    for label, name in (("--org", org), ("--system", system)):
+        if not name or not SAFE_NAME.match(str(name)):
+            raise ConfigError(f"--package: {label} {name!r} must be a folder name (letters, digits, _ . + -)")
+    return _Submission(str(org), str(system), config, env, submission, first_log, first)
+
+
+def _check_alike(runs: list[tuple[Path, RunSummary]], sub: _Submission) -> None:
+    """Every run names its benchmark, and all share one division and one node count."""
+    first_log, first = sub.first_log, sub.first
+    for log, run in runs:
+        if run.benchmark is None:
+            raise LogFormatError(f"{log}: no submission_benchmark record; cannot place it in a package")
+        if first.division and run.division and run.division != first.division:
+            raise ConfigError(f"--package: {log} is {run.division} division, {first_log} is {first.division}")
+        if run.number_of_nodes != first.number_of_nodes:
+            raise ConfigError(f"--package: {log} ran on {run.number_of_nodes} nodes, {first_log} on "
+                              f"{first.number_of_nodes}; one system name per node count")
+
+
+def _name_warnings(sub: _Submission) -> list[str]:
+    """A line per name given that differs from the one the logs carry."""
+    warnings = []
+    for label, given, logged in (("--org", sub.org, sub.first.org), ("--system", sub.system, sub.first.platform)):
+        if logged and given != logged:
+            warnings.append(f"{label} {given} differs from the logs' "
+                            f"{'submission_org' if label == '--org' else 'submission_platform'} {logged}")
+    return warnings
+
+
 def package_runs(run_dirs: list[Path | str], out: Path | str, org: str | None = None,
                  system: str | None = None) -> PackageResult:
     """Copy the runs' ``result_*.txt`` into ``out/ORG/results/SYSTEM/strong/<benchmark>/`` and
@@ -161,53 +250,13 @@ def package_runs(run_dirs: list[Path | str], out: Path | str, org: str | None = 
             org/division or node count, or a destination benchmark folder that already holds results.
         LogFormatError: a log cannot be read.
     """
-    logs: list[Path] = []
-    for raw in run_dirs:
-        path = Path(raw)
-        if path.is_file():
-            logs.append(path)
-        elif path.is_dir():
-            logs.extend(sorted((p for p in path.iterdir() if RESULT_RE.match(p.name)), key=_natural))
-        else:
-            raise ConfigError(f"--package: run folder {path} does not exist")
-    if not logs:
-        raise ConfigError("--package: no result_*.txt in the given run folders")
-    runs = []
-    for log in logs:
-        parsed = parse_log(log)
-        resumed = is_resumed(parsed)
-        if resumed or log.name in superseded_logs(sorted(log.parent.glob("result_*.txt"))):
-            what = "a resumed run" if resumed else "a stopped run continued by --resume"
-            raise ConfigError(f"--package: {log} is {what}; the rules time a run as one contiguous "
-                              "period (\"The clock may not be paused during the run\"), so a "
-                              "submission holds only runs that trained from the start unbroken")
-        runs.append((log, summarize_run(parsed)))
-    first_log, first = runs[0]
-    config = _read_mapping(_sidecar(first_log, "config", ".yaml"), "yaml")
-    env = _read_mapping(_sidecar(first_log, "env", ".json"), "json")
-    submission = config.get("submission") if isinstance(config.get("submission"), dict) else {}
-    org = org or first.org or submission.get("org")
-    system = system or first.platform or submission.get("platform")
-    for label, name in (("--org", org), ("--system", system)):
-        if not name or not SAFE_NAME.match(str(name)):
-            raise ConfigError(f"--package: {label} {name!r} must be a folder name (letters, digits, _ . + -)")
-    for log, run in runs:
-        if run.benchmark is None:
-            raise LogFormatError(f"{log}: no submission_benchmark record; cannot place it in a package")
-        if first.division and run.division and run.division != first.division:
-            raise ConfigError(f"--package: {log} is {run.division} division, {first_log} is {first.division}")
-        if run.number_of_nodes != first.number_of_nodes:
-            raise ConfigError(f"--package: {log} ran on {run.number_of_nodes} nodes, {first_log} on "
-                              f"{first.number_of_nodes}; one system name per node count")
-    root = Path(out) / str(org)
-    result = PackageResult(root=root)
-    for label, given, logged in (("--org", org, first.org), ("--system", system, first.platform)):
-        if logged and str(given) != logged:
-            result.warnings.append(f"{label} {given} differs from the logs' "
-                                   f"{'submission_org' if label == '--org' else 'submission_platform'} {logged}")
+    runs = _read_unbroken_runs(_find_logs(run_dirs))
+    sub = _identify(runs, org, system)
+    _check_alike(runs, sub)
+    result = PackageResult(root=Path(out) / sub.org, warnings=_name_warnings(sub))
     try:
-        _write_package(result, runs, root, str(system), org=str(org), config=config, env=env,
-                       submission=submission, first=first)
+        _copy_results(result, runs, sub.system)
+        _write_system(result, sub)
     except OSError as exc:
         raise ConfigError(f"--package: cannot write into {out} ({exc.strerror or type(exc).__name__})") from None
     return result
@@ -234,32 +283,40 @@ def _copy_sources(root: Path, benchmark: str, config_files: list[Path]) -> None:
         shutil.copyfile(config, dest / "configs" / f"{config.parent.name}-{config.name}")
 
 
-def _write_package(result: PackageResult, runs: list, root: Path, system: str, *, org: str,
-                   config: dict[str, Any], env: dict[str, Any], submission: dict[str, Any], first: Any) -> None:
+def _copy_results(result: PackageResult, runs: list[tuple[Path, RunSummary]], system: str) -> None:
+    """Each log as ``result_<i>.txt`` of its benchmark (into empty folders only), and the source
+    that ran beside them."""
+    root = result.root
     counters: dict[str, int] = {}
     for log, run in runs:
-        folder = root / "results" / str(system) / "strong" / str(run.benchmark)
-        if run.benchmark not in counters:
+        benchmark = str(run.benchmark)
+        folder = root / "results" / system / "strong" / benchmark
+        if benchmark not in counters:
             if folder.exists() and any(folder.iterdir()):
                 raise ConfigError(f"--package: {folder} already holds results; choose an empty OUT")
             folder.mkdir(parents=True, exist_ok=True)
-            counters[run.benchmark] = 0  # type: ignore[index]
-        dest = folder / f"result_{counters[run.benchmark]}.txt"  # type: ignore[index]
-        counters[run.benchmark] += 1  # type: ignore[index]
+            counters[benchmark] = 0
+        dest = folder / f"result_{counters[benchmark]}.txt"
+        counters[benchmark] += 1
         shutil.copyfile(log, dest)
         result.result_files.append(dest)
     for benchmark in counters:
         configs = [c for log, run in runs if run.benchmark == benchmark
                    for c in [_sidecar(log, "config", ".yaml")] if c is not None]
         _copy_sources(root, benchmark, sorted(set(configs)))
+
+
+def _write_system(result: PackageResult, sub: _Submission) -> None:
+    """``ORG/systems/SYSTEM.json``; division and status fall back on the logs' values."""
+    submission, first = sub.submission, sub.first
     if first.division and not submission.get("division"):
         submission = {**submission, "division": first.division}
     if first.status_submission and not submission.get("status"):
         submission = {**submission, "status": first.status_submission}
-    desc = system_description(str(org), str(system), env, {**config, "submission": submission},
+    desc = system_description(sub.org, sub.system, sub.env, {**sub.config, "submission": submission},
                               first.number_of_nodes, first.accelerators_per_node)
-    (root / "systems").mkdir(parents=True, exist_ok=True)
-    result.system_file = root / "systems" / f"{system}.json"
+    (result.root / "systems").mkdir(parents=True, exist_ok=True)
+    result.system_file = result.root / "systems" / f"{sub.system}.json"
     result.system_file.write_text(json.dumps(desc, indent=4) + "\n")
 
 
