@@ -268,6 +268,39 @@ def test_cli_formats_and_errors(tmp_path):
     assert result.exit_code == 2 and "--package" in result.stderr
 
 
+def test_run_tables_show_a_resumed_runs_total_time_labelled_unscored(tmp_path):
+    from mlhpc.report.render import to_markdown, to_text
+
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    stopped = [_rec("submission_benchmark", 0, "cosmoflow"), _rec("run_start", 1000),
+               _rec("run_stop", 41000, status="aborted")]
+    resumed = [_rec("submission_benchmark", 0, "cosmoflow"), _rec("run_start", 50000),
+               _rec("resume", 50001, {"from_result_file": "result_0.txt", "earlier_attempts_s": 40.0}),
+               _rec("run_stop", 80000, status="success")]
+    (folder / "result_0.txt").write_text(_log(*stopped))
+    (folder / "result_1.txt").write_text(_log(*resumed))
+    report = build_report([folder], compliance=False)
+    run = report.folders[0].runs[1]
+    assert run.time_to_train_s == 30.0 and run.time_to_train_total_s == 70.0
+    assert run.to_dict()["time_to_train_total_s"] == 70.0
+    for text in (to_text(report, "runs"), to_markdown(report, "runs")):
+        assert "yes: 70.00 s all attempts, unscored" in text
+        assert text.count("all attempts") == 1  # the stopped attempt is not resumed itself
+
+
+def test_cli_renders_the_table_once(monkeypatch):
+    import importlib
+
+    render_module = importlib.import_module("mlhpc.report.render")  # the package's `render` is the function
+    calls = []
+    views = render_module._views
+    monkeypatch.setattr(render_module, "_views", lambda *a, **k: calls.append(1) or views(*a, **k))
+    result = CliRunner().invoke(report_command, [str(MINI_RUNS), "--no-compliance"])
+    assert result.exit_code == 0, result.output
+    assert "time to train s" in result.stdout and len(calls) == 1
+
+
 def test_quality_targets_come_from_mlperf_logging_rule_files():
     from mlhpc.report.runs import quality_target
 

@@ -17,65 +17,99 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rich.console import Group
+
 from mlhpc.errors import ConfigError
 from mlhpc.report.package import PackageResult, check_package, package_runs
 from mlhpc.report.parse import Event, Malformed, ParsedLog, parse_log, parse_text
-from mlhpc.report.render import render
+from mlhpc.report.render import render, tables
 from mlhpc.report.runs import RunSummary, summarize_run
 from mlhpc.report.score import FolderResult, Report, build_report
 
 __all__ = [
-    "Event", "FolderResult", "Malformed", "Outcome", "PackageResult", "ParsedLog", "Report",
-    "RunSummary", "build_report", "check_package", "package_runs", "parse_log", "parse_text",
+    "Event", "FolderResult", "Malformed", "Outcome", "PackageOptions", "PackageResult", "ParsedLog",
+    "Report", "ReportOptions", "RunSummary", "build_report", "check_package", "package_runs", "parse_log", "parse_text",
     "render", "run_report", "summarize_run",
 ]
 
 
-@dataclass
-class Outcome:
-    """What `run_report` produced: the report, its text in the asked format, plots, package."""
+@dataclass(frozen=True)
+class PackageOptions:
+    """Lay the runs out as a submission: `package_runs` into ``out`` under ``org``/``system``
+    (default: the logs' names), then `check_package` on a scratch copy when ``check``, with
+    ``--rcp-bypass`` only when ``rcp_bypass``."""
 
-    report: Report
-    text: str
-    plots: list[Path] = field(default_factory=list)
-    package: PackageResult | None = None
+    out: Path
+    org: str | None = None
+    system: str | None = None
+    check: bool = True
+    rcp_bypass: bool = False
 
 
-def run_report(paths: list[Path], *, fmt: str = "table", level: str = "auto", compliance: bool = True,
-               ruleset: str | None = None, plots_dir: Path | None = None, package_dir: Path | None = None,
-               org: str | None = None, system: str | None = None, check_package: bool = True,
-               rcp_bypass: bool = False) -> Outcome:
-    """Score ``paths``, render them as ``fmt``, and optionally write plots and a package.
+@dataclass(frozen=True)
+class ReportOptions:
+    """How `run_report` scores and shows the logs.
 
-    Args:
-        paths: round trees, result folders, mlhpc run folders or single logs.
+    Attributes:
         fmt: ``table``, ``json``, ``csv`` or ``markdown``.
         level: ``auto``, ``folders`` or ``runs`` (see `mlhpc.report.render`).
         compliance: run MLCommons' compliance checker on each log.
         ruleset: force an hpc ruleset.
         plots_dir: write the PNGs of `mlhpc.report.plots` here.
-        package_dir / org / system: lay the runs out as a submission under ``package_dir``
-            (``paths`` must then be mlhpc run folders); ``check_package`` runs the package
-            checker on a scratch copy, with ``--rcp-bypass`` only when ``rcp_bypass``.
+        package: lay the runs out as a submission (the paths must then be mlhpc run folders).
+    """
+
+    fmt: str = "table"
+    level: str = "auto"
+    compliance: bool = True
+    ruleset: str | None = None
+    plots_dir: Path | None = None
+    package: PackageOptions | None = None
+
+
+@dataclass
+class Outcome:
+    """What `run_report` produced: the report, its output, plots, package.
+
+    ``output`` is the report rendered once in the asked format: text for ``json``, ``csv`` and
+    ``markdown``; for ``table``, rich tables (`mlhpc.report.render.tables`) for a console to
+    print, in colour on a terminal (`mlhpc.report.render.to_text` gives them as plain text).
+    """
+
+    report: Report
+    output: str | Group
+    plots: list[Path] = field(default_factory=list)
+    package: PackageResult | None = None
+
+
+def run_report(paths: list[Path], options: ReportOptions | None = None) -> Outcome:
+    """Score ``paths``, render them as ``options.fmt``, and optionally write plots and a package.
+
+    Args:
+        paths: round trees, result folders, mlhpc run folders or single logs.
+        options: see `ReportOptions` (default: a table of every log, compliance checked).
 
     Raises:
         LogFormatError: a path is missing, holds no logs, or a log is unreadable.
         ConfigError: a bad option value, or package names/contents that cannot be laid out.
     """
-    report = build_report(paths, compliance=compliance, ruleset=ruleset)
-    outcome = Outcome(report=report, text=render(report, fmt, level))
-    if plots_dir is not None:
+    options = options or ReportOptions()
+    report = build_report(paths, compliance=options.compliance, ruleset=options.ruleset)
+    output = tables(report, options.level) if options.fmt == "table" else render(report, options.fmt, options.level)
+    outcome = Outcome(report=report, output=output)
+    if options.plots_dir is not None:
         from mlhpc.report.plots import write_plots
 
-        outcome.plots = write_plots(report, plots_dir)
-    if package_dir is not None:
-        if any(f.kind != "runs" for f in report.folders):
-            raise ConfigError("--package: give mlhpc run folders, not an MLCommons results tree")
-        from mlhpc.report.package import check_package as _check
-
-        outcome.package = package_runs(paths, package_dir, org=org, system=system)
-        if check_package:
-            _check(outcome.package, rcp_bypass=rcp_bypass)
-    elif org is not None or system is not None or rcp_bypass:
-        raise ConfigError("--org/--system/--rcp-bypass: only used with --package OUT")
+        outcome.plots = write_plots(report, options.plots_dir)
+    if options.package is not None:
+        outcome.package = _package(report, paths, options.package)
     return outcome
+
+
+def _package(report: Report, paths: list[Path], options: PackageOptions) -> PackageResult:
+    if any(f.kind != "runs" for f in report.folders):
+        raise ConfigError("--package: give mlhpc run folders, not an MLCommons results tree")
+    package = package_runs(paths, options.out, org=options.org, system=options.system)
+    if options.check:
+        check_package(package, rcp_bypass=options.rcp_bypass)
+    return package

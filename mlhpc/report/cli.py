@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from mlhpc.report.render import FORMATS, LEVELS
+
+if TYPE_CHECKING:
+    from mlhpc.report.package import PackageResult
 
 
 @click.command("report")
@@ -31,42 +35,48 @@ from mlhpc.report.render import FORMATS, LEVELS
 @click.option("--rcp-bypass", is_flag=True, default=False,
               help="With --package: run the package checker with --rcp-bypass (a failed RCP check is "
                    "then accepted, to be reviewed by the submission committee); default: without.")
-def report_command(paths: tuple[Path, ...], fmt: str, level: str, compliance: bool, ruleset: str | None,
-                   plots_dir: Path | None, package_dir: Path | None, org: str | None,
-                   system_name: str | None, check_package: bool, rcp_bypass: bool) -> None:
+def report_command(paths: tuple[Path, ...], fmt: str, level: str, compliance: bool,  # one parameter per option
+                   ruleset: str | None, plots_dir: Path | None, package_dir: Path | None,
+                   org: str | None, system_name: str | None, check_package: bool, rcp_bypass: bool) -> None:
     """Score result logs under PATHS: round trees, result folders, mlhpc run folders or logs."""
-    from mlhpc.errors import MlhpcError
-    from mlhpc.report import run_report
+    from mlhpc.errors import ConfigError, MlhpcError
+    from mlhpc.report import PackageOptions, ReportOptions, run_report
 
     try:
-        outcome = run_report(list(paths), fmt=fmt, level=level, compliance=compliance, ruleset=ruleset,
-                             plots_dir=plots_dir, package_dir=package_dir, org=org, system=system_name,
-                             check_package=check_package, rcp_bypass=rcp_bypass)
+        if package_dir is None and (org is not None or system_name is not None or rcp_bypass):
+            raise ConfigError("--org/--system/--rcp-bypass: only used with --package OUT")
+        package = None if package_dir is None else PackageOptions(
+            package_dir, org=org, system=system_name, check=check_package, rcp_bypass=rcp_bypass)
+        outcome = run_report(list(paths), ReportOptions(fmt=fmt, level=level, compliance=compliance,
+                                                        ruleset=ruleset, plots_dir=plots_dir, package=package))
     except MlhpcError as exc:  # the project's convention: one line on stderr, exit status 2
         click.echo(f"mlhpc: error: {exc}", err=True)
         raise SystemExit(2) from None
-    if fmt == "table":
+    if isinstance(outcome.output, str):
+        click.echo(outcome.output, nl=not outcome.output.endswith("\n"))
+    else:
         from rich.console import Console
-
-        from mlhpc.report.render import tables
 
         console = Console()
         if not console.is_terminal:
             console = Console(width=200)
-        console.print(tables(outcome.report, level))
-    else:
-        click.echo(outcome.text, nl=not outcome.text.endswith("\n"))
+        console.print(outcome.output)
     for path in outcome.plots:
         click.echo(f"wrote {path}", err=True)
     if outcome.package is not None:
-        package = outcome.package
-        click.echo(f"packaged {len(package.result_files)} runs into {package.root}", err=True)
-        for warning in package.warnings:
-            click.echo(f"warning: {warning}", err=True)
-        if package.checker_ok is not None:
-            how = "with --rcp-bypass" if package.rcp_bypass else "without RCP bypass"
-            if not package.checker_ok:
-                first = package.checker_messages[0] if package.checker_messages else "see its log"
-                click.echo(f"mlhpc: error: package_checker ({how}) rejected {package.root}: {first}", err=True)
-                raise SystemExit(1)
-            click.echo(f"package_checker ({how}): accepted", err=True)
+        _echo_package(outcome.package)
+
+
+def _echo_package(package: PackageResult) -> None:
+    """What was packaged, its warnings and the package checker's verdict (exit 1 if it rejects)."""
+    click.echo(f"packaged {len(package.result_files)} runs into {package.root}", err=True)
+    for warning in package.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    if package.checker_ok is None:
+        return
+    how = "with --rcp-bypass" if package.rcp_bypass else "without RCP bypass"
+    if not package.checker_ok:
+        first = package.checker_messages[0] if package.checker_messages else "see its log"
+        click.echo(f"mlhpc: error: package_checker ({how}) rejected {package.root}: {first}", err=True)
+        raise SystemExit(1)
+    click.echo(f"package_checker ({how}): accepted", err=True)
