@@ -17,6 +17,7 @@ from rich.console import Console, Group
 from rich.table import Table
 
 from mlhpc.errors import ConfigError
+from mlhpc.report.runs import RunSummary
 from mlhpc.report.score import FolderResult, Report
 
 FORMATS = ("table", "json", "csv", "markdown")
@@ -181,8 +182,18 @@ def _run_table_rows(report: Report) -> tuple[list[str], list[list[str]]]:
                      _fmt(row["init_s"]), _fmt(row["epochs"]),
                      _fmt(row["epochs_to_target"], 0), _fmt(row["mean_epoch_s"]),
                      _fmt(row["samples_per_s"], 1), _fmt(row["eval_s"]), _fmt(row["residual_s"]),
-                     _fmt(row["resumed"])])
+                     _resumed_cell(run)])
     return header, body
+
+
+def _resumed_cell(run: RunSummary) -> str:
+    """``no``, or for a resumed run the timed seconds across all its attempts, labelled as such
+    (a resumed run is never scored: the figure is not a time to train)."""
+    if not run.resumed:
+        return "no"
+    if run.earlier_attempts_s is None or run.time_to_train_total_s is None:
+        return "yes (earlier attempts not logged)"
+    return f"yes: {run.time_to_train_total_s:,.2f} s all attempts, unscored"
 
 
 def _staging_nodes_note(nodes: dict[str, Any] | None) -> str:

@@ -211,14 +211,21 @@ class RunSummary:
     def total_train_s(self) -> float:
         return sum(self.train_epoch_s)
 
+    @property
+    def time_to_train_total_s(self) -> float | None:
+        """Timed seconds across every attempt of a resumed run: this log's time to train plus
+        ``earlier_attempts_s`` (no score: the rules time a run as one unbroken period)."""
+        if self.time_to_train_s is None:
+            return None
+        return self.time_to_train_s + (self.earlier_attempts_s or 0.0)
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict of every field plus the derived ``*_min``/mean/total values."""
         out = {k: v for k, v in self.__dict__.items()}
         out["metric_series"] = [list(p) for p in self.metric_series]
         out.update(time_to_train_min=self.time_to_train_min, mean_epoch_s=self.mean_epoch_s,
                    total_train_s=self.total_train_s, total_eval_s=self.total_eval_s,
-                   time_to_train_total_s=None if self.time_to_train_s is None
-                   else self.time_to_train_s + (self.earlier_attempts_s or 0.0))
+                   time_to_train_total_s=self.time_to_train_total_s)
         return out
 
 
