@@ -1,5 +1,4 @@
-"""Embedded CosmoFlow data: dark-matter particles moved by Lagrangian perturbation theory, counted
-on a grid, written in the official HDF5 layout.
+"""Embedded CosmoFlow data: synthetic dark-matter universes written in the official HDF5 layout.
 
 The MLPerf HPC CosmoFlow dataset (``cosmoUniverse_2019_05_4parE``, ExaLearn / NERSC) holds N-body
 simulations of (512 Mpc/h)^3 with 512^3 dark-matter particles, histogrammed on a 512^3 grid at four
@@ -9,17 +8,30 @@ benchmark trains on 128^3 x 4 sub-cubes cut from them (mlcommons/hpc ``cosmoflow
 every universe is its own simulation, so validation cubes share no initial conditions with
 training cubes.
 
-Running an N-body code is out of reach here; each sample is the classic approximation that N-body
-initial-condition codes use (2LPTic, Crocce, Pueblas & Scoccimarro 2006, MNRAS 373, 369), carried
-to the output redshifts:
+Running an N-body code is out of reach here. Two generators, chosen by ``synth.field``, share
+steps 1-2:
 
 1. draw (Omega_m, sigma_8, n_s, H0) uniformly from the configured ranges;
 2. the linear matter power spectrum P(k) at z = 0 from colossus (Eisenstein & Hu 1998 transfer
    function, normalised to sigma_8), for a flat LambdaCDM cosmology with that draw, and the
-   linear growth factor D(z) (D(0) = 1);
+   linear growth factor D(z) (D(0) = 1).
+
+``field: lognormal`` (the default; configs/cosmoflow-mini.yaml) follows Coles & Jones 1991
+(MNRAS 248, 1), the same statistics as the N-body fields to first order:
+
+3. a Gaussian random field g with that P(k) on an S^3 grid of side ``box_size_mpc_h``
+   (powerbox); per redshift channel the log-density is D(z) g, so the density
+   1 + delta = exp(D(z) g) / <exp(D(z) g)> is log-normal and the four channels are snapshots of
+   one universe; dividing by the box mean keeps the number of particles per box fixed, as in an
+   N-body run;
+4. particle counts ~ Poisson(mean_particles_per_cell * (1 + delta)), stored as int16.
+
+``field: 2lpt`` (configs/cosmoflow-mini-2lpt.yaml) is the approximation that N-body
+initial-condition codes use (2LPTic, Crocce, Pueblas & Scoccimarro 2006, MNRAS 373, 369), carried
+to the output redshifts:
+
 3. a Gaussian linear density field delta_L with that P(k) on the particles' Lagrangian grid
-   (N_p^3 points in a periodic box of side ``box_size_mpc_h``; numpy FFTs of white noise drawn
-   from the sample's own seed: every universe, training or validation, has its own phases);
+   (N_p^3 points in a periodic box of side ``box_size_mpc_h``; numpy FFTs of white noise);
 4. the particles move by Lagrangian perturbation theory: x = q + D(z) psi1(q) + D2(z) psi2(q),
    with the Zel'dovich (1970) displacement psi1 = grad(laplacian^-1 delta_L) in Fourier space
    (i k / k^2 delta_L) and, for ``lpt_order: 2``, the second-order displacement psi2 from
@@ -28,19 +40,25 @@ to the output redshifts:
    channels are snapshots of one universe;
 5. ``full`` = the number of particles in each of the S^3 cells (nearest-grid-point counts, as the
    reference's histograms), int16.
+   Unlike the log-normal field, the result is non-Gaussian in the way N-body fields are:
+   particles stream along the displacement, shell-cross into sheets and filaments and empty the
+   voids, and the counts are discrete, so not all the information is in the power spectrum.
 
-Unlike a log-normal or Gaussian field, the result is non-Gaussian in the way N-body fields are:
-particles stream along the displacement, shell-cross into sheets and filaments and empty the voids,
-and the counts are discrete. The information on the parameters is therefore no longer all in the
-power spectrum: at fixed P(k) the displacement structure still differs between channels and
-parameters. ``benchmarks/baseline_powerspectrum.py`` measures how far a power-spectrum regressor
-gets on this data; tests/test_baselines.py keeps it above the mini target.
+Initial phases (both fields): with ``phase_realizations: null`` every universe, training or
+validation, draws its own phases, as in the reference. With ``phase_realizations: n`` the samples
+cycle through n phase realisations shared by both splits (a phase-matched suite, cf. Garrison et
+al. 2018, Abacus Cosmos): the validation set is then NOT independent of training, and a
+power-spectrum ridge regression (``benchmarks/baseline_powerspectrum.py``) reaches the reference
+target 0.124 on the mini config's data without a network; see configs/cosmoflow-mini.yaml for
+the figures measured and why the mini benchmark still uses it.
 
 Reproducibility: every sample's random numbers come from ``numpy.random.SeedSequence((seed,
-split, index))`` alone, so a sample does not depend on how many samples, files or worker processes
-there are, and the files are bit-identical for one seed (h5py writes no timestamps here). Files
-are written under a temporary name and renamed, so an interrupted run leaves no half file that
-looks complete; a re-run writes only the missing files.
+split, index))`` (and, for shared phases, ``SeedSequence((seed, 2, index % n))``) alone, so a
+sample does not depend on how many samples, files or worker processes there are, and the files
+are bit-identical for one seed (h5py writes no timestamps here); ``field: lognormal`` writes the
+same bytes as the generator before ``field`` existed. Files are written under a temporary name
+and renamed, so an interrupted run leaves no half file that looks complete; a re-run writes only
+the missing files.
 """
 
 from __future__ import annotations
@@ -50,7 +68,7 @@ import math
 import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Optional
 
 import h5py
 import numpy as np
@@ -77,27 +95,44 @@ class SynthConfig(Section):
     stand for the four-parameter ExaLearn set used by MLPerf HPC (Farrell et al. 2021,
     arXiv:2110.11466) but are not yet checked against its README (portal.nersc.gov/project/m3363).
 
-    Particles: ``mean_particles_per_cell`` sets the Lagrangian grid, N_p = round(S * m^(1/3))
-    particles per side, so the mean count per cell is (N_p / S)^3 (exactly m when m is a cube:
-    1, 8, 27, 64, ...). The reference set has about one particle per cell at its full resolution.
-    Box: the smaller ``box_size_mpc_h`` per cell, the further the particles stream relative to a
-    cell and the less Gaussian the counts (shell crossing); see configs/cosmoflow-mini.yaml for the
-    sizes the mini benchmark uses and what was measured with them.
+    ``field``: ``lognormal`` (Coles & Jones 1991; Poisson counts around a log-normal density) or
+    ``2lpt`` (particles displaced by Lagrangian perturbation theory, counted on the grid; order set
+    by ``lpt_order``, used by ``2lpt`` only). The defaults below are those of ``lognormal``; a
+    ``2lpt`` config states its sizes (configs/cosmoflow-mini-2lpt.yaml).
+
+    ``lognormal``: the particle density of the reference set (512^3 particles in (512 Mpc/h)^3,
+    one per (Mpc/h)^3) on 8 Mpc/h cells gives the default 512 particles per cell; 256 Mpc/h boxes
+    put the grid's k range (0.025 .. 0.39 h/Mpc) across the turnover-to-sigma_8 scales, where n_s
+    and h bend P(k) most. Learnability: on 32^3 cubes with independent phases, sigma_8 and
+    Omega_m (through D(z) between channels) are well determined, n_s and H0 only weakly (sample
+    variance of a 32^3 cube). ``phase_realizations`` trades that realism for a visible imprint of
+    all four, at the price of a validation set that shares phases with training.
+
+    ``2lpt``: ``mean_particles_per_cell`` (at most 4096) sets the Lagrangian grid,
+    N_p = round(S * m^(1/3)) particles per side, so the mean count per cell is (N_p / S)^3
+    (exactly m when m is a cube: 1, 8, 27, 64, ...). The smaller ``box_size_mpc_h`` per cell, the
+    further the particles stream relative to a cell and the less Gaussian the counts.
     """
 
+    field: Literal["lognormal", "2lpt"] = "lognormal"
     cube_size: int = Field(32, ge=4, le=512)  # S: cells per side
     train_samples: int = Field(1024, ge=1)
     eval_samples: int = Field(256, ge=1)
     samples_per_file: int = Field(1, ge=1)  # 1: one file per sample; >1: leading sample axis
-    box_size_mpc_h: float = Field(128.0, gt=0)  # comoving side of one cube, Mpc/h
+    box_size_mpc_h: float = Field(256.0, gt=0)  # comoving side of one cube, Mpc/h
     redshifts: tuple[float, float, float, float] = (0.0, 0.5, 1.5, 3.0)
-    mean_particles_per_cell: float = Field(8.0, gt=0, le=4096)
-    lpt_order: Literal[1, 2] = 2  # 1: Zel'dovich; 2: second-order Lagrangian perturbation theory
+    mean_particles_per_cell: float = Field(512.0, gt=0)
+    lpt_order: Literal[1, 2] = 2  # field 2lpt only; 1: Zel'dovich, 2: second-order LPT
     omega_m_range: tuple[float, float] = (0.25, 0.35)
     sigma_8_range: tuple[float, float] = (0.78, 0.95)
     n_s_range: tuple[float, float] = (0.90, 1.00)
     h0_range_km_per_s_per_mpc: tuple[float, float] = (60.0, 80.0)
     omega_b: float = Field(0.049, gt=0, lt=0.25)  # baryon density, fixed (Planck 2018)
+    # None: every sample has its own initial phases (as in the reference simulations).
+    # n: samples cycle through n phase realisations shared by both splits, a phase-matched suite
+    # (cf. Garrison et al. 2018, Abacus Cosmos) that removes sample variance from the targets,
+    # and makes the validation set depend on the training set's phases.
+    phase_realizations: Optional[int] = Field(None, ge=1)
     workers: int = Field(0, ge=0, le=256)  # synthesis processes; 0: one per usable CPU
 
     def particles_per_side(self) -> int:
@@ -114,6 +149,9 @@ class SynthConfig(Section):
             raise ValueError("omega_m_range must lie above omega_b")
         if any(z < 0 for z in self.redshifts):
             raise ValueError("redshifts must be >= 0")
+        if self.field == "2lpt" and self.mean_particles_per_cell > 4096:
+            raise ValueError("mean_particles_per_cell must be <= 4096 with field: 2lpt "
+                             f"(N_p^3 particles held in memory), got {self.mean_particles_per_cell}")
         return self
 
     def ranges(self) -> np.ndarray:
@@ -178,15 +216,74 @@ def displacements(delta_k: np.ndarray, n: int, box: float, order: int
 
 def synthesize_sample(cfg: SynthConfig, seed: int, split: str, index: int
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One universe: ``(full, unitPar, physPar)``.
+    """One universe of ``cfg.field`` (``lognormal`` or ``2lpt``): ``(full, unitPar, physPar)``.
 
     Returns:
         full: int16 ``(S, S, S, 4)`` particle counts, channel c at redshift ``cfg.redshifts[c]``
             (counts above 32767 are clipped; the defaults stay far below).
         unitPar: float32 ``(4,)`` in [-1, 1].
         physPar: float32 ``(4,)`` (Omega_m, sigma_8, n_s, H0 [km/s/Mpc]).
-    Deterministic in ``(cfg, seed, split, index)``; no two ``(split, index)`` share random numbers.
+    Deterministic in ``(cfg, seed, split, index)``; with ``phase_realizations: null`` no two
+    ``(split, index)`` share random numbers, otherwise samples ``index`` and ``index + n`` of
+    either split share their initial phases (only the parameters and shot noise differ).
     """
+    if cfg.field == "2lpt":
+        return _lpt_sample(cfg, seed, split, index)
+    return _lognormal_sample(cfg, seed, split, index)
+
+
+def _shared_phase_seed(cfg: SynthConfig, seed: int, index: int) -> np.random.SeedSequence:
+    return np.random.SeedSequence((seed, 2, index % cfg.phase_realizations))
+
+
+def _lognormal_sample(cfg: SynthConfig, seed: int, split: str, index: int
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``field: lognormal`` (Coles & Jones 1991); the bytes of the generator before 2LPT existed."""
+    import powerbox
+    from colossus.cosmology import cosmology
+
+    phys = draw_parameters(cfg, seed, split, index)
+    omega_m, sigma_8, n_s, h0 = (float(v) for v in phys)
+    cosmo = cosmology.Cosmology(name="mlhpc-synth", flat=True, Om0=omega_m, Ob0=cfg.omega_b,
+                                H0=h0, sigma8=sigma_8, ns=n_s, interpolation=False,
+                                persistence="", print_warnings=False)
+    size = cfg.cube_size
+    # Tabulate P(k) [(Mpc/h)^3] over the grid's k range [h/Mpc] once, interpolate in log-log.
+    k_min = 2 * math.pi / cfg.box_size_mpc_h
+    k_table = np.geomspace(0.5 * k_min, 2.0 * math.sqrt(3) * math.pi * size / cfg.box_size_mpc_h, 256)
+    log_p_table = np.log(cosmo.matterPowerSpectrum(k_table, z=0.0, model="eisenstein98"))
+    log_k_table = np.log(k_table)
+    growth = np.asarray(cosmo.growthFactor(np.asarray(cfg.redshifts, dtype=np.float64)))
+
+    sequence = _sample_seed(seed, split, index)
+    if cfg.phase_realizations is None:
+        phase_seed = int(sequence.generate_state(1)[0])
+    else:
+        phase_seed = int(_shared_phase_seed(cfg, seed, index).generate_state(1)[0])
+    poisson = np.random.default_rng(sequence.spawn(2)[1])
+
+    def power(k: np.ndarray) -> np.ndarray:
+        safe_k = np.maximum(k, k_table[0])
+        return np.exp(np.interp(np.log(safe_k), log_k_table, log_p_table))
+
+    # The log-density is the linear Gaussian field (Coles & Jones 1991): one realisation at z = 0,
+    # scaled by D(z) per channel, so the four channels are snapshots of one universe.
+    box = powerbox.PowerBox(shape=(size,) * 3, size=(cfg.box_size_mpc_h,) * 3, pk=power,
+                            seed=phase_seed)
+    gaussian = np.asarray(box.delta_x(), dtype=np.float64)
+    full = np.empty((size, size, size, len(cfg.redshifts)), dtype=np.int16)
+    for channel, d_z in enumerate(growth):
+        density = np.exp(float(d_z) * gaussian)
+        density /= density.mean()  # mass conservation: a fixed number of particles per box
+        counts = poisson.poisson(cfg.mean_particles_per_cell * density)
+        full[..., channel] = np.minimum(counts, _INT16_MAX)
+    ranges = cfg.ranges()
+    return full, normalise(phys, ranges), phys.astype(np.float32)
+
+
+def _lpt_sample(cfg: SynthConfig, seed: int, split: str, index: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``field: 2lpt``: particles displaced by Zel'dovich / 2LPT, nearest-grid-point counts."""
     from colossus.cosmology import cosmology
 
     phys = draw_parameters(cfg, seed, split, index)
@@ -203,7 +300,11 @@ def synthesize_sample(cfg: SynthConfig, seed: int, split: str, index: int
                       np.log(cosmo.matterPowerSpectrum(k_table, z=0.0, model="eisenstein98")))
     # White noise of unit variance per grid point -> delta_k with <|delta_k|^2> = N^3 P / V_cell,
     # i.e. the field's power spectrum is P(k) under the V / N^6 |DFT|^2 estimator.
-    noise = np.random.default_rng(_sample_seed(seed, split, index).spawn(2)[1]).standard_normal((n, n, n))
+    if cfg.phase_realizations is None:
+        phases = _sample_seed(seed, split, index).spawn(2)[1]
+    else:
+        phases = _shared_phase_seed(cfg, seed, index)
+    noise = np.random.default_rng(phases).standard_normal((n, n, n))
     delta_k = np.fft.rfftn(noise) * np.sqrt(np.exp(log_p) / (box / n) ** 3)
     delta_k[0, 0, 0] = 0.0
     psi1, psi2 = displacements(delta_k, n, box, cfg.lpt_order)
@@ -224,7 +325,16 @@ def synthesize_sample(cfg: SynthConfig, seed: int, split: str, index: int
 
 
 def _fingerprint(cfg: SynthConfig, seed: int) -> dict:
-    keep = cfg.model_dump(mode="json", exclude={"train_samples", "eval_samples", "workers"})
+    """The settings that decide the bytes. Keys a field does not use are left out, so the record
+    of a ``lognormal`` dataset is the one written before ``field`` existed and that of a ``2lpt``
+    dataset the one written before ``phase_realizations`` applied to it; the two fields still
+    never match (``lpt_order`` is present for ``2lpt`` only)."""
+    skip = {"train_samples", "eval_samples", "workers", "field"}
+    if cfg.field == "lognormal":
+        skip.add("lpt_order")
+    elif cfg.phase_realizations is None:
+        skip.add("phase_realizations")
+    keep = cfg.model_dump(mode="json", exclude=skip)
     return {"seed": seed, **keep}
 
 
@@ -260,11 +370,17 @@ def _write_file(path: Path, cfg: SynthConfig, seed: int, split: str, first: int,
         f.attrs["first_sample"] = first
         f.attrs["seed"] = seed
         f.attrs["split"] = split
-        f.attrs["lpt_order"] = cfg.lpt_order
-        f.attrs["particles_per_side"] = cfg.particles_per_side()
-        f.attrs["generator"] = ("mlhpc Lagrangian perturbation theory (Zel'dovich / 2LPT) displacement of "
-                                "particles from a Gaussian field with colossus Eisenstein-Hu linear P(k), "
-                                "D(z) growth, nearest-grid-point counts")
+        if cfg.field == "lognormal":  # the attributes written before 2LPT existed, byte for byte
+            f.attrs["generator"] = ("mlhpc log-normal exp(D(z) g), g Gaussian (powerbox) with colossus "
+                                    "Eisenstein-Hu linear P(k), D(z) growth, Poisson counts")
+        else:
+            f.attrs["lpt_order"] = cfg.lpt_order
+            f.attrs["particles_per_side"] = cfg.particles_per_side()
+            if cfg.phase_realizations is not None:
+                f.attrs["phase_realizations"] = cfg.phase_realizations
+            f.attrs["generator"] = ("mlhpc Lagrangian perturbation theory (Zel'dovich / 2LPT) displacement "
+                                    "of particles from a Gaussian field with colossus Eisenstein-Hu linear "
+                                    "P(k), D(z) growth, nearest-grid-point counts")
     os.replace(partial, path)
 
 
@@ -310,11 +426,12 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int) -> None:
             except (ValueError, OSError):
                 raise DataError(f"{record}: not a readable synthesis record; delete the folder "
                                 f"or choose another data.path") from None
-            for key, value in fingerprint.items():
-                if previous.get(key) != value:
+            for key in sorted(set(fingerprint) | set(previous)):
+                if previous.get(key) != fingerprint.get(key):
                     raise DataError(
                         f"{record}: data were synthesised with {key}={previous.get(key)!r}, the "
-                        f"config asks for {value!r}; delete {out_dir} or choose another data.path")
+                        f"config asks for {fingerprint.get(key)!r}; delete {out_dir} or choose "
+                        f"another data.path")
         else:
             partial = record.with_name(f".{record.name}.{os.getpid()}.part")
             partial.write_text(json.dumps(fingerprint, indent=1, sort_keys=True) + "\n")
