@@ -428,7 +428,7 @@ def convert_command(workload_name: str, src: Path, dst: Path, to: str, fmt: str,
               help="Processes preparing files in parallel.")
 @_friendly
 def prepare_command(workload_name: str, raw_dir: Path, dst: Path, to: str, sample_size: int,
-                    validation_fraction: float, workers: int) -> None:
+                    validation_fraction: float, workers: int) -> None:  # one parameter per click option
     """Split raw simulation files into training samples (the reference's prepare.py)."""
     from mlhpc import datasets
     from mlhpc.workload import get
