@@ -58,7 +58,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 import xxhash
 
@@ -245,6 +245,19 @@ class _Planned:
     ino: int = 0
 
 
+@dataclass(frozen=True)
+class _Copy:
+    """What every rank's copy needs: from where to where, with how many threads, whether chunks
+    are read back, this host's name (journal and temporary names) and the manifest's shard."""
+
+    source: Path
+    dest: Path
+    workers: int
+    verify: bool
+    host: str
+    shard_doc: Optional[dict[str, Any]] = None
+
+
 @dataclass
 class _Counts:
     staged_files: int = 0
@@ -289,9 +302,9 @@ def default_dest(source: Path, runtime: "Runtime") -> Path:
     return base / "-".join(parts)
 
 
-def stage(source: Path, dest: Path, runtime: "Runtime", workers: int = 4,
-          files: Optional[list[Path]] = None, verify: bool = True,
-          shard: Optional[Shard] = None) -> StagingResult:
+def stage(source: Path, dest: Path, runtime: "Runtime", workers: int = 4,  # public keywords: workers, files,
+          files: Optional[list[Path]] = None, verify: bool = True,  # verify, shard, as stage_dataset,
+          shard: Optional[Shard] = None) -> StagingResult:  # the benchmarks and the tests call it
     """Copy ``files`` (default: every regular file) of ``source`` to node-local ``dest``.
 
     Called on every rank of the job; the ranks of a node split the node's files and each rank
@@ -333,53 +346,70 @@ def stage(source: Path, dest: Path, runtime: "Runtime", workers: int = 4,
     """
     if workers < 1:
         raise StagingError(f"staging workers: expected at least 1, got {workers}")
-    source = Path(source)
-    dest = Path(dest)
+    job = _Copy(Path(source), Path(dest), workers, verify, socket.gethostname(),
+                None if shard is None else {**shard.to_dict(), "node_rank": shard.node_rank})
     coordinated = runtime.distributed and _dist_ready()
     t0 = time.perf_counter()
-    failure: Optional[BaseException] = None
     counts = _Counts()
-    offline = False
-    try:
-        plan, offline = _plan_node(source, dest, files, shard)
-        counts.staged_files = len(plan)
-        counts.staged_bytes = sum(p.size_bytes for p in plan)
-        _claim_dest(dest)
-    except BaseException as exc:  # noqa: BLE001 - re-raised below, after the other ranks hear
-        failure, plan = exc, []
-    host = socket.gethostname()
-    shard_doc = None if shard is None else {**shard.to_dict(), "node_rank": shard.node_rank}
-
+    plan, offline, failure = _plan_and_claim(job, files, shard, counts)
     if coordinated:
-        _raise_if_any(failure, _gather(None if failure is None else failure), runtime)
-        known = _read_state(dest, source)
-        _barrier()  # every rank has read the old state before anyone writes a new journal
-        share = _order(plan)[runtime.local_rank::runtime.local_world_size]
-        try:
-            _copy_share(source, dest, share, known, workers, verify, counts, host)
-        except BaseException as exc:  # noqa: BLE001
-            failure = exc
-        _raise_if_any(failure, _gather(failure), runtime)
-        if runtime.local_rank == 0:
-            try:
-                _write_manifest(dest, source, plan, _read_state(dest, source), shard_doc)
-                counts.pruned_files = _prune(dest, plan)
-            except BaseException as exc:  # noqa: BLE001
-                failure = exc
-        _raise_if_any(failure, _gather(failure), runtime)
-        seconds = time.perf_counter() - t0
-        rows = _gather_rows(runtime, host, dest, counts, seconds, offline)
+        _stage_coordinated(job, runtime, plan, counts, failure)
+        rows = _gather_rows(runtime, job.host, job.dest, counts, time.perf_counter() - t0, offline)
     else:
         if failure is not None:
             raise failure
-        with _node_lock(dest):
-            known = _read_state(dest, source)
-            _copy_share(source, dest, _order(plan), known, workers, verify, counts, host)
-            _write_manifest(dest, source, plan, _read_state(dest, source), shard_doc)
-            counts.pruned_files = _prune(dest, plan)
-        seconds = time.perf_counter() - t0
-        rows = [_row(runtime, host, dest, counts, seconds, offline)]
-    return _result(source, dest, rows, None if shard is None else shard.to_dict())
+        _stage_alone(job, plan, counts)
+        rows = [_row(runtime, job.host, job.dest, counts, time.perf_counter() - t0, offline)]
+    return _result(job.source, job.dest, rows, None if shard is None else shard.to_dict())
+
+
+def _plan_and_claim(job: _Copy, files: Optional[list[Path]], shard: Optional[Shard],
+                    counts: _Counts) -> tuple[list[_Planned], bool, Optional[BaseException]]:
+    """``(plan, offline, None)`` with the plan counted and ``dest`` claimed, or ``([], False,
+    failure)``: a rank's failure is held until the other ranks hear of it."""
+    try:
+        plan, offline = _plan_node(job.source, job.dest, files, shard)
+        counts.staged_files = len(plan)
+        counts.staged_bytes = sum(p.size_bytes for p in plan)
+        _claim_dest(job.dest)
+    except BaseException as exc:  # noqa: BLE001 - re-raised by the caller, after the other ranks hear
+        return [], False, exc
+    return plan, offline, None
+
+
+def _stage_alone(job: _Copy, plan: list[_Planned], counts: _Counts) -> None:
+    """One process staging without a process group (ranks of a node take turns on a file lock):
+    copy the whole plan, write its manifest and prune ``dest`` to it."""
+    with _node_lock(job.dest):
+        _copy_share(job, _order(plan), _read_state(job.dest, job.source), counts)
+        _record(job, plan, counts)
+
+
+def _record(job: _Copy, plan: list[_Planned], counts: _Counts) -> None:
+    """The manifest of ``plan`` from every journal, and ``dest`` pruned to ``plan``."""
+    _write_manifest(job.dest, job.source, plan, _read_state(job.dest, job.source), job.shard_doc)
+    counts.pruned_files = _prune(job.dest, plan)
+
+
+def _stage_coordinated(job: _Copy, runtime: "Runtime", plan: list[_Planned], counts: _Counts,
+                       failure: Optional[BaseException]) -> None:
+    """Every rank of a process group copies its share of the node's plan; local rank 0 writes
+    the manifest and prunes. After each step every rank hears of any rank's failure and raises."""
+    _raise_if_any(failure, _gather(None if failure is None else failure), runtime)
+    known = _read_state(job.dest, job.source)
+    _barrier()  # every rank has read the old state before anyone writes a new journal
+    share = _order(plan)[runtime.local_rank::runtime.local_world_size]
+    try:
+        _copy_share(job, share, known, counts)
+    except BaseException as exc:  # noqa: BLE001 - re-raised below, after the other ranks hear
+        failure = exc
+    _raise_if_any(failure, _gather(failure), runtime)
+    if runtime.local_rank == 0:
+        try:
+            _record(job, plan, counts)
+        except BaseException as exc:  # noqa: BLE001
+            failure = exc
+    _raise_if_any(failure, _gather(failure), runtime)
 
 
 def shard_mode(config: "Config", runtime: "Runtime") -> str:
@@ -797,28 +827,26 @@ def _prune(dest: Path, plan: list[_Planned]) -> int:
     return removed
 
 
-def _copy_share(source: Path, dest: Path, share: list[_Planned], known: dict[str, dict[str, Any]],
-                workers: int, verify: bool, counts: _Counts, host: str) -> None:
-    """Copy (or verify and skip) every file of ``share``; adds to ``counts``."""
+def _copy_share(job: _Copy, share: list[_Planned], known: dict[str, dict[str, Any]], counts: _Counts) -> None:
+    """Copy (or verify and skip) every file of ``share`` with ``job.workers`` threads; adds to ``counts``."""
     if not share:
         return
-    for parent in sorted({(dest / p.rel).parent for p in share}):
+    for parent in sorted({(job.dest / p.rel).parent for p in share}):
         try:
             parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise _dest_error(parent, exc) from None
-    journal = _Journal(dest, host)
-    src_root = str(_resolved(source))
+    journal = _Journal(job.dest, job.host)
+    src_root = str(_resolved(job.source))
     lock = threading.Lock()
 
     def one(item: _Planned) -> None:
-        src, dst = source / item.rel, dest / item.rel
         entry = known.get(item.rel)
-        if entry is not None and _still_good(dst, item, entry, verify):
+        if entry is not None and _still_good(job.dest / item.rel, item, entry, job.verify):
             with lock:
                 counts.skipped_files += 1
             return
-        size, checksum = _copy_file(src, dst, host, verify)
+        size, checksum = _copy_file(job.source / item.rel, job.dest / item.rel, job.host, job.verify)
         journal.add({"path": item.rel, "size_bytes": size, "checksum": checksum,
                      **_identity(item), "source": src_root})
         with lock:
@@ -826,16 +854,22 @@ def _copy_share(source: Path, dest: Path, share: list[_Planned], known: dict[str
             counts.copied_bytes += size
 
     try:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mlhpc-stage") as pool:
-            futures = [pool.submit(one, item) for item in share]
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-            for future in futures:
-                if future.done() and future.exception() is not None:
-                    for other in futures:
-                        other.cancel()
-                    raise future.exception()  # type: ignore[misc]
+        _run_all(one, share, job.workers)
     finally:
         journal.close()
+
+
+def _run_all(task: Callable[[_Planned], None], items: list[_Planned], workers: int) -> None:
+    """``task`` on every item with ``workers`` threads; the first failure cancels what has not
+    started and is raised."""
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mlhpc-stage") as pool:
+        futures = [pool.submit(task, item) for item in items]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        for future in futures:
+            if future.done() and future.exception() is not None:
+                for other in futures:
+                    other.cancel()
+                raise future.exception()  # type: ignore[misc]
 
 
 def _still_good(dst: Path, item: _Planned, entry: dict[str, Any], verify: bool) -> bool:
@@ -895,7 +929,7 @@ def _copy_file(src: Path, dst: Path, host: str, verify: bool = True) -> tuple[in
                     digest.update(view[:n])
                     _write_all(fd, view[:n], tmp, src)
                     if verify:
-                        _check_written(fd, view, back_view, n, size, tmp, src)
+                        _check_written(fd, view[:n], back_view, size, tmp, src)
                     size += n
             finally:
                 os.close(fd)
@@ -909,16 +943,18 @@ def _copy_file(src: Path, dst: Path, host: str, verify: bool = True) -> tuple[in
     return size, f"{CHECKSUM}:{digest.hexdigest()}"
 
 
-def _check_written(fd: int, view: memoryview, back_view: memoryview, n: int, offset: int,
-                   tmp: Path, src: Path) -> None:
-    """Read ``n`` bytes at ``offset`` back from ``fd``; they must equal ``view[:n]``."""
+def _check_written(fd: int, chunk: memoryview, back_view: memoryview, offset: int, tmp: Path, src: Path) -> None:
+    """Read ``len(chunk)`` bytes at ``offset`` back from ``fd`` into ``back_view``; they must equal
+    ``chunk`` (the head of a buffer as large as ``back_view``'s)."""
+    n = len(chunk)
     try:
         got = os.preadv(fd, [back_view[:n]], offset)
     except OSError as exc:
         raise StagingError(f"{tmp}: cannot read back staged file ({_reason(exc)})") from None
-    if n < len(view):
-        back_view[n:] = view[n:]  # same tail in both, so one whole-buffer memcmp decides
-    if got != n or view.obj != back_view.obj:
+    whole = memoryview(chunk.obj)  # type: ignore[arg-type]
+    if n < len(whole):
+        back_view[n:] = whole[n:]  # same tail in both, so one whole-buffer memcmp decides
+    if got != n or chunk.obj != back_view.obj:
         raise StagingError(f"{tmp}: staged copy does not read back as written (copying {src})")
 
 
