@@ -38,7 +38,7 @@ import yaml
 from mlhpc.errors import ConfigError, LogFormatError
 from mlhpc.report.parse import parse_log
 from mlhpc.report.runs import RunSummary, is_resumed, summarize_run, superseded_logs
-from mlhpc.report.score import RESULT_RE, _natural
+from mlhpc.report.score import RESULT_RE, _natural, sidecars
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+\-]*$")
 SUCCESS_LINE = "PACKAGE CHECKER FOUND NO ERRORS, SUCCESS"
@@ -80,11 +80,7 @@ class PackageResult:
 
 def _sidecar(log: Path, stem: str, suffix: str) -> Path | None:
     """``<stem>_<N><suffix>`` beside ``result_<N>.txt``, else ``<stem><suffix>`` in the folder."""
-    match = re.match(r"^result_(.+)\.txt$", log.name)
-    for candidate in ([log.parent / f"{stem}_{match.group(1)}{suffix}"] if match else []) + [log.parent / f"{stem}{suffix}"]:
-        if candidate.is_file():
-            return candidate
-    return None
+    return next(iter(sidecars(log, stem, suffix)), None)
 
 
 def _read_mapping(path: Path | None, kind: str) -> dict[str, Any]:

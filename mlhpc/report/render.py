@@ -255,7 +255,6 @@ def _views(report: Report, level: str) -> list[tuple[str, list[str], list[list[s
 def _notes(report: Report) -> list[str]:
     notes = []
     for f in report.folders:
-        where = "/".join(x for x in (f.submitter, f.system, f.kind, f.benchmark) if x) or f.path
         where = "/".join(x for x in (f.round, f.submitter, f.system, f.division, f.kind, f.benchmark) if x) or f.path
         notes += [f"{where}: {n}" for n in f.notes]
         if f.kind != "weak" and f.rcp is not None and f.rcp.passed is not None:

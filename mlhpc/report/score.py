@@ -268,12 +268,19 @@ def _system_desc(folder: Path, kind: str, system: str | None, v07: bool = False)
     return data if isinstance(data, dict) else {}
 
 
+def sidecars(log: Path, stem: str, suffix: str) -> list[Path]:
+    """The files beside ``result_<N>.txt`` that belong to its run: ``<stem>_<N><suffix>`` then the
+    folder's ``<stem><suffix>``, those that exist, in that order (mlhpc writes ``summary_N.json``,
+    ``config_N.yaml``, ``env_N.json`` per run; older run folders hold one of each)."""
+    match = re.match(r"^result_(.+)\.txt$", log.name)
+    candidates = ([log.parent / f"{stem}_{match.group(1)}{suffix}"] if match else []) + [log.parent / f"{stem}{suffix}"]
+    return [candidate for candidate in candidates if candidate.is_file()]
+
+
 def _run_target(log: Path) -> float | None:
     """The target an mlhpc run trained to: ``summary_<N>.json`` (or ``summary.json``) beside it."""
-    n = re.match(r"^result_(.+)\.txt$", log.name)
-    candidates = ([log.parent / f"summary_{n.group(1)}.json"] if n else []) + [log.parent / "summary.json"]
     data = None
-    for candidate in candidates:
+    for candidate in sidecars(log, "summary", ".json"):
         try:
             data = json.loads(candidate.read_text())
             break
