@@ -70,9 +70,7 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     to the main process copies nothing (as torch's default_collate does)."""
     if get_worker_info() is None:
         return torch.empty(shape, dtype=dtype)
-    numel = int(np.prod(shape))
-    storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel, device="cpu")
-    return torch.empty(0, dtype=dtype).new(storage).resize_(*shape)
+    return torch.empty(shape, dtype=dtype).share_memory_()  # public API (no private storage calls)
 
 
 def collate(batch: Any) -> Any:
