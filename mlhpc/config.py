@@ -112,7 +112,10 @@ class StagingConfig(Section):
     and reads its own share of train/ and validation/; the default when the job spans several
     nodes) or ``none`` (every node holds everything); ``placement``: ``init`` (before
     ``run_start``, as v3.0 allows within the init limit) or ``run`` (inside the timed run,
-    always compliant).
+    always compliant); ``to``: ``none`` (copy the files as they are) or a form the workload's
+    ``data convert`` writes (e.g. ``npy``, ``hdf5``): each source file is converted into the
+    destination on its way there, as NVIDIA's staging inflates GZIP TFRecords on the way to the
+    node (checked against the workload's forms when staging starts).
     """
 
     enabled: bool = True
@@ -121,6 +124,7 @@ class StagingConfig(Section):
     shard: Optional[Literal["node", "none"]] = None  # None: node when num_nodes > 1
     placement: Literal["init", "run"] = "init"
     verify: bool = True
+    to: str = Field("none", pattern=r"^[a-z][a-z0-9_-]*$")  # none: copy as is; else convert to this form
 
     @field_validator("dest")
     @classmethod

@@ -27,6 +27,18 @@ resume
     whose destination has the recorded size and (with ``verify``) checksum, and whose source still
     has the recorded size and modification time; every other file is copied again.
 
+convert (``data.staging.to``)
+    instead of copying them, the data files of ``train/`` and ``validation/`` (as the workload's
+    `mlhpc.datasets.DataTools` lists them) are converted into the destination with the
+    workload's ``convert_file`` (e.g. GZIP TFRecord -> npy, as NVIDIA's staging inflates the
+    GZIP files on the way to the node: mlcommons hpc_results_v3.0 cosmoflow
+    ``data/dali_tfr_gzip.py``), then ``finish_split`` writes what each split needs (file lists);
+    other files outside the splits are copied as they are. The journal and manifest record each
+    output with its size, checksum and the source it came from, so a later call skips a source
+    whose outputs are intact and whose identity is unchanged, and prunes the outputs of a source
+    that left the plan. A companion file the converter reads beside a data file (an npy label)
+    is not tracked on its own: a source is "the same" when its data file is.
+
 Checksum: XXH3-128 (the ``xxhash`` package, bindings to the reference xxHash library). Staging
 guards against corruption, not against an adversary, and a 128-bit XXH3 detects accidental
 changes as reliably as any cryptographic hash while running at memory speed: 25.9 GB/s per core
@@ -56,7 +68,7 @@ import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
@@ -102,6 +114,13 @@ class StagingResult:
             manifest: ``{"mode": "node", "num_nodes", "seed", "splits", "balance": "bytes"}``.
         offline: the source was not reachable and every node used its complete, verified copy.
         manifest: this node's manifest (``dest/.mlhpc-manifest.json``).
+        to: ``"none"`` (files copied as they are) or the form the data files were converted to
+            (``data.staging.to``). When converting, ``copied_files`` counts the source files
+            converted (or copied) this time, ``copied_bytes`` the bytes they put in the
+            destination, ``skipped_files`` the source files whose outputs were already in place,
+            ``pruned_files`` the outputs removed because their source left the plan, and
+            ``staged_files`` / ``staged_bytes`` the files the nodes hold (outputs, file lists,
+            copied files).
     """
 
     source: Path
@@ -118,6 +137,7 @@ class StagingResult:
     shard: Optional[dict[str, Any]] = None
     offline: bool = False
     manifest: Path = Path(MANIFEST_NAME)
+    to: str = "none"
 
     def node_summary(self) -> dict[str, Any]:
         """Per-node figures for the run summary and the log: ``nodes``, ``slowest_node_s``,
@@ -243,6 +263,7 @@ class _Planned:
     mtime_ns: int
     ctime_ns: int = 0  # inode change time: moves on any rewrite, even one that restores the mtime
     ino: int = 0
+    convert: bool = False  # data.staging.to: a data file the workload converts (else copied)
 
 
 @dataclass(frozen=True)
@@ -256,6 +277,18 @@ class _Copy:
     verify: bool
     host: str
     shard_doc: Optional[dict[str, Any]] = None
+    convert: Optional["_Convert"] = None  # data.staging.to: convert the data files on the way
+
+
+@dataclass
+class _Convert:
+    """A conversion while staging: the workload's `mlhpc.datasets.DataTools`, the form ``to``
+    to write, and ``fmt`` the source's form (``auto`` until planning detects it, or reads it
+    from the manifest when the source is gone)."""
+
+    tools: Any
+    to: str
+    fmt: str = "auto"
 
 
 @dataclass
@@ -304,7 +337,8 @@ def default_dest(source: Path, runtime: "Runtime") -> Path:
 
 def stage(source: Path, dest: Path, runtime: "Runtime", workers: int = 4,  # public keywords: workers, files,
           files: Optional[list[Path]] = None, verify: bool = True,  # verify, shard, as stage_dataset,
-          shard: Optional[Shard] = None) -> StagingResult:  # the benchmarks and the tests call it
+          shard: Optional[Shard] = None, to: str = "none",  # to, tools: data.staging.to
+          tools: Any = None) -> StagingResult:  # the benchmarks and the tests call it
     """Copy ``files`` (default: every regular file) of ``source`` to node-local ``dest``.
 
     Called on every rank of the job; the ranks of a node split the node's files and each rank
@@ -332,6 +366,9 @@ def stage(source: Path, dest: Path, runtime: "Runtime", workers: int = 4,  # pub
             re-hash files already present against the manifest. ``False``: sizes only (the
             manifest still records each source file's XXH3-128 checksum).
         shard: this node's share of a sharded stage; ``None``: every node stages everything.
+        to: ``"none"``: copy; else convert the data files of ``train/`` and ``validation/``
+            into this form with ``tools`` (see the module docstring) instead of copying them.
+        tools: the workload's `mlhpc.datasets.DataTools` (needed when ``to`` is not ``none``).
 
     Returns:
         a `StagingResult`, the same on every rank when ``torch.distributed`` is initialised.
@@ -343,11 +380,21 @@ def stage(source: Path, dest: Path, runtime: "Runtime", workers: int = 4,  # pub
             not writable, is full (ENOSPC), or holds files mlhpc did not stage; a copied file does
             not read back with the source's checksum. The message names the file. With a process
             group the error is raised on every rank.
+        DataError: (converting) the source's form cannot be told, or a source file is
+            malformed (the workload's converter names the file and record).
     """
     if workers < 1:
         raise StagingError(f"staging workers: expected at least 1, got {workers}")
+    convert = None
+    if to != "none":
+        if tools is None:
+            raise StagingError(f"staging to {to!r}: no data tools given to convert with")
+        if to not in tools.convert_to:
+            raise StagingError(f"data.staging.to: {to!r}: expected none or one of "
+                               f"{', '.join(tools.convert_to)}")
+        convert = _Convert(tools, to)
     job = _Copy(Path(source), Path(dest), workers, verify, socket.gethostname(),
-                None if shard is None else {**shard.to_dict(), "node_rank": shard.node_rank})
+                None if shard is None else {**shard.to_dict(), "node_rank": shard.node_rank}, convert)
     coordinated = runtime.distributed and _dist_ready()
     t0 = time.perf_counter()
     counts = _Counts()
@@ -360,7 +407,7 @@ def stage(source: Path, dest: Path, runtime: "Runtime", workers: int = 4,  # pub
             raise failure
         _stage_alone(job, plan, counts)
         rows = [_row(runtime, job.host, job.dest, counts, time.perf_counter() - t0, offline)]
-    return _result(job.source, job.dest, rows, None if shard is None else shard.to_dict())
+    return _result(job.source, job.dest, rows, None if shard is None else shard.to_dict(), to)
 
 
 def _plan_and_claim(job: _Copy, files: Optional[list[Path]], shard: Optional[Shard],
@@ -368,9 +415,12 @@ def _plan_and_claim(job: _Copy, files: Optional[list[Path]], shard: Optional[Sha
     """``(plan, offline, None)`` with the plan counted and ``dest`` claimed, or ``([], False,
     failure)``: a rank's failure is held until the other ranks hear of it."""
     try:
-        plan, offline = _plan_node(job.source, job.dest, files, shard)
-        counts.staged_files = len(plan)
-        counts.staged_bytes = sum(p.size_bytes for p in plan)
+        if job.convert is not None:
+            plan, offline = _plan_convert(job, files, shard)
+        else:
+            plan, offline = _plan_node(job.source, job.dest, files, shard)
+            counts.staged_files = len(plan)
+            counts.staged_bytes = sum(p.size_bytes for p in plan)
         _claim_dest(job.dest)
     except BaseException as exc:  # noqa: BLE001 - re-raised by the caller, after the other ranks hear
         return [], False, exc
@@ -381,12 +431,15 @@ def _stage_alone(job: _Copy, plan: list[_Planned], counts: _Counts) -> None:
     """One process staging without a process group (ranks of a node take turns on a file lock):
     copy the whole plan, write its manifest and prune ``dest`` to it."""
     with _node_lock(job.dest):
-        _copy_share(job, _order(plan), _read_state(job.dest, job.source), counts)
+        _work_share(job, _order(plan), _state(job), counts)
         _record(job, plan, counts)
 
 
 def _record(job: _Copy, plan: list[_Planned], counts: _Counts) -> None:
     """The manifest of ``plan`` from every journal, and ``dest`` pruned to ``plan``."""
+    if job.convert is not None:
+        _record_converted(job, plan, counts)
+        return
     _write_manifest(job.dest, job.source, plan, _read_state(job.dest, job.source), job.shard_doc)
     counts.pruned_files = _prune(job.dest, plan)
 
@@ -396,11 +449,11 @@ def _stage_coordinated(job: _Copy, runtime: "Runtime", plan: list[_Planned], cou
     """Every rank of a process group copies its share of the node's plan; local rank 0 writes
     the manifest and prunes. After each step every rank hears of any rank's failure and raises."""
     _raise_if_any(failure, _gather(None if failure is None else failure), runtime)
-    known = _read_state(job.dest, job.source)
+    known = _state(job)
     _barrier()  # every rank has read the old state before anyone writes a new journal
     share = _order(plan)[runtime.local_rank::runtime.local_world_size]
     try:
-        _copy_share(job, share, known, counts)
+        _work_share(job, share, known, counts)
     except BaseException as exc:  # noqa: BLE001 - re-raised below, after the other ranks hear
         failure = exc
     _raise_if_any(failure, _gather(failure), runtime)
@@ -438,10 +491,15 @@ def stage_dataset(config: "Config", runtime: "Runtime") -> Optional[StagingResul
     finds it complete and copies nothing). ``staging.shard`` (`shard_mode`): ``node`` stages on
     node ``n`` of ``N`` its share of ``train/`` and ``validation/`` (`Shard`, permuted with
     ``train.seed``); ``none`` stages everything on every node. ``staging.dest``: see
-    `staging_dest`.
+    `staging_dest`. ``staging.to``: convert the data files with the data tools of
+    ``config.workload`` (`mlhpc.datasets.DataTools`) instead of copying them; the run's reader
+    then finds the converted form by detection.
 
     Raises:
         StagingError: as `stage`; ``shard: node`` with ``train.instances > 1``.
+        ConfigError: ``staging.to`` names a form the workload does not write, or ``data.format``
+            names a form other than ``auto`` or ``staging.to`` (the run reads the converted copy).
+        DataError: as `stage`, when converting.
     """
     options = config.data.staging
     if not options.enabled:
@@ -454,8 +512,34 @@ def stage_dataset(config: "Config", runtime: "Runtime") -> Optional[StagingResul
                                "with train.instances > 1 each instance needs the whole dataset "
                                "(set data.staging.shard: none)")
         shard = Shard(runtime.node_rank, runtime.num_nodes, config.train.seed)
+    to = getattr(options, "to", "none")
+    tools = _conversion_tools(config) if to != "none" else None
     return stage(source, staging_dest(config, runtime), runtime, workers=options.workers,
-                 verify=options.verify, shard=shard)
+                 verify=options.verify, shard=shard, to=to, tools=tools)
+
+
+def _conversion_tools(config: "Config") -> Any:
+    """The data tools of ``config.workload`` for ``data.staging.to``, after checking the form.
+
+    Raises:
+        ConfigError: the workload does not write ``to``; ``data.format`` is neither ``auto`` nor
+            ``to``; the workload is unknown.
+        DataError: the workload declares no data tools.
+    """
+    from mlhpc import datasets
+    from mlhpc.errors import ConfigError
+    from mlhpc.workload import get as get_workload
+
+    to = config.data.staging.to
+    tools = datasets.tools_of(get_workload(config.workload))
+    if to not in tools.convert_to:
+        raise ConfigError(f"data.staging.to: {to!r}: workload {config.workload!r} converts to "
+                          f"{', '.join(tools.convert_to)} (or none: copy as is)")
+    fmt = getattr(config.data, "format", "auto")
+    if fmt not in ("auto", to):
+        raise ConfigError(f"data.format: {fmt!r} with data.staging.to: {to!r}: the run reads the "
+                          f"converted copy; set data.format: auto (or {to})")
+    return tools
 
 
 def staged_copy_present(config: "Config", runtime: "Runtime") -> bool:
@@ -477,7 +561,14 @@ def staged_copy_present(config: "Config", runtime: "Runtime") -> bool:
         dest = staging_dest(config, runtime)
     except StagingError:
         return False
-    plan = _plan_from_manifest(dest, Path(config.data.path), shard)
+    to = getattr(options, "to", "none")
+    if to != "none":
+        doc = _converted_doc(dest, Path(config.data.path), shard, to)
+        if doc is None:
+            return False
+        plan = [_Planned(e["path"], e["size_bytes"], 0) for e in doc["files"]]
+    else:
+        plan = _plan_from_manifest(dest, Path(config.data.path), shard)
     if plan is None:
         return False
     for item in plan:
@@ -614,7 +705,7 @@ def _plan_from_manifest(dest: Path, source: Path, shard: Optional[Shard]) -> Opt
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT \
             or doc.get("version") != MANIFEST_VERSION or doc.get("algorithm") != CHECKSUM \
             or doc.get("source") != str(source.absolute()) and doc.get("source") != str(_resolved(source)) \
-            or doc.get("shard") != wanted:
+            or doc.get("shard") != wanted or doc.get("to", "none") != "none":
         return None
     entries = doc.get("files")
     if not isinstance(entries, list) or not entries or not all(_valid_entry(e) for e in entries):
@@ -680,7 +771,8 @@ def _read_state(dest: Path, source: Path) -> dict[str, dict[str, Any]]:
     try:
         doc = json.loads((dest / MANIFEST_NAME).read_text())
         if isinstance(doc, dict) and doc.get("format") == MANIFEST_FORMAT and doc.get("source") == src \
-                and doc.get("algorithm") == CHECKSUM and doc.get("version") == MANIFEST_VERSION:
+                and doc.get("algorithm") == CHECKSUM and doc.get("version") == MANIFEST_VERSION \
+                and doc.get("to", "none") == "none":
             known.update({e["path"]: e for e in doc.get("files", []) if _valid_entry(e)})
     except (OSError, ValueError):
         pass  # no manifest or a damaged one: nothing is trusted, everything is checked or copied
@@ -694,7 +786,8 @@ def _read_state(dest: Path, source: Path) -> dict[str, dict[str, Any]]:
                 entry = json.loads(line)
             except ValueError:
                 continue  # a line torn by an interruption
-            if isinstance(entry, dict) and entry.get("source") == src and _valid_entry(entry):
+            if isinstance(entry, dict) and entry.get("source") == src and "to" not in entry \
+                    and _valid_entry(entry):
                 known[entry["path"]] = entry
     return known
 
@@ -802,7 +895,12 @@ def _claim_dest(dest: Path) -> None:
 def _prune(dest: Path, plan: list[_Planned]) -> int:
     """Remove every file and empty folder under ``dest`` that the plan does not hold (the
     staging state files at the top stay); returns the number of files removed."""
-    keep = {p.rel for p in plan}
+    return _prune_to(dest, {p.rel for p in plan})
+
+
+def _prune_to(dest: Path, keep: set[str]) -> int:
+    """Remove every file and empty folder under ``dest`` whose relative path is not in ``keep``
+    (the staging state files at the top stay); returns the number of files removed."""
     removed = 0
     for root, dirs, names in os.walk(dest, topdown=False):
         folder = Path(root)
@@ -999,6 +1097,278 @@ def _node_lock(dest: Path) -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------------------------
+# convert while staging (data.staging.to)
+
+
+def _state(job: _Copy) -> dict[str, dict[str, Any]]:
+    """What earlier stagings recorded at ``job.dest``: copies, or conversions to ``job``'s form."""
+    return _read_state(job.dest, job.source) if job.convert is None else _read_convert_state(job)
+
+
+def _work_share(job: _Copy, share: list[_Planned], known: dict[str, dict[str, Any]],
+                counts: _Counts) -> None:
+    """`_copy_share`, or `_convert_share` when ``data.staging.to`` is set."""
+    if job.convert is None:
+        _copy_share(job, share, known, counts)
+    else:
+        _convert_share(job, share, known, counts)
+
+
+def _plan_convert(job: _Copy, files: Optional[list[Path]],
+                  shard: Optional[Shard]) -> tuple[list[_Planned], bool]:
+    """This node's sources to convert (the data files of ``train/`` and ``validation/`` the
+    workload lists) and to copy (files outside the splits), and whether the plan comes from the
+    manifest (source unreachable). Sets ``job.convert.fmt`` to the source's form.
+
+    Raises:
+        StagingError: the source is gone and ``dest`` holds no complete conversion of it.
+        DataError: the workload cannot tell the source's form.
+    """
+    from mlhpc import datasets
+
+    conv = job.convert
+    assert conv is not None
+    if not job.source.exists():
+        doc = _converted_doc(job.dest, job.source, shard, conv.to)
+        if doc is None:
+            raise StagingError(f"{job.source}: staging source folder not found (and {job.dest} "
+                               f"holds no complete staged conversion of it to {conv.to})")
+        conv.fmt = doc["from"]
+        return [_Planned(e["path"], e["size_bytes"], *(e[k] for k in IDENTITY), e["convert"])
+                for e in doc["sources"]], True
+    everything = _plan(job.source, job.dest, files)
+    conv.fmt = datasets.detect(conv.tools, job.source)
+    data = {f"{split}/{Path(p).relative_to(job.source / split).as_posix()}"
+            for split in datasets.SPLITS for p in conv.tools.list_files(job.source / split, conv.fmt)}
+    plan = [replace(p, convert=True) if p.rel in data else p for p in everything
+            if p.rel in data or p.rel.split("/", 1)[0] not in datasets.SPLITS or "/" not in p.rel]
+    if shard is not None:
+        mine = set(assign_shards([(p.rel, p.size_bytes) for p in plan], shard.num_nodes, shard.seed,
+                                 shard.splits)[shard.node_rank])
+        plan = [p for p in plan if p.rel in mine]
+    return plan, False
+
+
+def _converted_doc(dest: Path, source: Path, shard: Optional[Shard], to: str) -> Optional[dict[str, Any]]:
+    """The manifest of a finished conversion of ``source`` (and ``shard``) to ``to`` at ``dest``."""
+    try:
+        doc = json.loads((dest / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    wanted = None if shard is None else {**shard.to_dict(), "node_rank": shard.node_rank}
+    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT \
+            or doc.get("version") != MANIFEST_VERSION or doc.get("algorithm") != CHECKSUM \
+            or doc.get("source") not in (str(source.absolute()), str(_resolved(source))) \
+            or doc.get("shard") != wanted or doc.get("to") != to or not isinstance(doc.get("from"), str):
+        return None
+    files, sources = doc.get("files"), doc.get("sources")
+    if not isinstance(files, list) or not files or not isinstance(sources, list) \
+            or not all(_valid_output(e) for e in files) \
+            or not all(_valid_source(e, recorded=True) and isinstance(e.get("convert"), bool)
+                       for e in sources):
+        return None
+    return doc
+
+
+def _valid_output(entry: Any) -> bool:
+    return (isinstance(entry, dict) and isinstance(entry.get("path"), str)
+            and isinstance(entry.get("size_bytes"), int) and isinstance(entry.get("checksum"), str))
+
+
+def _valid_source(entry: Any, recorded: bool = False) -> bool:
+    """A source's record: in a journal its ``outputs`` are output entries; in the manifest
+    (``recorded``) the paths of entries under ``files``."""
+    valid = (lambda o: isinstance(o, str)) if recorded else _valid_output
+    return (isinstance(entry, dict) and isinstance(entry.get("path"), str)
+            and isinstance(entry.get("size_bytes"), int)
+            and all(isinstance(entry.get(key), int) for key in IDENTITY)
+            and isinstance(entry.get("outputs"), list) and all(valid(o) for o in entry["outputs"]))
+
+
+def _read_convert_state(job: _Copy) -> dict[str, dict[str, Any]]:
+    """Source path -> ``{size_bytes, <identity>, outputs: [{path, size_bytes, checksum}]}`` from
+    the manifest of an earlier conversion to the same form, then from every journal."""
+    conv = job.convert
+    assert conv is not None
+    src = str(_resolved(job.source))
+    known: dict[str, dict[str, Any]] = {}
+    try:
+        doc = json.loads((job.dest / MANIFEST_NAME).read_text())
+        if isinstance(doc, dict) and doc.get("format") == MANIFEST_FORMAT and doc.get("source") == src \
+                and doc.get("algorithm") == CHECKSUM and doc.get("version") == MANIFEST_VERSION \
+                and doc.get("to") == conv.to and isinstance(doc.get("sources"), list):
+            files = {e["path"]: e for e in doc.get("files", []) if _valid_output(e)}
+            for entry in doc["sources"]:
+                if isinstance(entry, dict) and isinstance(entry.get("outputs"), list):
+                    entry = {**entry, "outputs": [files.get(o) for o in entry["outputs"]]}
+                    if _valid_source(entry):
+                        known[entry["path"]] = entry
+    except (OSError, ValueError):
+        pass  # no manifest or a damaged one: every source is converted again
+    for journal in sorted(job.dest.glob(JOURNAL_PREFIX + "*.jsonl")):
+        try:
+            lines = journal.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue  # a line torn by an interruption
+            if isinstance(entry, dict) and entry.get("source") == src and entry.get("to") == conv.to \
+                    and _valid_source(entry):
+                known[entry["path"]] = entry
+    return known
+
+
+def _outputs_good(dest: Path, item: _Planned, entry: dict[str, Any], verify: bool) -> bool:
+    """The recorded outputs are of the current source (same size, mtime, ctime and inode) and
+    each is on disk with its recorded size (and with ``verify`` its checksum)."""
+    if entry["size_bytes"] != item.size_bytes or any(entry[k] != v for k, v in _identity(item).items()):
+        return False
+    try:
+        for out in entry["outputs"]:
+            if os.stat(dest / out["path"]).st_size != out["size_bytes"]:
+                return False
+            if verify and file_checksum(dest / out["path"]) != out["checksum"]:
+                return False
+    except OSError:
+        return False
+    return bool(entry["outputs"])
+
+
+def _describe_output(dest: Path, path: Path, samples: int, src: Path) -> dict[str, Any]:
+    """``{path (relative to dest), size_bytes, checksum, samples}`` of a file just written."""
+    try:
+        rel = Path(path).relative_to(dest).as_posix()
+    except ValueError:
+        raise StagingError(f"{path}: the converter of {src} wrote outside the staging "
+                           f"destination {dest}") from None
+    try:
+        return {"path": rel, "size_bytes": os.stat(path).st_size, "checksum": file_checksum(path),
+                "samples": samples}
+    except OSError as exc:
+        raise StagingError(f"{path}: cannot read back converted file ({_reason(exc)}; "
+                           f"converting {src})") from None
+
+
+def _convert_share(job: _Copy, share: list[_Planned], known: dict[str, dict[str, Any]],
+                   counts: _Counts) -> None:
+    """Convert (or copy, or verify and skip) every source of ``share`` with ``job.workers``
+    threads; each finished source is journalled with its outputs. Adds to ``counts``."""
+    conv = job.convert
+    assert conv is not None
+    if not share:
+        return
+    for parent in sorted({(job.dest / p.rel).parent for p in share}):
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _dest_error(parent, exc) from None
+    journal = _Journal(job.dest, job.host)
+    src_root = str(_resolved(job.source))
+    lock = threading.Lock()
+
+    def one(item: _Planned) -> None:
+        entry = known.get(item.rel)
+        if entry is not None and _outputs_good(job.dest, item, entry, job.verify):
+            with lock:
+                counts.skipped_files += 1
+            return
+        src = job.source / item.rel
+        if item.convert:
+            out_dir = (job.dest / item.rel).parent
+            try:
+                written = conv.tools.convert_file(src, conv.fmt, out_dir, conv.to)
+            except OSError as exc:
+                raise _dest_error(out_dir, exc, src) from None
+            outputs = [_describe_output(job.dest, Path(path), int(n), src) for path, n in written]
+            if not outputs:
+                raise StagingError(f"{src}: converting to {conv.to} wrote no file")
+        else:
+            size, checksum = _copy_file(src, job.dest / item.rel, job.host, job.verify)
+            outputs = [{"path": item.rel, "size_bytes": size, "checksum": checksum, "samples": 0}]
+        journal.add({"path": item.rel, "size_bytes": item.size_bytes, **_identity(item),
+                     "source": src_root, "to": conv.to, "convert": item.convert, "outputs": outputs})
+        with lock:
+            counts.copied_files += 1
+            counts.copied_bytes += sum(o["size_bytes"] for o in outputs)
+
+    try:
+        _run_all(one, share, job.workers)
+    finally:
+        journal.close()
+
+
+def _record_converted(job: _Copy, plan: list[_Planned], counts: _Counts) -> None:
+    """Every planned source's outputs checked on disk, ``dest`` pruned to them, ``finish_split``
+    run on each converted folder, the manifest written atomically, the journals dropped. Sets
+    this node's ``staged_files`` / ``staged_bytes`` and ``pruned_files``."""
+    conv = job.convert
+    assert conv is not None
+    known = _read_convert_state(job)
+    sources, outputs = [], []
+    for item in plan:
+        entry = known.get(item.rel)
+        if entry is None or entry["size_bytes"] != item.size_bytes \
+                or any(entry[k] != v for k, v in _identity(item).items()):
+            raise StagingError(f"{job.dest / item.rel}: staged conversion of {item.rel} missing "
+                               "from every journal")
+        for out in entry["outputs"]:
+            try:
+                on_disk = os.stat(job.dest / out["path"]).st_size
+            except OSError as exc:
+                raise StagingError(f"{job.dest / out['path']}: converted file vanished "
+                                   f"({_reason(exc)})") from None
+            if on_disk != out["size_bytes"]:
+                raise StagingError(f"{job.dest / out['path']}: converted file has {on_disk} bytes, "
+                                   f"expected {out['size_bytes']}")
+            outputs.append({**out, "from": item.rel})
+        sources.append({"path": item.rel, "size_bytes": item.size_bytes, **_identity(item),
+                        "convert": item.convert, "outputs": [o["path"] for o in entry["outputs"]]})
+    keep = {o["path"] for o in outputs}
+    old_lists = _finish_files_recorded(job)
+    counts.pruned_files = _prune_to(job.dest, keep | old_lists)
+    finished = []
+    for folder in sorted({(job.dest / p.rel).parent for p in plan if p.convert}):
+        try:
+            written = conv.tools.finish_split(folder, conv.to)
+        except OSError as exc:
+            raise _dest_error(folder, exc) from None
+        finished += [{**_describe_output(job.dest, Path(path), 0, job.source), "from": None}
+                     for path in written]
+    keep |= {f["path"] for f in finished}
+    counts.pruned_files += _prune_to(job.dest, keep)  # file lists of a split that left the plan
+    files = sorted(outputs + finished, key=lambda e: e["path"])
+    doc = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "algorithm": CHECKSUM,
+           "source": str(_resolved(job.source)), "shard": job.shard_doc, "to": conv.to,
+           "from": conv.fmt, "sources": sources, "files": files,
+           "total_bytes": sum(e["size_bytes"] for e in files)}
+    tmp = job.dest / f"{MANIFEST_NAME}.{socket.gethostname()}-{os.getpid()}.tmp"
+    try:
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, job.dest / MANIFEST_NAME)
+    except OSError as exc:
+        _unlink_quietly(tmp)
+        raise _dest_error(job.dest / MANIFEST_NAME, exc) from None
+    for journal in job.dest.glob(JOURNAL_PREFIX + "*.jsonl"):
+        _unlink_quietly(journal)
+    counts.staged_files, counts.staged_bytes = len(files), doc["total_bytes"]
+
+
+def _finish_files_recorded(job: _Copy) -> set[str]:
+    """Paths of the files ``finish_split`` wrote at the last conversion to this form (file
+    lists), kept through the first prune so that a resumed stage does not count them pruned."""
+    try:
+        doc = json.loads((job.dest / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(doc, dict) or doc.get("to") != (job.convert.to if job.convert else None):
+        return set()
+    return {e["path"] for e in doc.get("files", []) if _valid_output(e) and e.get("from") is None}
+
+
+# --------------------------------------------------------------------------------------------
 # collectives
 
 
@@ -1045,7 +1415,7 @@ def _gather_rows(runtime: "Runtime", host: str, dest: Path, counts: _Counts, sec
 
 
 def _result(source: Path, dest: Path, rows: list[dict[str, Any]],
-            shard: Optional[dict[str, Any]]) -> StagingResult:
+            shard: Optional[dict[str, Any]], to: str = "none") -> StagingResult:
     """Fold per-rank rows into per-node rows and job totals."""
     nodes: dict[int, dict[str, Any]] = {}
     for row in rows:
@@ -1073,4 +1443,4 @@ def _result(source: Path, dest: Path, rows: list[dict[str, Any]],
         pruned_files=sum(n["pruned_files"] for n in per_node), elapsed_s=seconds,
         gb_per_s=copied_bytes / seconds / 1e9 if seconds > 0 and copied_bytes else 0.0,
         per_node=per_node, shard=shard, offline=bool(rows) and all(r["offline"] for r in rows),
-        manifest=dest / MANIFEST_NAME)
+        manifest=dest / MANIFEST_NAME, to=to)
