@@ -9,10 +9,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from typing import Any
-
 from mlhpc.workload import QualityMetric, Workload
 
+from ..departures import training_departures
 from .convert import DATA_TOOLS
 from .data import build_datasets
 from .model import ModelConfig, build_model
@@ -23,13 +22,6 @@ TARGET_EVAL_ERROR = 0.124
 REFERENCE_SAMPLES = (524288, 65536)  # train/validation samples of the v1.0+ reference dataset
 REFERENCE_CUBE_SIZE = 128  # cells per side of a reference sample (128^3 x 4)
 REFERENCE_GLOBAL_BATCH_SIZE = 64  # mlcommons/hpc cosmoflow/configs/cosmo.yaml
-
-
-def _differences(section: str, value: Any, reference: Any) -> list[str]:
-    """``section.key=value (reference R)`` for each key of two pydantic sections that differs."""
-    ref = reference.model_dump()
-    return [f"{section}.{key}={val!r} (reference {ref.get(key)!r})"
-            for key, val in value.model_dump().items() if ref.get(key) != val]
 
 
 def departures(config) -> list[str]:
@@ -56,14 +48,8 @@ def departures(config) -> list[str]:
         if shared is not None:
             notes.append(f"phases: {shared} initial-phase realisation(s) shared by training and "
                          f"validation (reference: every universe an independent simulation)")
-    notes += _differences("model", config.model, ModelConfig())
-    notes += _differences("optimizer", config.optimizer, OptimizerConfig())
-    if config.train.global_batch_size != REFERENCE_GLOBAL_BATCH_SIZE:
-        notes.append(f"train.global_batch_size={config.train.global_batch_size} "
-                     f"(reference {REFERENCE_GLOBAL_BATCH_SIZE})")
-    if config.train.target is not None and config.train.target != TARGET_EVAL_ERROR:
-        notes.append(f"target eval_error <= {config.train.target} (reference {TARGET_EVAL_ERROR})")
-    return notes
+    return notes + training_departures(config, ModelConfig(), OptimizerConfig(),
+                                       REFERENCE_GLOBAL_BATCH_SIZE, METRIC)
 
 
 def mae_stats(output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,6 +59,10 @@ def mae_stats(output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor,
     """
     err = (output.detach().double() - target.double()).abs()
     return err.sum(), torch.tensor(float(err.numel()), dtype=torch.float64, device=err.device)
+
+
+METRIC = QualityMetric(key="eval_error", target=TARGET_EVAL_ERROR, direction="min",
+                       batch_stats=mae_stats)
 
 
 def build_loss(config):
@@ -89,8 +79,7 @@ WORKLOAD = Workload(
     build_datasets=build_datasets,
     synthesize=synthesize,
     build_loss=build_loss,
-    metric=QualityMetric(key="eval_error", target=TARGET_EVAL_ERROR, direction="min",
-                         batch_stats=mae_stats),
+    metric=METRIC,
     build_optimizer=build_optimizer,
     hyperparameters=hyperparameters,
     reference_samples=REFERENCE_SAMPLES,

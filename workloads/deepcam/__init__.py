@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from mlhpc.workload import Workload
 
+from ..departures import training_departures
 from .convert import DATA_TOOLS
 from .data import build_datasets
 from .metric import METRIC
@@ -54,13 +55,6 @@ def build_loss(config: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tens
     return loss
 
 
-def _differences(section: str, value: Any, reference: Any) -> list[str]:
-    """``section.key=value (reference R)`` for each key of two pydantic sections that differs."""
-    ref = reference.model_dump()
-    return [f"{section}.{key}={val!r} (reference {ref.get(key)!r})"
-            for key, val in value.model_dump().items() if ref.get(key) != val]
-
-
 def departures(config: Any) -> list[str]:
     """Every way ``config`` differs from the reference closed-division DeepCAM setting
     (configs/deepcam.yaml: CAM5 768 x 1152 x 16 snapshots, 121,266 / 15,158 samples, the full
@@ -78,14 +72,8 @@ def departures(config: Any) -> list[str]:
                      f"{REFERENCE_GRID[1]} CAM5 snapshots)")
         notes.append(f"samples {synth.train_samples}/{synth.validation_samples} "
                      f"(reference {REFERENCE_SAMPLES[0]}/{REFERENCE_SAMPLES[1]})")
-    notes += _differences("model", config.model, ModelConfig())
-    notes += _differences("optimizer", config.optimizer, OptimizerConfig())
-    if config.train.global_batch_size != REFERENCE_GLOBAL_BATCH_SIZE:
-        notes.append(f"train.global_batch_size={config.train.global_batch_size} "
-                     f"(reference {REFERENCE_GLOBAL_BATCH_SIZE})")
-    if config.train.target is not None and config.train.target != METRIC.target:
-        notes.append(f"target {METRIC.key} >= {config.train.target} (reference {METRIC.target})")
-    return notes
+    return notes + training_departures(config, ModelConfig(), OptimizerConfig(),
+                                       REFERENCE_GLOBAL_BATCH_SIZE, METRIC)
 
 
 WORKLOAD = Workload(
