@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
@@ -134,6 +134,25 @@ def read_stats(path: Path, channels: int = len(CHANNELS)) -> tuple[np.ndarray, n
     return lo.astype(np.float32), (1.0 / (hi - lo)).astype(np.float32)
 
 
+def _check_layout(data: Any, label: Any, channels: int, names: tuple[str, str]) -> None:
+    """The layout of one sample, the same in either format: ``data`` float32 (H, W, channels),
+    ``label`` integer (H, W). ``data`` and ``label`` are h5py datasets or numpy arrays (only
+    their ``shape``, ``ndim`` and ``dtype`` are read); ``names`` are how the error names them.
+
+    Raises:
+        DataError: ``NAME has shape S, expected E`` or ``NAME has dtype D, expected E``.
+    """
+    data_name, label_name = names
+    if data.ndim != 3 or data.shape[2] != channels:
+        raise DataError(f"{data_name} has shape {data.shape}, expected (H, W, {channels})")
+    if data.dtype != np.float32:
+        raise DataError(f"{data_name} has dtype {data.dtype}, expected float32")
+    if label.shape != data.shape[:2]:
+        raise DataError(f"{label_name} has shape {label.shape}, expected {data.shape[:2]}")
+    if label.dtype.kind not in "iu":
+        raise DataError(f"{label_name} has dtype {label.dtype}, expected an integer (int32)")
+
+
 class CamDataset(Dataset):
     """Map-style dataset over ``data-*.h5`` sample files.
 
@@ -185,14 +204,7 @@ class CamDataset(Dataset):
             if key not in f or not isinstance(f[key], h5py.Dataset):
                 raise DataError(f"{path}: dataset {key} missing")
         data, label = f[DATA_KEY], f[LABEL_KEY]
-        if data.ndim != 3 or data.shape[2] != self.channels:
-            raise DataError(f"{path}: {DATA_KEY} has shape {data.shape}, expected (H, W, {self.channels})")
-        if data.dtype != np.float32:
-            raise DataError(f"{path}: {DATA_KEY} has dtype {data.dtype}, expected float32")
-        if label.shape != data.shape[:2]:
-            raise DataError(f"{path}: {LABEL_KEY} has shape {label.shape}, expected {data.shape[:2]}")
-        if label.dtype.kind not in "iu":
-            raise DataError(f"{path}: {LABEL_KEY} has dtype {label.dtype}, expected an integer (int32)")
+        _check_layout(data, label, self.channels, (f"{path}: {DATA_KEY}", f"{path}: {LABEL_KEY}"))
         return data, label
 
     def __len__(self) -> int:
@@ -210,14 +222,7 @@ class CamDataset(Dataset):
             except (OSError, ValueError, EOFError) as exc:
                 raise DataError(f"{file}: not a readable .npy file ({str(exc)[:120]})") from None
         data, label = arrays
-        if data.ndim != 3 or data.shape[2] != self.channels:
-            raise DataError(f"{path}: array of shape {data.shape}, expected (H, W, {self.channels})")
-        if data.dtype != np.float32:
-            raise DataError(f"{path}: dtype {data.dtype}, expected float32")
-        if label.shape != data.shape[:2]:
-            raise DataError(f"{label_file(path)}: shape {label.shape}, expected {data.shape[:2]}")
-        if label.dtype.kind not in "iu":
-            raise DataError(f"{label_file(path)}: dtype {label.dtype}, expected an integer (int32)")
+        _check_layout(data, label, self.channels, (f"{path}: array", f"{label_file(path)}: array"))
         return data, label
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
