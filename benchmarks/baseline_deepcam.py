@@ -22,8 +22,6 @@ Prints one JSON object: per-baseline validation mean IoU, the target and the mar
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -34,6 +32,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from baseline_common import argument_parser, emit, parse_args, synth_seed  # noqa: E402
+
 from mlhpc import config as cfg  # noqa: E402
 
 try:  # the installed name; the source tree's folder otherwise
@@ -42,12 +42,6 @@ except ImportError:  # pragma: no cover - an older editable install
     from workloads.deepcam import metric, synth  # noqa: E402
 
 CLASS_FREQUENCIES = (0.986267818390377, 0.0004578708870701058, 0.01327431072255291)
-
-
-def synth_seed(config) -> int:
-    """The seed the embedded data are synthesised with (``data.synth_seed``; ``train.seed`` in
-    configs that predate it)."""
-    return getattr(config.data, "synth_seed", config.train.seed)
 
 
 def load(synth_cfg, seed: int, split: str, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -157,18 +151,11 @@ def run(config_path: Path, n_train: int, n_validation: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, default=REPO / "configs/deepcam-mini.yaml")
+    parser = argument_parser(__doc__, REPO / "configs/deepcam-mini.yaml")
     parser.add_argument("--train", type=int, default=128, help="training samples to fit on")
     parser.add_argument("--validation", type=int, default=64, help="validation samples to score")
-    parser.add_argument("--json", type=Path, help="also write the result here")
-    args = parser.parse_args(argv)
-    result = run(args.config, args.train, args.validation)
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
-    return 0
+    args = parse_args(parser, argv)
+    return emit(run(args.config, args.train, args.validation), args.json)
 
 
 if __name__ == "__main__":

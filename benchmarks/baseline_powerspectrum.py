@@ -19,8 +19,6 @@ otherwise ``--train`` / ``--validation`` samples are synthesised in memory with 
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -30,6 +28,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from baseline_common import argument_parser, emit, parse_args, synth_seed  # noqa: E402
 
 from mlhpc import config as cfg  # noqa: E402
 
@@ -127,7 +127,7 @@ def run(config_path: Path, data: Path | None, n_train: int, n_validation: int) -
         x_tr, y_tr = read_split(data / "train", n_train)
         x_va, y_va = read_split(data / "validation", n_validation)
     else:
-        seed = getattr(config.data, "synth_seed", config.train.seed)  # the data's own seed
+        seed = synth_seed(config)  # the data's own seed
         x_tr, y_tr = synthesise_split(config.synth, seed, "train", n_train)
         x_va, y_va = synthesise_split(config.synth, seed, "validation", n_validation)
     load_s = time.perf_counter() - start
@@ -139,21 +139,14 @@ def run(config_path: Path, data: Path | None, n_train: int, n_validation: int) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, default=REPO / "configs/cosmoflow-mini.yaml")
+    parser = argument_parser(__doc__, REPO / "configs/cosmoflow-mini.yaml")
     parser.add_argument("--data", type=Path, help="a dataset folder with train/ and validation/")
     parser.add_argument("--train", type=int, help="training samples (default: all, or 2048 synthesised)")
     parser.add_argument("--validation", type=int, help="validation samples (default: all, or 512)")
-    parser.add_argument("--json", type=Path, help="also write the result here")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     n_train = args.train if args.train or args.data else 2048
     n_val = args.validation if args.validation or args.data else 512
-    result = run(args.config, args.data, n_train, n_val)
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
-    return 0
+    return emit(run(args.config, args.data, n_train, n_val), args.json)
 
 
 if __name__ == "__main__":
