@@ -39,7 +39,7 @@ from mlhpc import config as cfg  # noqa: E402
 from mlhpc import loader, perf, runtime  # noqa: E402
 from mlhpc.errors import MlhpcError  # noqa: E402
 from mlhpc.step import Step, compile_mode, train_step, wrap_model  # noqa: E402
-from mlhpc.train import ensure_data  # noqa: E402
+from mlhpc.embedded import ensure_data  # noqa: E402
 
 
 def measure(config: cfg.Config, batch_size: int, steps: int, warmup: int, precision: str,

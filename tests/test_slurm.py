@@ -361,6 +361,9 @@ def test_submit_tiny_cosmoflow_two_tasks_over_srun(slurm_cluster, tmp_path: Path
         assert failed == ["eval_error"] and "v['value'] <= 0.124" in text, text
 
 
+# Slow (about 4 minutes on 2 cores): the default suite reaches the mini target once already
+# (tests/test_run_e2e.py) and runs Slurm with two tasks over srun (the tiny test above).
+@pytest.mark.slow
 @pytest.mark.slurm
 def test_submit_cosmoflow_mini_to_target_passes_compliance(slurm_cluster, tmp_path: Path) -> None:
     """The reference target (eval_error <= 0.124) over srun, 2 tasks: a fully compliant log.
