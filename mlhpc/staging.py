@@ -925,15 +925,21 @@ def _prune_to(dest: Path, keep: set[str]) -> int:
     return removed
 
 
-def _copy_share(job: _Copy, share: list[_Planned], known: dict[str, dict[str, Any]], counts: _Counts) -> None:
-    """Copy (or verify and skip) every file of ``share`` with ``job.workers`` threads; adds to ``counts``."""
-    if not share:
-        return
-    for parent in sorted({(job.dest / p.rel).parent for p in share}):
+def _make_parents(dest: Path, share: list[_Planned]) -> None:
+    """Create the destination folders of ``share`` under ``dest``. Raises StagingError naming
+    the folder that cannot be made."""
+    for parent in sorted({(dest / p.rel).parent for p in share}):
         try:
             parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise _dest_error(parent, exc) from None
+
+
+def _copy_share(job: _Copy, share: list[_Planned], known: dict[str, dict[str, Any]], counts: _Counts) -> None:
+    """Copy (or verify and skip) every file of ``share`` with ``job.workers`` threads; adds to ``counts``."""
+    if not share:
+        return
+    _make_parents(job.dest, share)
     journal = _Journal(job.dest, job.host)
     src_root = str(_resolved(job.source))
     lock = threading.Lock()
@@ -1260,11 +1266,7 @@ def _convert_share(job: _Copy, share: list[_Planned], known: dict[str, dict[str,
     assert conv is not None
     if not share:
         return
-    for parent in sorted({(job.dest / p.rel).parent for p in share}):
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise _dest_error(parent, exc) from None
+    _make_parents(job.dest, share)
     journal = _Journal(job.dest, job.host)
     src_root = str(_resolved(job.source))
     lock = threading.Lock()

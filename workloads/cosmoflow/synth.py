@@ -68,7 +68,7 @@ import math
 import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import h5py
 import numpy as np
@@ -236,10 +236,9 @@ def _shared_phase_seed(cfg: SynthConfig, seed: int, index: int) -> np.random.See
     return np.random.SeedSequence((seed, 2, index % cfg.phase_realizations))
 
 
-def _lognormal_sample(cfg: SynthConfig, seed: int, split: str, index: int
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``field: lognormal`` (Coles & Jones 1991); the bytes of the generator before 2LPT existed."""
-    import powerbox
+def _cosmology(cfg: SynthConfig, seed: int, split: str, index: int) -> tuple[np.ndarray, Any]:
+    """Sample ``index``'s drawn parameters (Omega_m, sigma_8, n_s, H0) and its flat colossus
+    cosmology (Eisenstein & Hu transfer function as colossus computes it), shared by both fields."""
     from colossus.cosmology import cosmology
 
     phys = draw_parameters(cfg, seed, split, index)
@@ -247,6 +246,15 @@ def _lognormal_sample(cfg: SynthConfig, seed: int, split: str, index: int
     cosmo = cosmology.Cosmology(name="mlhpc-synth", flat=True, Om0=omega_m, Ob0=cfg.omega_b,
                                 H0=h0, sigma8=sigma_8, ns=n_s, interpolation=False,
                                 persistence="", print_warnings=False)
+    return phys, cosmo
+
+
+def _lognormal_sample(cfg: SynthConfig, seed: int, split: str, index: int
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``field: lognormal`` (Coles & Jones 1991); the bytes of the generator before 2LPT existed."""
+    import powerbox
+
+    phys, cosmo = _cosmology(cfg, seed, split, index)
     size = cfg.cube_size
     # Tabulate P(k) [(Mpc/h)^3] over the grid's k range [h/Mpc] once, interpolate in log-log.
     k_min = 2 * math.pi / cfg.box_size_mpc_h
@@ -284,13 +292,7 @@ def _lognormal_sample(cfg: SynthConfig, seed: int, split: str, index: int
 def _lpt_sample(cfg: SynthConfig, seed: int, split: str, index: int
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``field: 2lpt``: particles displaced by Zel'dovich / 2LPT, nearest-grid-point counts."""
-    from colossus.cosmology import cosmology
-
-    phys = draw_parameters(cfg, seed, split, index)
-    omega_m, sigma_8, n_s, h0 = (float(v) for v in phys)
-    cosmo = cosmology.Cosmology(name="mlhpc-synth", flat=True, Om0=omega_m, Ob0=cfg.omega_b,
-                                H0=h0, sigma8=sigma_8, ns=n_s, interpolation=False,
-                                persistence="", print_warnings=False)
+    phys, cosmo = _cosmology(cfg, seed, split, index)
     n, size, box = cfg.particles_per_side(), cfg.cube_size, cfg.box_size_mpc_h
     ks = _wavenumbers(n, box)
     k = np.sqrt(ks[0] ** 2 + ks[1] ** 2 + ks[2] ** 2)
