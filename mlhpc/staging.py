@@ -776,6 +776,15 @@ def _read_state(dest: Path, source: Path) -> dict[str, dict[str, Any]]:
             known.update({e["path"]: e for e in doc.get("files", []) if _valid_entry(e)})
     except (OSError, ValueError):
         pass  # no manifest or a damaged one: nothing is trusted, everything is checked or copied
+    for entry in _journal_entries(dest):
+        if entry.get("source") == src and "to" not in entry and _valid_entry(entry):
+            known[entry["path"]] = entry
+    return known
+
+
+def _journal_entries(dest: Path) -> Iterator[dict[str, Any]]:
+    """Every entry (a JSON object) of the journals under ``dest``, in journal order; unreadable
+    journals and lines torn by an interruption are passed over."""
     for journal in sorted(dest.glob(JOURNAL_PREFIX + "*.jsonl")):
         try:
             lines = journal.read_text().splitlines()
@@ -786,10 +795,8 @@ def _read_state(dest: Path, source: Path) -> dict[str, dict[str, Any]]:
                 entry = json.loads(line)
             except ValueError:
                 continue  # a line torn by an interruption
-            if isinstance(entry, dict) and entry.get("source") == src and "to" not in entry \
-                    and _valid_entry(entry):
-                known[entry["path"]] = entry
-    return known
+            if isinstance(entry, dict):
+                yield entry
 
 
 IDENTITY = ("source_mtime_ns", "source_ctime_ns", "source_ino")  # with size_bytes: "same file"
@@ -1211,19 +1218,9 @@ def _read_convert_state(job: _Copy) -> dict[str, dict[str, Any]]:
                         known[entry["path"]] = entry
     except (OSError, ValueError):
         pass  # no manifest or a damaged one: every source is converted again
-    for journal in sorted(job.dest.glob(JOURNAL_PREFIX + "*.jsonl")):
-        try:
-            lines = journal.read_text().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue  # a line torn by an interruption
-            if isinstance(entry, dict) and entry.get("source") == src and entry.get("to") == conv.to \
-                    and _valid_source(entry):
-                known[entry["path"]] = entry
+    for entry in _journal_entries(job.dest):
+        if entry.get("source") == src and entry.get("to") == conv.to and _valid_source(entry):
+            known[entry["path"]] = entry
     return known
 
 
