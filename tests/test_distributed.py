@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import compliance_check
 from test_run_e2e import ONCE_ONLY, events, tiny_args, tiny_data  # noqa: F401 (fixture)
 
 BIN = Path(sys.executable).parent
