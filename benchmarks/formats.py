@@ -6,7 +6,7 @@
      into memory (the rate GZIP alone allows; the goal is TFRecord >= 0.8x of it),
    - the training step's consumption: samples/s of one forward+backward+SGD step of the
      reference model (configs/cosmoflow.yaml: 128^3, 5 conv layers, 32 filters) on this machine.
-2. Conversion: `mlhpc.datasets.convert` (GZIP TFRecord -> npy, npy -> HDF5, ``--workers``) in
+2. Conversion: `mlhpc.data.convert.convert` (GZIP TFRecord -> npy, npy -> HDF5, ``--workers``) in
    GB/s of bytes read and written, next to ``cp -r`` of the same source folder (goal >= 0.5x).
 
 Samples are int16 counts drawn as Poisson counts of a log-normal density (mean 8 particles a
@@ -44,7 +44,7 @@ import crc32c
 writers.crc32c = crc32c.crc32c  # the writers' bit-by-bit CRC is for tests; the value is the same
 from mlhpc_workloads.cosmoflow.data import build_datasets
 
-from mlhpc import datasets
+from mlhpc.data import convert as data_convert
 from mlhpc.config import DataConfig
 from mlhpc.workload import get
 
@@ -166,14 +166,14 @@ def cp_rate(src: Path, scratch: Path, repeats: int) -> dict:
 
 
 def convert_rate(src: Path, scratch: Path, to: str, workers: int, repeats: int) -> dict:
-    """Best GB/s (bytes read, bytes written) of `mlhpc.datasets.convert`, without and with the
+    """Best GB/s (bytes read, bytes written) of `mlhpc.data.convert.convert`, without and with the
     closing ``sync``."""
     best: dict = {}
     for r in range(repeats):
         dst = scratch / f"conv-{to}{r}"
         _sync()
         start = time.perf_counter()
-        result = datasets.convert(get("cosmoflow"), src, dst, to, workers=workers)
+        result = data_convert.convert(get("cosmoflow"), src, dst, to, workers=workers)
         done = time.perf_counter() - start
         _sync()
         synced = time.perf_counter() - start

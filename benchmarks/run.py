@@ -3,12 +3,12 @@
 1. Harness overhead: mlhpc's training loop (`mlhpc.train.run`: samplers, stop checks, compliance
    log, evaluation excluded) vs a bare PyTorch loop, same mini CosmoFlow model, same in-memory
    data, same batch size; ratio of training samples/s.
-2. Data path: mlhpc's CosmoFlow training loader (`mlhpc.loader.make_loader` over
+2. Data path: mlhpc's CosmoFlow training loader (`mlhpc.data.loader.make_loader` over
    `CosmoFlowDataset`: memory-mapped HDF5 -> int16 batches; decode happens on the device) vs a raw
    h5py read of the same files (bytes/s), vs torch's stock DataLoader over the same bytes already
    in memory, and vs the samples/s training consumes; plus what the on-device decode costs, and
    training from the files vs training from pre-decoded memory.
-3. Staging: `mlhpc.staging.stage` (copy + XXH3-128 manifest + verify) vs `cp -r` of the same tree
+3. Staging: `mlhpc.data.stage.stage` (copy + XXH3-128 manifest + verify) vs `cp -r` of the same tree
    (GB/s ratio), alternating, best of ``--repeats`` each.
 
 Usage: python benchmarks/run.py [--data data/cosmoflow-mini] [--out BENCHMARKS.md]
@@ -37,7 +37,9 @@ sys.path.insert(0, str(REPO))
 
 from mlhpc import workload as workloads  # noqa: E402
 from mlhpc import config as cfg  # noqa: E402
-from mlhpc import loader, runtime, staging, train  # noqa: E402
+from mlhpc import runtime, train  # noqa: E402
+from mlhpc.data import loader  # noqa: E402
+from mlhpc.data import stage as staging  # noqa: E402
 from mlhpc_workloads.cosmoflow import WORKLOAD as COSMOFLOW  # noqa: E402
 
 MINI = REPO / "configs" / "cosmoflow-mini.yaml"

@@ -4,7 +4,7 @@ Two steps:
 
 ``--measure``
     stages a synthetic dataset (``--files`` files of 16 MiB, the size of one CosmoFlow sample as
-    int16 128^3 x 4) with ``mlhpc.staging.stage`` -- the code a run uses, XXH3-128 and read-back
+    int16 128^3 x 4) with ``mlhpc.data.stage.stage`` -- the code a run uses, XXH3-128 and read-back
     verification included -- from a folder on this machine's disk into each destination named
     (``/tmp`` and ``/dev/shm`` by default), ``--repeats`` times, and records the best per-node
     copy bandwidth (bytes copied / wall seconds) in a JSON file. The source was just written, so
@@ -51,7 +51,7 @@ def measure(dests: list[Path], files: int, repeats: int, workers: int) -> dict:
     """Best copy bandwidth (bytes/s) of one node into each destination folder."""
     sys.path.insert(0, str(REPO))
     from mlhpc.runtime import Runtime
-    from mlhpc.staging import stage
+    from mlhpc.data.stage import stage
 
     out = {"file_bytes": 16 * MIB, "files": files, "workers": workers, "repeats": repeats,
            "cpu_count": os.cpu_count(), "dests": {}}

@@ -36,10 +36,11 @@ sys.path.insert(0, str(REPO))
 
 from mlhpc import workload as workloads  # noqa: E402
 from mlhpc import config as cfg  # noqa: E402
-from mlhpc import loader, perf, runtime  # noqa: E402
+from mlhpc import perf, runtime  # noqa: E402
+from mlhpc.data import loader  # noqa: E402
 from mlhpc.errors import MlhpcError  # noqa: E402
 from mlhpc.step import Step, compile_mode, train_step, wrap_model  # noqa: E402
-from mlhpc.embedded import ensure_data  # noqa: E402
+from mlhpc.data.embedded import ensure_data  # noqa: E402
 
 
 def measure(config: cfg.Config, batch_size: int, steps: int, warmup: int, precision: str,

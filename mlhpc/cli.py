@@ -301,7 +301,7 @@ def synth_command(workload_name: str, out_dir: Path, config_path: Path | None, s
     tree = cfg.read_yaml(config_path) if config_path else {"train": {"global_batch_size": 1, "max_epochs": 1}}
     tree["workload"] = workload_name
     config = cfg.from_dict(tree, source=str(config_path or "<defaults>"), overrides=overrides)
-    from mlhpc import embedded
+    from mlhpc.data import embedded
     from mlhpc.workload import get
 
     # atomic: a hidden sibling folder renamed into place, marked complete (mlhpc.embedded)
@@ -372,10 +372,10 @@ def _data_tools_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 def check_command(workload_name: str, path: Path, full: bool, fmt: str, workers: int,
                   as_json: bool) -> None:
     """Check a dataset folder (train/, validation/): form, samples, shapes, bytes, bad files."""
-    from mlhpc import datasets
+    from mlhpc.data import check as data_check
     from mlhpc.workload import get
 
-    report = _data_tools_call(datasets.check, get(workload_name), path, full=full, fmt=fmt,
+    report = _data_tools_call(data_check.check, get(workload_name), path, full=full, fmt=fmt,
                               workers=workers)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
@@ -407,10 +407,10 @@ def check_command(workload_name: str, path: Path, full: bool, fmt: str, workers:
 def convert_command(workload_name: str, src: Path, dst: Path, to: str, fmt: str,
                     workers: int) -> None:
     """Convert a dataset losslessly to another form (resumable; writes DST/manifest.json)."""
-    from mlhpc import datasets
+    from mlhpc.data import convert as data_convert
     from mlhpc.workload import get
 
-    result = _data_tools_call(datasets.convert, get(workload_name), src, dst, to, fmt=fmt,
+    result = _data_tools_call(data_convert.convert, get(workload_name), src, dst, to, fmt=fmt,
                               workers=workers)
     click.echo(_summary("converted", result))
 
@@ -430,10 +430,10 @@ def convert_command(workload_name: str, src: Path, dst: Path, to: str, fmt: str,
 def prepare_command(workload_name: str, raw_dir: Path, dst: Path, to: str, sample_size: int,
                     validation_fraction: float, workers: int) -> None:  # one parameter per click option
     """Split raw simulation files into training samples (the reference's prepare.py)."""
-    from mlhpc import datasets
+    from mlhpc.data import convert as data_convert
     from mlhpc.workload import get
 
-    result = _data_tools_call(datasets.prepare, get(workload_name), raw_dir, dst, to,
+    result = _data_tools_call(data_convert.prepare, get(workload_name), raw_dir, dst, to,
                               workers=workers, sample_size=sample_size,
                               validation_fraction=validation_fraction)
     click.echo(_summary("prepared", result))

@@ -11,9 +11,9 @@ from typing import Iterable
 
 import torch
 
-from mlhpc import loader
+from mlhpc.data import loader
 from mlhpc.runtime import Runtime
-from mlhpc.sampler import ShardSampler
+from mlhpc.data.sampler import ShardSampler
 from mlhpc.workload import QualityMetric
 
 __all__ = ["ShardSampler", "all_reduce", "evaluate"]

@@ -27,8 +27,8 @@ from torch.utils.data import DataLoader
 from mlhpc import outdir, perf, runtime
 from mlhpc.config import Config
 from mlhpc.errors import ConfigError, OutputError
-from mlhpc.embedded import ensure_data
-from mlhpc.loader import device_transform, make_loader, to_device
+from mlhpc.data.embedded import ensure_data
+from mlhpc.data.loader import device_transform, make_loader, to_device
 from mlhpc.runtime import Runtime
 from mlhpc.step import Step, compile_mode, precision, train_step, wrap_model
 from mlhpc.train import local_batch_size

@@ -22,7 +22,7 @@ The pieces live in their own files: `mlhpc.step` (the one training step, shared 
 
 Rank 0 writes every log line; the timing events are bracketed by barriers so that a once-only key
 appears once and measures the slowest rank. Data parallelism is DistributedDataParallel; which
-samples a rank reads is `mlhpc.sampler`'s choice: after a sharded stage (``data.staging.shard:
+samples a rank reads is `mlhpc.data.sampler`'s choice: after a sharded stage (``data.staging.shard:
 node``) its node's samples, shuffled within the node; otherwise a seeded per-epoch shuffle shared
 by all ranks (so R ranks x local batch b see the same global batches as 1 rank x R*b). The
 metric is reduced as (sum, count) across ranks.
@@ -46,9 +46,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
-from mlhpc import checkpoint, embedded, loader, mllog, outdir, perf, results, runtime, staging
+from mlhpc import checkpoint, mllog, outdir, perf, results, rules, runtime
+from mlhpc.data import embedded, loader
+from mlhpc.data import stage as staging
 from mlhpc import env as envinfo
-from mlhpc import sampler as sampling
+from mlhpc.data import sampler as sampling
 from mlhpc.checkpoint import Resume
 from mlhpc.config import Config
 from mlhpc.errors import ConfigError, DataError, MlhpcError
@@ -56,7 +58,7 @@ from mlhpc.evaluate import all_reduce, evaluate
 from mlhpc.mllog import ComplianceLog, constants
 from mlhpc.results import RunFiles, RunResult
 from mlhpc.runtime import Runtime
-from mlhpc.sampler import ShardSampler
+from mlhpc.data.sampler import ShardSampler
 from mlhpc.step import Step, autocast, compile_mode, precision, train_step, wrap_model
 from mlhpc.workload import Workload
 from mlhpc.workload import get as get_workload
@@ -108,7 +110,7 @@ def stage_only(config: Config) -> tuple[staging.StagingResult | None, bool]:
     disabled, whether this rank is the one that reports)``.
 
     Raises:
-        StagingError: as `mlhpc.staging.stage_dataset`.
+        StagingError: as `mlhpc.data.stage.stage_dataset`.
     """
     rt = runtime.detect(device="cpu")
     with runtime.process_group(rt):
@@ -371,8 +373,8 @@ def _log_init(job: Job) -> None:
 
 
 def _ensure_source(job: Job) -> float:
-    """`mlhpc.embedded.ensure_data` on ``data.path``, unless the source is gone and every node
-    already holds its complete staged copy (`mlhpc.staging.staged_copy_present`): a run after a
+    """`mlhpc.data.embedded.ensure_data` on ``data.path``, unless the source is gone and every node
+    already holds its complete staged copy (`mlhpc.data.stage.staged_copy_present`): a run after a
     separate ``mlhpc stage`` step then needs no source (and synthesises none). Every rank of the
     job takes the same branch. Returns the seconds spent synthesising."""
     config, world = job.config, job.world
@@ -432,7 +434,7 @@ def _sharded(staged: staging.StagingResult | None) -> bool:
 
 def build_train_sampler(dataset: Dataset, rt: Runtime, config: Config,
                         staged: staging.StagingResult | None) -> Sampler[int]:
-    """The training sampler (`mlhpc.sampler.train_sampler`): after a sharded stage the node's
+    """The training sampler (`mlhpc.data.sampler.train_sampler`): after a sharded stage the node's
     samples over its local ranks, shuffled within the node; otherwise a seeded shuffle shared by
     every rank, each taking its stride. Its ``global_samples`` is the job's training-set size and
     ``padded_samples`` the repeats per epoch."""
@@ -490,7 +492,7 @@ def _log_samples(job: Job, parts: Parts) -> None:
 
 def _start_run(job: Job) -> None:
     """init_stop (with a warning when staging sat in an initialisation longer than the rules
-    allow, `mlhpc.staging.init_limit_warning`), then run_start."""
+    allow, `mlhpc.data.stage.init_limit_warning`), then run_start."""
     log = job.log
     if job.stop is not None:
         job.stop.check()  # a signal during initialisation: the attempt is set aside
@@ -498,7 +500,7 @@ def _start_run(job: Job) -> None:
     log.end(constants.INIT_STOP)
     start, stop = log.first(constants.INIT_START), log.first(constants.INIT_STOP)
     if start is not None and stop is not None and job.rt.is_main:
-        warning = staging.init_limit_warning((stop.time_ms - start.time_ms) / 1e3,
+        warning = rules.init_limit_warning((stop.time_ms - start.time_ms) / 1e3,
                                              job.config.submission.division,
                                              job.config.data.staging.placement)
         if warning:

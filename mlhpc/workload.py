@@ -65,7 +65,7 @@ class Workload:
         build_datasets: ``(config, runtime, data_dir) -> (train, validation)`` map-style datasets
             reading the official on-disk layout under ``data_dir``; raises ``DataError``. A
             dataset may also define ``collate_fn`` (whole batches from ``__getitems__``) and
-            ``device_transform`` (decode a batch on the training device); see `mlhpc.loader`.
+            ``device_transform`` (decode a batch on the training device); see `mlhpc.data.loader`.
         synthesize: ``(out_dir, synth_config, seed) -> None`` writes embedded data in the official
             layout (``train/`` and ``validation/``).
         build_loss: ``config -> (output, target) -> scalar loss tensor``.
@@ -79,7 +79,7 @@ class Workload:
         departures: ``config -> [str]``, every way ``config`` departs from the reference run
             (optimizer, target, sample counts, model size, ...), one short phrase each. When None,
             the harness lists the model fields that differ from the model config's defaults.
-        data_tools: a `mlhpc.datasets.DataTools` (list, check, convert and prepare the
+        data_tools: a `mlhpc.data.formats.DataTools` (list, check, convert and prepare the
             workload's files, one file at a time) for ``mlhpc data convert | prepare | check``;
             None when the workload offers none.
     """
@@ -97,7 +97,7 @@ class Workload:
     hyperparameters: Callable[["Config"], dict[str, Any]]
     reference_samples: tuple[int, int] = (0, 0)
     departures: Callable[["Config"], list[str]] | None = None
-    data_tools: Any = None  # `mlhpc.datasets.DataTools`: data convert / prepare / check
+    data_tools: Any = None  # `mlhpc.data.formats.DataTools`: data convert / prepare / check
 
 
 # ---- the registry -------------------------------------------------------------------------------

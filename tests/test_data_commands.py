@@ -17,7 +17,8 @@ from click.testing import CliRunner
 from mlhpc_workloads.cosmoflow.convert import CosmoFlowDataTools
 from mlhpc_workloads.cosmoflow.data import build_datasets
 
-from mlhpc import datasets
+from mlhpc.data.manifest import MANIFEST_NAME
+from mlhpc.data import check as data_check, convert as data_convert, files
 from mlhpc.config import DataConfig
 from mlhpc.errors import DataError
 from mlhpc.workload import get
@@ -42,16 +43,17 @@ def _tensors(root: Path) -> tuple[torch.Tensor, ...]:
 
 @pytest.mark.parametrize("to", ["hdf5", "npy"])
 def test_convert_is_bit_exact_with_manifest(workload, src, tmp_path, to):
-    result = datasets.convert(workload, src, tmp_path / to, to, workers=2)
+    result = data_convert.convert(workload, src, tmp_path / to, to, workers=2)
     assert (result.source_files, result.samples, result.skipped_files) == (9, 9, 0)
     assert result.bytes_read == sum(p.stat().st_size for p in src.rglob("*.tfrecord"))
     for a, b in zip(_tensors(src), _tensors(tmp_path / to)):
         assert a.dtype == b.dtype and torch.equal(a, b)
-    manifest = json.loads((tmp_path / to / "manifest.json").read_text())
-    assert manifest["samples"] == 9
-    for rel, entry in manifest["files"].items():
+    manifest = json.loads((tmp_path / to / MANIFEST_NAME).read_text())
+    assert manifest["samples"] == 9 and manifest["kind"] == "convert" and manifest["complete"] is True
+    for entry in manifest["files"]:
+        rel = entry["path"]
         assert (tmp_path / to / rel).stat().st_size == entry["bytes"]
-        assert datasets.checksum(tmp_path / to / rel) == entry["xxh3_128"]
+        assert files.checksum(tmp_path / to / rel) == entry["xxh3_128"]
     if to == "npy":
         listed = (tmp_path / to / "train" / "files_data.lst").read_text().split()
         assert listed == sorted(listed) and len(listed) == 6
@@ -67,7 +69,7 @@ def test_convert_resumes_and_never_leaves_a_partial_file(workload, src, tmp_path
     def flaky(self, path, fmt, out_dir, to):
         calls.append(path.name)
         if len(calls) == 4:  # dies while writing the 4th file's output
-            from mlhpc.datasets import atomic_output
+            from mlhpc.data.files import atomic_output
             with atomic_output(out_dir / "x.h5") as tmp:
                 tmp.write_bytes(b"half")
                 raise DataError(f"{path}: simulated failure")
@@ -75,11 +77,11 @@ def test_convert_resumes_and_never_leaves_a_partial_file(workload, src, tmp_path
 
     monkeypatch.setattr(CosmoFlowDataTools, "convert_file", flaky)
     with pytest.raises(DataError, match="simulated failure"):
-        datasets.convert(workload, src, tmp_path / "out", "hdf5")
+        data_convert.convert(workload, src, tmp_path / "out", "hdf5")
     leftovers = [p.name for p in (tmp_path / "out").rglob("*") if ".part" in p.name or p.name == "x.h5"]
     assert leftovers == []
     monkeypatch.setattr(CosmoFlowDataTools, "convert_file", real)
-    result = datasets.convert(workload, src, tmp_path / "out", "hdf5")
+    result = data_convert.convert(workload, src, tmp_path / "out", "hdf5")
     assert result.skipped_files == 3 and result.source_files == 9 and result.samples == 9
     for a, b in zip(_tensors(src), _tensors(tmp_path / "out")):
         assert torch.equal(a, b)
@@ -96,7 +98,7 @@ def test_prepare_splits_universes_like_the_reference(workload, tmp_path):
         with h5py.File(raw / f"univ_ics_2019-03_a{i:08d}.hdf5", "w") as f:
             f["full"], f["unitPar"] = full, unit
         universes.append((full, unit))
-    result = datasets.prepare(workload, raw, tmp_path / "prep", "npy", sample_size=8, workers=2)
+    result = data_convert.prepare(workload, raw, tmp_path / "prep", "npy", sample_size=8, workers=2)
     assert result.samples == 16 and result.source_files == 2
     # prepare.py's split_universe: np.split along axis 0, then 1, then 2
     expected = [xijk for xi in np.split(universes[1][0], 2, axis=0)
@@ -114,7 +116,7 @@ def test_check_reports_bad_files_and_exits_2(workload, src, tmp_path):
     bad = sorted((src / "train").iterdir())[2]
     data = bytearray(bad.read_bytes())
     bad.write_bytes(bytes(data[:-20]))  # a truncated download
-    report = datasets.check(workload, src, full=True)
+    report = data_check.check(workload, src, full=True)
     assert not report.ok and report.splits["train"].samples == 5
     assert report.splits["train"].bad == [f"{bad}: truncated GZIP stream (ends after "
                                           f"{len(data) - 20} compressed bytes before the end of "
@@ -161,8 +163,8 @@ def test_reference_config_runs_on_every_distributed_form(workload, tmp_path, rep
 
     tf = w.write_dataset(tmp_path / "tf", "tfrecord", _learnable(w.samples(16, cube=16, seed=1)),
                          _learnable(w.samples(8, cube=16, seed=2)))
-    datasets.convert(workload, tf, tmp_path / "npy", "npy")
-    datasets.convert(workload, tf, tmp_path / "h5", "hdf5")
+    data_convert.convert(workload, tf, tmp_path / "npy", "npy")
+    data_convert.convert(workload, tf, tmp_path / "h5", "hdf5")
     small = ["--set", "train.max_epochs=2", "--set", "train.global_batch_size=4",
              "--set", "model.input_size=16", "--set", "model.n_conv_layers=2",
              "--set", "model.conv_channels=4", "--set", "model.dropout=0.0",
@@ -191,7 +193,7 @@ def test_convert_copies_stored_counts_bit_exact(workload, tmp_path, to):
     for form, per_file in (("npy", 1), ("hdf5", 3)):
         source = w.write_dataset(tmp_path / f"{form}{per_file}", form, TRAIN, VALID, per_file=per_file)
         dest = tmp_path / f"{form}{per_file}-{to}"
-        assert datasets.convert(workload, source, dest, to).samples == 9
+        assert data_convert.convert(workload, source, dest, to).samples == 9
         for a, b in zip(_tensors(source), _tensors(dest)):
             assert torch.equal(a, b)
-        assert datasets.check(workload, dest, full=True).ok
+        assert data_check.check(workload, dest, full=True).ok

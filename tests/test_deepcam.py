@@ -486,22 +486,22 @@ def test_nan_input_in_hdf5_is_named(tmp_path):
 
 
 def test_convert_and_check_both_ways(tmp_path):
-    from mlhpc import datasets
+    from mlhpc.data import check as data_check, convert as data_convert
 
     workload = get("deepcam")
     _write_official(tmp_path / "h5")
-    npy = datasets.convert(workload, tmp_path / "h5", tmp_path / "npy", "npy", workers=2)
+    npy = data_convert.convert(workload, tmp_path / "h5", tmp_path / "npy", "npy", workers=2)
     assert (npy.source_files, npy.samples) == (5, 5) and (tmp_path / "npy" / "stats.h5").is_file()
-    back = datasets.convert(workload, tmp_path / "npy", tmp_path / "back", "hdf5")
+    back = data_convert.convert(workload, tmp_path / "npy", tmp_path / "back", "hdf5")
     assert back.samples == 5
     a = build_datasets(_config(tmp_path), Runtime(), tmp_path / "h5")
     b = build_datasets(_config(tmp_path), Runtime(), tmp_path / "back")
     for one, other in zip(a, b):
         for i in range(len(one)):
             assert all(torch.equal(p, q) for p, q in zip(one[i], other[i]))
-    report = datasets.check(workload, tmp_path / "npy", full=True)
+    report = data_check.check(workload, tmp_path / "npy", full=True)
     assert report.ok and report.format == "npy"
     assert report.splits["train"].sample_shape == (16, 32, 16)
     assert report.splits["train"].dtype == "float32"
     with pytest.raises(DataError, match="DeepCAM has no preparation step"):
-        datasets.prepare(workload, tmp_path / "h5", tmp_path / "p", "npy")
+        data_convert.prepare(workload, tmp_path / "h5", tmp_path / "p", "npy")

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from mlhpc import config as cfg
-from mlhpc import embedded
+from mlhpc.data import embedded
 from mlhpc.errors import ConfigError, DataError
 from mlhpc.workload import get
 

@@ -1,4 +1,4 @@
-"""At cluster scale each node stages and reads its own shard (`mlhpc.sampler`, `mlhpc.staging`).
+"""At cluster scale each node stages and reads its own shard (`mlhpc.data.sampler`, `mlhpc.staging`).
 
 The sampler's coverage property is checked over many node/rank/sample-count layouts, even and
 uneven; the two-node job on one machine (two torchrun agents, ``--nnodes 2``) runs ``mlhpc
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from mlhpc.sampler import NodeShardSampler, ShardSampler, samples_per_rank
+from mlhpc.data.sampler import NodeShardSampler, ShardSampler, samples_per_rank
 
 BIN = Path(sys.executable).parent
 
@@ -97,7 +97,7 @@ def test_eval_shards_cover_the_node_once() -> None:
 
 def test_train_sampler_factory_single_process() -> None:
     from mlhpc.runtime import Runtime
-    from mlhpc.sampler import eval_sampler, global_count, train_sampler
+    from mlhpc.data.sampler import eval_sampler, global_count, train_sampler
 
     rt = Runtime()
     node = train_sampler(30, rt, seed=0, sharded=True)

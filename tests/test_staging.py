@@ -13,19 +13,23 @@ from pathlib import Path
 
 import pytest
 
-from mlhpc import staging
+from mlhpc import rules
+from mlhpc.data import files as data_files
+from mlhpc.data import manifest as data_manifest
+from mlhpc.data import stage as staging
+from mlhpc.data.stage import copy as stage_copy
 from mlhpc.errors import StagingError
 from mlhpc.runtime import Runtime
-from mlhpc.staging import MANIFEST_NAME, Shard, StagingResult, assign_shards, default_dest, read_manifest, stage
+from mlhpc.data.stage import MANIFEST_NAME, Shard, StagingResult, assign_shards, default_dest, read_manifest, stage
 
 SIZES = {  # relative path -> bytes: empty, small, one buffer and a bit, nested folders
-    "train/a.bin": 3 * staging.BUFFER_BYTES + 17,
+    "train/a.bin": 3 * data_files.BUFFER_BYTES + 17,
     "train/b.bin": 1000,
     "train/c.bin": 0,
-    "train/sub/d.bin": staging.BUFFER_BYTES,
+    "train/sub/d.bin": data_files.BUFFER_BYTES,
     "train/sub/e.bin": 12345,
     "validation/v0.bin": 777,
-    "validation/v1.bin": 2 * staging.BUFFER_BYTES - 1,
+    "validation/v1.bin": 2 * data_files.BUFFER_BYTES - 1,
     "README": 5,
 }
 
@@ -60,15 +64,15 @@ def _assert_staged(source: Path, dest: Path) -> None:
     src, dst = _snapshot(source), _snapshot(dest)
     assert {rel: v[:2] for rel, v in dst.items() if not rel.startswith(".mlhpc")} == \
         {rel: v[:2] for rel, v in src.items()}
-    leftovers = [p.name for p in dest.rglob("*") if p.name.endswith(staging.PART_SUFFIX)
-                 or p.name.startswith(staging.JOURNAL_PREFIX)]
+    leftovers = [p.name for p in dest.rglob("*") if p.name.endswith(data_files.PART_SUFFIX)
+                 or p.name.startswith(data_manifest.JOURNAL_PREFIX)]
     assert leftovers == []
     manifest = read_manifest(dest)
     assert sorted(manifest) == sorted(src)
     for rel, (digest, size, _) in src.items():
-        assert manifest[rel]["size_bytes"] == size
+        assert manifest[rel]["bytes"] == size
         expected = xxhash.xxh3_128((source / rel).read_bytes()).hexdigest()
-        assert manifest[rel]["checksum"] == f"xxh3_128:{expected}"
+        assert manifest[rel]["xxh3_128"] == expected
 
 
 def test_stage_copies_tree_writes_manifest_and_leaves_source_alone(source: Path, tmp_path: Path) -> None:
@@ -96,26 +100,26 @@ def test_stage_copies_tree_writes_manifest_and_leaves_source_alone(source: Path,
 def test_interrupted_staging_resumes_copying_only_the_rest(source: Path, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     dest = tmp_path / "dst"
-    real_copy = staging._copy_file
+    real_copy = stage_copy.copy_file
     calls: list[str] = []
 
-    def dies_on_fourth(src: Path, dst: Path, host: str, verify: bool):
+    def dies_on_fourth(src: Path, dst: Path, host: str, verify: bool, root=None):
         if len(calls) == 3:
             raise KeyboardInterrupt("killed half way")
         calls.append(src.name)
-        return real_copy(src, dst, host, verify)
+        return real_copy(src, dst, host, verify, root)
 
-    monkeypatch.setattr(staging, "_copy_file", dies_on_fourth)
+    monkeypatch.setattr(stage_copy, "copy_file", dies_on_fourth)
     with pytest.raises(KeyboardInterrupt):
         stage(source, dest, Runtime(), workers=1)
     assert not (dest / MANIFEST_NAME).exists()
-    assert list(dest.glob(staging.JOURNAL_PREFIX + "*"))  # the finished files are on record
-    assert not [p for p in dest.rglob("*") if p.name.endswith(staging.PART_SUFFIX)]
+    assert list(dest.glob(data_manifest.JOURNAL_PREFIX + "*"))  # the finished files are on record
+    assert not [p for p in dest.rglob("*") if p.name.endswith(data_files.PART_SUFFIX)]
 
-    monkeypatch.setattr(staging, "_copy_file", real_copy)
+    monkeypatch.setattr(stage_copy, "copy_file", real_copy)
     copied: list[str] = []
-    monkeypatch.setattr(staging, "_copy_file",
-                        lambda s, d, h, v: (copied.append(s.name), real_copy(s, d, h, v))[1])
+    monkeypatch.setattr(stage_copy, "copy_file",
+                        lambda s, d, h, v, r=None: (copied.append(s.name), real_copy(s, d, h, v, r))[1])
     result = stage(source, dest, Runtime(), workers=2)
     assert result.skipped_files == 3 and result.copied_files == len(SIZES) - 3
     assert sorted(copied + calls) == sorted(Path(rel).name for rel in SIZES)
@@ -127,7 +131,7 @@ def test_part_file_left_by_a_kill_is_not_trusted(source: Path, tmp_path: Path) -
     stage(source, dest, Runtime())
     (dest / MANIFEST_NAME).unlink()  # as if killed before the manifest was written
     (dest / "train/b.bin").unlink()
-    (dest / "train" / f".b.bin.{socket.gethostname()}{staging.PART_SUFFIX}").write_bytes(b"half")
+    (dest / "train" / f".b.bin.{socket.gethostname()}{data_files.PART_SUFFIX}").write_bytes(b"half")
     result = stage(source, dest, Runtime())
     assert result.copied_files == len(SIZES)  # no manifest, no journal: nothing is trusted
     _assert_staged(source, dest)
@@ -154,7 +158,7 @@ def test_corrupted_destination_file_is_copied_again(source: Path, tmp_path: Path
 
 def test_bytes_that_land_wrong_are_caught_by_the_read_back(source: Path, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    real_write = staging._write_all
+    real_write = stage_copy.write_all
 
     def garbling_write(fd, data, path, src):  # a faulty device: one byte differs on disk
         if src.name == "a.bin":
@@ -163,7 +167,7 @@ def test_bytes_that_land_wrong_are_caught_by_the_read_back(source: Path, tmp_pat
             data = memoryview(data)
         real_write(fd, data, path, src)
 
-    monkeypatch.setattr(staging, "_write_all", garbling_write)
+    monkeypatch.setattr(stage_copy, "write_all", garbling_write)
     with pytest.raises(StagingError, match=r"\.a\.bin\..*mlhpc-part: staged copy does not read back as written"):
         stage(source, tmp_path / "dst", Runtime(), workers=2)
     assert not (tmp_path / "dst" / "train" / "a.bin").exists()  # never renamed into place
@@ -178,13 +182,22 @@ def test_changed_source_file_is_copied_again(source: Path, tmp_path: Path) -> No
     _assert_staged(source, dest)
 
 
-def test_enospc_names_the_file(source: Path, tmp_path: Path) -> None:
+def test_enospc_names_the_file(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full")
     dest = tmp_path / "dst"
-    (dest / "train").mkdir(parents=True)
-    # The copy's temporary name points at /dev/full: the kernel answers the write with ENOSPC.
-    os.symlink("/dev/full", dest / "train" / f".b.bin.{socket.gethostname()}{staging.PART_SUFFIX}")
+    real_write = stage_copy.write_all
+
+    def full_disk(fd, data, path, src):  # b.bin's bytes go to /dev/full: the kernel says ENOSPC
+        if src.name == "b.bin":
+            full = os.open("/dev/full", os.O_WRONLY)
+            try:
+                real_write(full, data, path, src)
+            finally:
+                os.close(full)
+        real_write(fd, data, path, src)
+
+    monkeypatch.setattr(stage_copy, "write_all", full_disk)
     with pytest.raises(StagingError, match=r"b\.bin.*destination full.*copying .*src/train/b\.bin"):
         stage(source, dest, Runtime(), workers=2)
     assert not (dest / MANIFEST_NAME).exists()
@@ -199,16 +212,41 @@ def test_unreadable_source_file_names_it(source: Path, tmp_path: Path, monkeypat
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(staging, "open", guarded_open, raising=False)
+    monkeypatch.setattr(stage_copy, "open", guarded_open, raising=False)
     with pytest.raises(StagingError, match=r"src/train/sub/e\.bin: cannot read source file \(permission denied\)"):
         stage(source, tmp_path / "dst", Runtime())
 
 
-def test_read_error_in_the_middle_of_a_source_file_names_it(source: Path, tmp_path: Path) -> None:
-    if not os.path.exists("/proc/self/mem"):
-        pytest.skip("no /proc/self/mem")
-    (source / "broken.bin").symlink_to("/proc/self/mem")  # opens fine; reading offset 0 -> EIO
-    with pytest.raises(StagingError, match=r"src/broken\.bin: cannot read source file"):
+def test_read_error_in_the_middle_of_a_source_file_names_it(source: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    broken = source / "train/a.bin"
+    real_open = open
+
+    class FailingRead:  # opens fine; the second read fails as a bad sector would (EIO)
+        def __init__(self, handle):
+            self.handle, self.reads = handle, 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+        def fileno(self):
+            return self.handle.fileno()
+
+        def readinto(self, buf):
+            self.reads += 1
+            if self.reads == 2:
+                raise OSError(errno.EIO, "Input/output error")
+            return self.handle.readinto(buf)
+
+    def opener(path, *args, **kwargs):
+        handle = real_open(path, *args, **kwargs)
+        return FailingRead(handle) if Path(path) == broken else handle
+
+    monkeypatch.setattr(stage_copy, "open", opener, raising=False)
+    with pytest.raises(StagingError, match=r"src/train/a\.bin: cannot read source file"):
         stage(source, tmp_path / "dst", Runtime(), workers=1)
 
 
@@ -225,7 +263,7 @@ def test_destination_not_writable_or_inside_source(source: Path, tmp_path: Path)
     blocker.write_text("x")
     with pytest.raises(StagingError, match=r"a_file/dst: cannot write staged file"):
         stage(source, blocker / "dst", Runtime())
-    with pytest.raises(StagingError, match=r"destination lies inside the source"):
+    with pytest.raises(StagingError, match=r"destination lies inside its source"):
         stage(source, source / "staged", Runtime())
 
 
@@ -277,18 +315,18 @@ def _two_rank_worker(rank: int, port: int, source: str, tmp: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     rt = Runtime(rank=rank, world_size=2, local_rank=rank, local_world_size=2, launcher="torchrun")
-    real_copy = staging._copy_file
+    real_copy = stage_copy.copy_file
     reports = []
     for name, fail_name in (("ok", ""), ("bad", "v0.bin")):
         calls: list[str] = []
 
-        def recording(src, dst, host, verify, calls=calls, fail_name=fail_name):
+        def recording(src, dst, host, verify, root=None, calls=calls, fail_name=fail_name):
             calls.append(Path(src).name)
             if Path(src).name == fail_name:
                 raise StagingError(f"{src}: injected failure")
-            return real_copy(src, dst, host, verify)
+            return real_copy(src, dst, host, verify, root)
 
-        staging._copy_file = recording
+        stage_copy.copy_file = recording
         report: dict = {"calls": calls}
         try:
             report["result"] = stage(Path(source), Path(tmp, name), rt, workers=2).to_dict()
@@ -487,11 +525,11 @@ def test_staging_config_checks_placeholders() -> None:
 
 
 def test_init_limit_warning() -> None:
-    assert staging.init_limit_warning(29 * 60, "closed", "init") is None
-    assert "allows 30 min" in staging.init_limit_warning(31 * 60, "closed", "init")
-    assert staging.init_limit_warning(3 * 3600, "open", "init") is None
-    assert "allows 240 min" in staging.init_limit_warning(5 * 3600, "open", "init")
-    assert staging.init_limit_warning(5 * 3600, "closed", "run") is None
+    assert rules.init_limit_warning(29 * 60, "closed", "init") is None
+    assert "allows 30 min" in rules.init_limit_warning(31 * 60, "closed", "init")
+    assert rules.init_limit_warning(3 * 3600, "open", "init") is None
+    assert "allows 240 min" in rules.init_limit_warning(5 * 3600, "open", "init")
+    assert rules.init_limit_warning(5 * 3600, "closed", "run") is None
 
 
 def test_node_summary(source: Path, tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """Which samples each rank reads: node-local shards after a sharded stage, the global shuffle otherwise.
 
-With ``data.staging.shard: node`` (`mlhpc.staging.Shard`) node ``n`` holds only its share of the
+With ``data.staging.shard: node`` (`mlhpc.data.stage.Shard`) node ``n`` holds only its share of the
 training and validation files, so its ranks can read only those samples. `NodeShardSampler`
 shards the node's samples over the node's ranks and shuffles them within the node every epoch,
 as NVIDIA's CosmoFlow and DeepCAM submissions to MLPerf HPC v3.0 do with their node-local data

@@ -149,7 +149,7 @@ class RunSummary:
         eval_samples: as logged. staged_bytes: ``staging_stop``'s ``staged_bytes`` metadata.
         staging_nodes: ``staging_stop``'s per-node figures when mlhpc logged them (``nodes``,
             ``slowest_node_s``, ``mean_node_s``, ``node_gb_per_s``, ``aggregate_gb_per_s``,
-            ``node_staged_bytes``, ``placement``; `mlhpc.staging.StagingResult.node_summary`).
+            ``node_staged_bytes``, ``placement``; `mlhpc.data.stage.StagingResult.node_summary`).
         malformed: ``"file:line: reason"`` for every unreadable record line.
     """
 

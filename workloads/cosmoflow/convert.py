@@ -1,4 +1,4 @@
-"""CosmoFlow's data tools (`mlhpc.datasets.DataTools`): check, convert and prepare its files.
+"""CosmoFlow's data tools (`mlhpc.data.formats.DataTools`): check, convert and prepare its files.
 
 - convert: any form `formats` reads -> ``hdf5`` (one file per source file, ``full`` int16
   ``(S, S, S, 4)`` or ``(n, S, S, S, 4)`` and ``unitPar`` float32, contiguous and unfiltered so
@@ -20,7 +20,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from mlhpc.datasets import FileCheck, atomic_output
+from mlhpc.data.files import atomic_output
+from mlhpc.data.formats import FileCheck
 from mlhpc.errors import DataError
 
 from . import formats
@@ -122,7 +123,7 @@ def _write(out_dir: Path, name: str, counts: np.ndarray, targets: np.ndarray, to
 
 
 class CosmoFlowDataTools:
-    """`mlhpc.datasets.DataTools` for CosmoFlow."""
+    """`mlhpc.data.formats.DataTools` for CosmoFlow."""
 
     formats = formats.FORMATS
     convert_to = CONVERT_TO

@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from mlhpc.errors import DataError
-from mlhpc.loader import PerChannel, channels_first
+from mlhpc.data.loader import PerChannel, channels_first
 
 from . import formats
 from .formats import FileInfo, Source, _short

@@ -1,4 +1,4 @@
-"""DeepCAM's data tools (`mlhpc.datasets.DataTools`): check and convert its sample files.
+"""DeepCAM's data tools (`mlhpc.data.formats.DataTools`): check and convert its sample files.
 
 Forms (see `data`): the official HDF5 (``data-<tag>.h5``: ``climate/data`` float32 (H, W, 16),
 ``climate/labels_0`` integer (H, W)) and NVIDIA's ``convert_hdf52npy.py`` layout
@@ -14,7 +14,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from mlhpc.datasets import FileCheck, atomic_output
+from mlhpc.data.files import atomic_output
+from mlhpc.data.formats import FileCheck
 from mlhpc.errors import DataError
 
 from . import data
@@ -54,7 +55,7 @@ def read_sample(path: Path, fmt: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 class DeepCamDataTools:
-    """`mlhpc.datasets.DataTools` for DeepCAM."""
+    """`mlhpc.data.formats.DataTools` for DeepCAM."""
 
     formats = data.FORMATS
     convert_to = data.FORMATS

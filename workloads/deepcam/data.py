@@ -40,7 +40,7 @@ import torch
 from torch.utils.data import Dataset
 
 from mlhpc.errors import DataError
-from mlhpc.loader import PerChannel, channels_first
+from mlhpc.data.loader import PerChannel, channels_first
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from mlhpc.config import Config
@@ -265,7 +265,7 @@ class CamDataset(Dataset):
         return torch.from_numpy(data), torch.from_numpy(label.astype(np.int64))
 
     def device_transform(self, data: torch.Tensor) -> torch.Tensor:
-        """Normalise a batch where it lies (`mlhpc.loader`): float32 ``(B, H, W, C)`` as stored ->
+        """Normalise a batch where it lies (`mlhpc.data.loader`): float32 ``(B, H, W, C)`` as stored ->
         float32 ``(B, C, H, W)`` contiguous, ``(data - minval) / (maxval - minval)`` per channel."""
         return self._normalize.apply(*channels_first(data))
 

@@ -1,0 +1,15 @@
+"""Everything that touches a dataset, one job per file (docs/architecture.md, "The data layer"):
+
+- `files`: atomic output (one temporary-name rule), checksums, locks, safe walking and opening
+  (no link followed out of a tree, none written through), ownership and overlap checks;
+- `manifest`: the one manifest schema (versioned) and its one parser; complete-or-absent;
+- `formats`: the `DataTools` protocol a workload implements for its formats, and detection;
+- `pool`: the one parallel driver (threads or processes);
+- `convert`: ``mlhpc data convert | prepare``; `check`: ``mlhpc data check``;
+- `embedded`: embedded (synthetic) datasets, made once, atomically;
+- `loader`, `sampler`: batching, on-device decoding, per-node and per-rank sharding;
+- `stage`: staging to node-local storage (plan, destination safety, copy and convert strategies,
+  the per-node collective).
+
+The harness names no workload and no format here: formats come from the workloads.
+"""

@@ -1,0 +1,285 @@
+"""`mlhpc data convert | prepare`: the one conversion driver over a workload's data tools.
+
+The harness knows no dataset: the workload's `mlhpc.data.formats.DataTools` converts or prepares
+one source file at a time. This driver does what every dataset needs around that: walk the
+split folders, run files in parallel (`mlhpc.data.pool`, processes), resume (a finished source
+is journalled and skipped on the next run while its outputs are intact), write every output
+atomically (`mlhpc.data.files.atomic_output`) and close the folder with its manifest, written
+last (`mlhpc.data.manifest`): a folder without one is unfinished, and `data check`, `stage` and
+`run` refuse it.
+
+Converting the distributed GZIP TFRecords once to an uncompressed form the loader memory-maps is
+what a site does before a campaign: NVIDIA's staging inflates the GZIP files on their way to the
+node (mlcommons hpc_results_v3.0 cosmoflow ``data/dali_tfr_gzip.py``), since GZIP decoding on a
+node's CPUs cannot feed accelerators that consume int16 counts at GB/s.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from mlhpc.data import manifest
+from mlhpc.data.files import (
+    atomic_output,
+    check_no_links,
+    checksum,
+    is_under,
+    reason,
+    refuse_overlap,
+    resolved,
+)
+from mlhpc.data.formats import DataTools, detect, split_dirs, splits_of, tools_of
+from mlhpc.data.pool import run_all
+from mlhpc.errors import DataError
+
+ProgressFn = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class ConvertResult:
+    """What `convert` / `prepare` did. Bytes are the sizes of the files read and written."""
+
+    dest: str
+    to: str
+    source_files: int
+    skipped_files: int
+    output_files: int
+    samples: int
+    bytes_read: int
+    bytes_written: int
+    seconds: float
+
+    @property
+    def gb_per_s(self) -> float:
+        """Bytes read per second, in GB (1e9)."""
+        return self.bytes_read / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "gb_per_s": self.gb_per_s}
+
+
+@dataclass(frozen=True)
+class _Writing:
+    """What a convert or prepare writes: from form ``fmt`` (``"raw"`` for prepare) to form ``to``
+    under ``dest``; ``prepare_size`` > 0 cuts raw files into samples of that size per side."""
+
+    tools: DataTools
+    fmt: str
+    to: str
+    dest: Path
+    what: str  # "convert" or "prepare": the manifest's kind and the progress events' name
+    prepare_size: int = 0
+
+
+def _describe(path: Path, root: Path, samples: int, source: str | None) -> dict[str, Any]:
+    """The manifest entry of an output just written. Raises DataError when it lies outside."""
+    path = Path(path)
+    if not is_under(resolved(path), resolved(root)):
+        raise DataError(f"{path}: the converter of {source} wrote outside the output folder {root}")
+    return {"path": path.relative_to(root).as_posix(), "bytes": path.stat().st_size,
+            "xxh3_128": checksum(path), "samples": samples, "from": source}
+
+
+def _convert_one(writing: _Writing, rel: str, source: Path, out_dir: Path) -> dict[str, Any]:
+    """Convert one source file; its journal entry. OSErrors become DataError naming the file."""
+    try:
+        check_no_links(writing.dest, out_dir)
+        if writing.prepare_size:
+            outputs = writing.tools.prepare_file(source, out_dir, writing.to, writing.prepare_size)
+        else:
+            outputs = writing.tools.convert_file(source, writing.fmt, out_dir, writing.to)
+        described = [_describe(p, writing.dest, n, rel) for p, n in outputs]
+        return {"source": rel, "source_bytes": source.stat().st_size, "outputs": described,
+                "kind": writing.what, "to": writing.to}
+    except OSError as exc:
+        where = exc.filename or out_dir
+        raise DataError(f"{where}: cannot write output ({reason(exc)}; converting {source}); "
+                        "fix the cause and run the command again to resume") from None
+
+
+def _finished(dest: Path, writing: _Writing) -> dict[str, dict[str, Any]]:
+    """Sources finished by earlier runs (journals of this kind and form) whose outputs are still
+    on disk with their recorded sizes."""
+    done: dict[str, dict[str, Any]] = {}
+    for entry in _recorded(dest, writing) + list(manifest.journal_entries(dest)):
+        if entry.get("kind") != writing.what or entry.get("to") != writing.to:
+            continue
+        outputs = entry.get("outputs")
+        if not isinstance(outputs, list) or not all(manifest.valid_output(o) for o in outputs):
+            continue
+        try:
+            if all(os.lstat(dest / o["path"]).st_size == o["bytes"] for o in outputs):
+                done[entry["source"]] = entry
+        except OSError:
+            continue
+    return done
+
+
+def _recorded(dest: Path, writing: _Writing) -> list[dict[str, Any]]:
+    """The sources a finished earlier run recorded in the manifest, as journal entries."""
+    doc = manifest.load(dest)
+    if doc is None or doc.get("kind") != writing.what or doc.get("to") != writing.to:
+        return []
+    by_source: dict[str, list[dict[str, Any]]] = {}
+    for entry in doc["files"]:
+        if isinstance(entry.get("from"), str):
+            by_source.setdefault(entry["from"], []).append(entry)
+    return [{"source": src, "source_bytes": 0, "outputs": outs, "kind": writing.what, "to": writing.to}
+            for src, outs in by_source.items()]
+
+
+def _drive(writing: _Writing, jobs: list[tuple[str, Path, Path]], workers: int,
+           progress: ProgressFn) -> ConvertResult:
+    """Run ``jobs`` (relative source name, source path, output folder), resumably, then close
+    the folder with its manifest."""
+    dest = writing.dest
+    start = time.perf_counter()
+    done = _finished(dest, writing)
+    todo = [(writing, rel, src, out) for rel, src, out in jobs if rel not in done]
+    progress({"kind": "start", "what": writing.what, "files": len(jobs), "skipped": len(jobs) - len(todo)})
+    bytes_read = bytes_written = 0
+    journal = manifest.Journal(dest, socket.gethostname(), DataError)
+    try:
+        for count, entry in enumerate(run_all(_convert_one, todo, workers), 1):
+            journal.add(entry)
+            done[entry["source"]] = entry
+            bytes_read += entry["source_bytes"]
+            bytes_written += sum(o["bytes"] for o in entry["outputs"])
+            progress({"kind": "file", "done": count + len(jobs) - len(todo), "files": len(jobs),
+                      "bytes_read": bytes_read, "bytes_written": bytes_written, "path": entry["source"]})
+    finally:
+        journal.close()
+    doc = _close(writing, jobs, done)
+    result = ConvertResult(str(dest), writing.to, len(jobs), len(jobs) - len(todo), len(doc["files"]),
+                           doc["samples"], bytes_read, bytes_written, time.perf_counter() - start)
+    progress({"kind": "done", **result.to_dict()})
+    return result
+
+
+def _close(writing: _Writing, jobs: list[tuple[str, Path, Path]],
+           done: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The split files (``finish_split``) and the manifest, written last; the journals dropped."""
+    dest = writing.dest
+    try:
+        extra = []
+        for split in sorted({out for _, _, out in jobs}):
+            extra += writing.tools.finish_split(split, writing.to)
+        files = [o for entry in done.values() for o in entry["outputs"]]
+        files += [_describe(p, dest, 0, None) for p in extra]
+        doc = manifest.write(dest, writing.what, files, to=writing.to, source_files=len(jobs),
+                             **{"from": writing.fmt})
+    except OSError as exc:
+        raise DataError(f"{exc.filename or dest}: cannot finish the output folder ({reason(exc)}); "
+                        "the folder stays unfinished: run the command again to resume") from None
+    manifest.drop_journals(dest)
+    return doc
+
+
+def _output_root(src: Path, dst: Path, what: str) -> None:
+    """Check ``dst`` for a convert or prepare from ``src`` and create it.
+
+    Raises:
+        DataError: ``dst`` and ``src`` contain each other; ``dst`` is a link, a file, owned by
+            another user or writable by everyone; it cannot be created.
+    """
+    refuse_overlap(src, dst, what, DataError)
+    if dst.is_symlink():
+        raise DataError(f"{dst}: {what} output folder is a symbolic link; give the real folder")
+    try:
+        dst.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"{dst}: cannot create the {what} output folder ({reason(exc)})") from None
+    st = dst.stat()
+    if st.st_uid != os.geteuid() or st.st_mode & 0o002:
+        raise DataError(f"{dst}: {what} output folder is owned by uid {st.st_uid} with mode "
+                        f"{st.st_mode & 0o7777:04o}; it must be yours and not writable by everyone")
+
+
+def _make_split(dst: Path, split: str) -> Path:
+    """``dst/split``, created (never through a link). Raises DataError."""
+    try:
+        (dst / split).mkdir(exist_ok=True)
+        check_no_links(dst, dst / split)
+    except OSError as exc:
+        raise DataError(f"{dst / split}: cannot create output folder ({reason(exc)})") from None
+    return dst / split
+
+
+def convert(workload: Any, src: Path, dst: Path, to: str, *, fmt: str = "auto",  # `data convert`'s options
+            workers: int = 1, on_progress: ProgressFn | None = None) -> ConvertResult:
+    """Convert the dataset at ``src`` (its split folders) into form ``to`` under ``dst``.
+
+    Lossless: the readers give bit-identical samples from ``src`` and ``dst``. Root files the
+    workload names (``root_files``) are copied. A second run skips the source files finished by
+    the first (resumable); the manifest is written last.
+
+    Raises:
+        DataError: bad source (named file and record), an unknown form, ``src`` and ``dst``
+            containing each other, an unfinished source, or an output that cannot be written
+            (named, with the cause: a file in the way, read-only, full).
+    """
+    tools = tools_of(workload)
+    src, dst = Path(src), Path(dst)
+    if to not in tools.convert_to:
+        raise DataError(f"--to {to!r}: expected one of {', '.join(tools.convert_to)}")
+    form = detect(tools, src, fmt)
+    _output_root(src, dst, "data convert")
+    jobs = []
+    for split in split_dirs(tools, src):
+        files = tools.list_files(src / split, form)
+        if not files:
+            raise DataError(f"{src / split}: no {form} files (an empty split)")
+        out = _make_split(dst, split)
+        jobs += [(f"{split}/{p.name}", p, out) for p in files]
+    for name in tools.root_files:
+        if (src / name).is_file() and not (src / name).is_symlink():
+            try:
+                with atomic_output(dst / name) as tmp:
+                    shutil.copyfile(src / name, tmp)
+            except OSError as exc:
+                raise DataError(f"{dst / name}: cannot write ({reason(exc)})") from None
+    writing = _Writing(tools, form, to, dst, "convert")
+    return _drive(writing, jobs, workers, on_progress or (lambda e: None))
+
+
+def prepare(workload: Any, raw_dir: Path, dst: Path, to: str, *, workers: int = 1,  # `data prepare`'s options
+            sample_size: int = 128, validation_fraction: float = 0.1111,
+            on_progress: ProgressFn | None = None) -> ConvertResult:
+    """The reference's preparation step (for CosmoFlow mlcommons/hpc ``cosmoflow/prepare.py``):
+    each raw file under ``raw_dir`` made into samples (of ``sample_size`` per side where the
+    workload cuts volumes), written in form ``to``.
+
+    Whole raw files go to one split: the last ``ceil(n * validation_fraction)`` (at least one
+    when there are two or more) in name order to the validation split, the rest to training.
+
+    Raises:
+        DataError: no raw files, a malformed one (named), a size that does not divide it,
+            ``raw_dir`` and ``dst`` containing each other, an output that cannot be written.
+    """
+    tools = tools_of(workload)
+    raw_dir, dst = Path(raw_dir), Path(dst)
+    if to not in tools.convert_to:
+        raise DataError(f"--to {to!r}: expected one of {', '.join(tools.convert_to)}")
+    if not 0 <= validation_fraction < 1:
+        raise DataError(f"--validation-fraction {validation_fraction}: expected 0 <= f < 1")
+    refuse_overlap(raw_dir, dst, "data prepare", DataError)
+    raw = tools.list_raw(raw_dir)
+    if not raw:
+        raise DataError(f"{raw_dir}: no raw files to prepare")
+    _output_root(raw_dir, dst, "data prepare")
+    n_valid = math.ceil(len(raw) * validation_fraction) if len(raw) > 1 else 0
+    n_valid = min(max(n_valid, 1 if len(raw) > 1 and validation_fraction > 0 else 0), len(raw) - 1)
+    train_split, valid_split = splits_of(tools)[:2]
+    jobs = []
+    for i, path in enumerate(raw):
+        split = valid_split if i >= len(raw) - n_valid else train_split
+        jobs.append((f"{split}/{path.name}", path, _make_split(dst, split)))
+    writing = _Writing(tools, "raw", to, dst, "prepare", prepare_size=sample_size)
+    return _drive(writing, jobs, workers, on_progress or (lambda e: None))

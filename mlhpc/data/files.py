@@ -1,0 +1,392 @@
+"""File primitives every data command shares: atomic output, checksums, locks, safe walking and
+safe opening.
+
+One rule for each thing a data command does to a file system:
+
+- **Temporary names.** A file is written under `part_path` (``.NAME.HOST-PID.mlhpc-part`` beside
+  its final name) and renamed into place (`atomic_output`), so a file under its final name is
+  always whole; `is_part_file` tells leftovers of an interrupted writer.
+- **Checksums.** XXH3-128 (`checksum`): staging guards against corruption, not against an
+  adversary, and a 128-bit XXH3 detects accidental changes as reliably as a cryptographic hash at
+  memory speed (25.9 GB/s per core on this project's build machine against 1.9 GB/s for
+  SHA-256, BENCHMARKS.md).
+- **Links.** A source tree is walked without following a link out of it (`walk_files`): a link
+  is refused, naming it, unless the caller opts in with ``follow_links`` and then only a link
+  whose target lies inside the tree is read. A destination is written through directory
+  descriptors opened with ``O_NOFOLLOW`` (`open_dir`), so a link planted in it is never written
+  through.
+- **Ownership and modes.** A destination folder must belong to the invoking user and be writable
+  by nobody else (`check_private_dir`); new destinations are created ``0700``
+  (`make_private_dir`); a copied file never gets more permission bits than its source.
+- **Overlap.** A source and a destination may not contain each other (`refuse_overlap`).
+
+mlhpc runs on shared cluster nodes, often as an administrator: these rules are what keeps its data
+commands from being turned against the user who runs them. See docs/architecture.md, "The data
+layer".
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import pwd
+import socket
+import stat
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional
+
+import xxhash
+
+from mlhpc.errors import MlhpcError, StagingError
+
+CHECKSUM = "xxh3_128"
+PART_SUFFIX = ".mlhpc-part"
+LOCK_NAME = ".mlhpc-lock"
+BUFFER_BYTES = 1 << 20  # 1 MiB per read: large enough for xxhash to drop the GIL, fits in L2
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def safe_name(text: str) -> str:
+    """``text`` with every character but letters, digits, ``.`` and ``_`` replaced by ``_``."""
+    return "".join(c if c.isalnum() or c in "._" else "_" for c in text) or "_"
+
+
+def part_path(final: Path) -> Path:
+    """The one temporary name of the project for a file being written to ``final``:
+    ``.NAME.HOST-PID.mlhpc-part`` in the same folder (so the rename is atomic, and writers on
+    several hosts or processes never share a temporary file)."""
+    final = Path(final)
+    return final.with_name(f".{final.name}.{safe_name(socket.gethostname())}-{os.getpid()}{PART_SUFFIX}")
+
+
+def is_part_file(name: str) -> bool:
+    """Whether a file name is a temporary file of an unfinished writer (`part_path`)."""
+    return name.startswith(".") and name.endswith(PART_SUFFIX)
+
+
+@contextmanager
+def atomic_output(final: Path) -> Iterator[Path]:
+    """A temporary path beside ``final`` to write (`part_path`); renamed to ``final`` when the
+    block succeeds, removed when it fails, so a half-written file never carries the final name.
+
+    The temporary file is created here with ``O_EXCL | O_NOFOLLOW`` (a link planted at that
+    name is not followed: the creation fails), then handed to the writer, which may reopen it by
+    path (h5py, numpy). ``final``'s folder must not be a link.
+
+    Raises:
+        OSError: the folder is missing, is a link, or cannot be written.
+    """
+    final = Path(final)
+    tmp = part_path(final)
+    parent = final.parent
+    if parent.is_symlink():
+        raise OSError(errno.ELOOP, "folder is a symbolic link", str(parent))
+    unlink_quietly(tmp)  # a leftover of this very process id (a recycled pid)
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    except BaseException:
+        unlink_quietly(tmp)
+        raise
+
+
+def write_text_atomic(final: Path, text: str) -> None:
+    """``text`` written to ``final`` through `atomic_output` (complete or absent).
+
+    Raises:
+        OSError: as `atomic_output`, or the write fails (full disk, read-only file system).
+    """
+    with atomic_output(final) as tmp:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+_buffers = threading.local()
+
+
+def thread_buffers() -> tuple[bytearray, bytearray]:
+    """Two reusable BUFFER_BYTES buffers per thread (fresh large allocations cost page faults)."""
+    if not hasattr(_buffers, "pair"):
+        _buffers.pair = (bytearray(BUFFER_BYTES), bytearray(BUFFER_BYTES))
+    return _buffers.pair
+
+
+def new_digest() -> "xxhash.xxh3_128":
+    """A fresh XXH3-128 digest."""
+    return xxhash.xxh3_128()
+
+
+def checksum(path: Path) -> str:
+    """XXH3-128 hex digest of a file's bytes (the checksum every manifest records).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    digest = new_digest()
+    buf = thread_buffers()[1]
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fin:
+        while n := fin.readinto(buf):
+            digest.update(view[:n])
+    return digest.hexdigest()
+
+
+def file_checksum(path: Path) -> str:
+    """``"xxh3_128:<hex>"`` of a file's bytes (`checksum` with the algorithm named).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    return f"{CHECKSUM}:{checksum(path)}"
+
+
+def reason(exc: OSError) -> str:
+    """A short cause for an OSError: "not found", "permission denied", "no space left on
+    device", "read-only file system", or the system's own text."""
+    causes = {errno.ENOENT: "not found", errno.EACCES: "permission denied",
+              errno.EPERM: "permission denied", errno.ENOSPC: "no space left on device",
+              errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only file system",
+              errno.ENOTDIR: "not a folder", errno.EISDIR: "is a folder",
+              errno.ELOOP: "a symbolic link where none may be"}
+    return causes.get(exc.errno, exc.strerror or str(exc))
+
+
+def dest_error(path: Path, exc: OSError, src: Optional[Path] = None) -> StagingError:
+    """A StagingError naming ``path`` and the cause of ``exc`` (and the source being copied)."""
+    what = f" (copying {src})" if src is not None else ""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StagingError(f"{path}: staging destination full (no space left on device){what}")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return StagingError(f"{path}: staging destination not writable ({reason(exc)}){what}")
+    return StagingError(f"{path}: cannot write staged file ({reason(exc)}){what}")
+
+
+def unlink_quietly(path: Path) -> None:
+    """Remove a file if it is there; errors are ignored."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def resolved(path: Path) -> Path:
+    """``path.resolve()``, or the absolute path when it cannot be resolved."""
+    try:
+        return Path(path).resolve()
+    except OSError:
+        return Path(path).absolute()
+
+
+def is_under(path: Path, root: Path) -> bool:
+    """Whether ``path`` equals ``root`` or lies below it (lexically)."""
+    try:
+        Path(path).relative_to(root)
+    except ValueError:
+        return False
+    return True
+
+
+@contextmanager
+def node_lock(folder: Path) -> Iterator[None]:
+    """Exclusive ``flock`` on ``folder/.mlhpc-lock`` (never through a link) for processes of a
+    node that share a folder without a process group.
+
+    Raises:
+        StagingError: the lock file cannot be created.
+    """
+    try:
+        fd = os.open(Path(folder) / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise dest_error(Path(folder) / LOCK_NAME, exc) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+# ---- overlap, ownership and modes ---------------------------------------------------------------
+
+
+def refuse_overlap(source: Path, dest: Path, what: str, error: type[MlhpcError]) -> None:
+    """Raise ``error`` when ``dest`` and ``source`` are one folder or one contains the other
+    (after resolving links): an output inside its input is read back as input, an input inside
+    its output is pruned or overwritten.
+
+    Args:
+        what: the command, for the message (``"staging"``, ``"data convert"``, ...).
+    """
+    src, dst = resolved(source), resolved(dest)
+    if src == dst:
+        raise error(f"{dest}: {what} destination is its source folder; choose another folder")
+    if is_under(dst, src):
+        raise error(f"{dest}: {what} destination lies inside its source {source}; choose a folder "
+                    "outside it")
+    if is_under(src, dst):
+        raise error(f"{dest}: {what} destination contains its source {source}; choose a folder "
+                    "outside it")
+
+
+def _owner(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def check_private_dir(path: Path, error: type[MlhpcError], what: str) -> None:
+    """Raise ``error`` unless ``path`` is a real folder (not a link) owned by the invoking user
+    and writable by nobody else (no group or other write bit).
+
+    A folder of a predictable name in shared scratch (``$TMPDIR``, ``/tmp``) may have been made
+    by another user beforehand, who could then read or replace what is written into it.
+    """
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise error(f"{path}: {what} folder cannot be inspected ({reason(exc)})") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise error(f"{path}: {what} folder is a symbolic link; give the real folder")
+    if not stat.S_ISDIR(st.st_mode):
+        raise error(f"{path}: {what} folder is not a folder")
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid != os.geteuid() or mode & 0o022:
+        raise error(f"{path}: {what} folder is owned by {_owner(st.st_uid)} with mode {mode:04o}; "
+                    f"it must be yours ({_owner(os.geteuid())}) and writable by nobody else "
+                    "(remove it, or choose another folder)")
+
+
+def make_private_dir(path: Path, error: type[MlhpcError], what: str) -> None:
+    """Create ``path`` (and missing parents) with the last component ``0700``, or check an
+    existing one with `check_private_dir`.
+
+    Raises:
+        error: ``path`` exists and is not private, or it cannot be created (named, with the cause).
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        cause = "a file is in the way" if isinstance(exc, FileExistsError) else reason(exc)
+        raise error(f"{path}: cannot write staged file: cannot create {what} folder ({cause})") from None
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise error(f"{path}: cannot write staged file: cannot create {what} folder ({reason(exc)})") from None
+    check_private_dir(path, error, what)
+
+
+def copy_mode(source_mode: int) -> int:
+    """Permission bits for a new copy of a file of mode ``source_mode``: its own read/write bits,
+    never more (the process umask may take more away)."""
+    return stat.S_IMODE(source_mode) & 0o666
+
+
+# ---- walking a source, opening under a destination ------------------------------------------------
+
+
+def walk_files(root: Path, error: type[MlhpcError], follow_links: bool = False
+               ) -> Iterator[tuple[str, os.stat_result]]:
+    """``(relative POSIX path, stat)`` of every regular file under ``root``, never following a
+    link out of it.
+
+    A symbolic link (to a file or a folder) is refused with ``error`` naming it, unless
+    ``follow_links``: then a link whose target (resolved) lies inside ``root`` is read as its
+    target, and any other link is still refused. FIFOs, sockets and devices are skipped.
+
+    Raises:
+        error: a link (as above), or a folder that cannot be listed.
+    """
+    root = Path(root)
+    top = resolved(root)
+    yield from _walk(root, "", top, error, follow_links)
+
+
+def _walk(folder: Path, prefix: str, top: Path, error: type[MlhpcError], follow: bool
+          ) -> Iterator[tuple[str, os.stat_result]]:
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError as exc:
+        raise error(f"{folder}: cannot list folder ({reason(exc)})") from None
+    for entry in entries:
+        rel = prefix + entry.name
+        path = Path(entry.path)
+        try:
+            if entry.is_symlink():
+                _check_link(path, top, error, follow)
+            st = os.stat(path)
+        except OSError as exc:
+            raise error(f"{path}: cannot stat ({reason(exc)})") from None
+        if stat.S_ISDIR(st.st_mode):
+            yield from _walk(path, rel + "/", top, error, follow)
+        elif stat.S_ISREG(st.st_mode):
+            yield rel, st
+
+
+def _check_link(path: Path, top: Path, error: type[MlhpcError], follow: bool) -> None:
+    target = resolved(path)
+    if not follow:
+        raise error(f"{path}: symbolic link in the source (to {os.readlink(path)}); links are not "
+                    "followed (copy the file, or allow links to files inside the source with "
+                    "--follow-links)")
+    if not is_under(target, top) or target == top:
+        raise error(f"{path}: symbolic link points outside the source tree (to {target}); refused")
+    if target.is_dir():
+        raise error(f"{path}: symbolic link to a folder ({target}); a linked folder would be read "
+                    "twice, so it is refused even with --follow-links")
+
+
+def open_dir(root_fd: int, rel_parts: tuple[str, ...], create: bool) -> int:
+    """A descriptor of the folder ``rel_parts`` below the folder open as ``root_fd``, each
+    component opened with ``O_NOFOLLOW`` (a link anywhere on the way fails with ``ELOOP``) and,
+    with ``create``, made ``0700`` when missing. The caller closes it.
+
+    Raises:
+        OSError: a component is a link (ELOOP), not a folder, or cannot be made.
+    """
+    fd = os.dup(root_fd)
+    try:
+        for part in rel_parts:
+            if part in ("", ".", ".."):
+                raise OSError(errno.EINVAL, "bad path component", part)
+            if create:
+                try:
+                    os.mkdir(part, 0o700, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_root(path: Path) -> int:
+    """A descriptor of the folder ``path`` itself, refusing a link as its last component.
+
+    Raises:
+        OSError: missing, not a folder, or a link (ELOOP).
+    """
+    return os.open(path, _DIR_FLAGS)
+
+
+def check_no_links(root: Path, folder: Path) -> None:
+    """Raise OSError(ELOOP) when any component of ``folder`` below ``root`` is a link, so that a
+    writer that takes paths (h5py, numpy) is never pointed through one."""
+    rel = Path(folder).relative_to(root)
+    fd = open_root(root)
+    try:
+        os.close(open_dir(fd, rel.parts, create=False))
+    finally:
+        os.close(fd)
