@@ -11,6 +11,7 @@ pydantic models the workload declares (`mlhpc.workload.Workload`).
 from __future__ import annotations
 
 import copy
+import os
 import re
 import typing
 from pathlib import Path
@@ -151,7 +152,8 @@ class DataConfig(Section):
     train_samples: Optional[int] = Field(None, ge=1)  # None: every sample found
     eval_samples: Optional[int] = Field(None, ge=1)
     # on-disk form of the samples; auto: detected from the file names (the workload's reader)
-    format: Literal["auto", "hdf5", "tfrecord", "npy"] = "auto"
+    # (checked against the formats the workload declares, `mlhpc.data.formats.DataTools`)
+    format: str = Field("auto", pattern=r"^[a-z][a-z0-9_-]*$")
     # seed of the embedded (synthesised) dataset: the data stay the same across runs whose
     # train.seed differs, as a real dataset does (a closed submission runs 5 or 10 seeds on one dataset)
     synth_seed: int = Field(0, ge=0, le=SEED_MAX)
@@ -320,6 +322,41 @@ UniqueKeyLoader.add_implicit_resolver(
     list("-+.0123456789"))
 
 
+#: The largest config file read: a config is a page of YAML; a file larger than this is not one.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of ``path`` when it is a regular file of at most `MAX_CONFIG_BYTES`: a device
+    (``/dev/zero``, ``/dev/urandom``), a FIFO or a socket never ends or never answers, so it is
+    refused before it is opened for reading (a FIFO is opened non-blocking to be inspected).
+
+    Raises:
+        ConfigError: not a regular file, or larger than the limit.
+        OSError: it cannot be read.
+    """
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{path}: not a regular file (a device, FIFO or socket); a config "
+                              "is a YAML file")
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: {st.st_size} bytes; a config file is at most "
+                              f"{MAX_CONFIG_BYTES} bytes")
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: grew past {MAX_CONFIG_BYTES} bytes while read; not a config file")
+    return data
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """The mapping in a UTF-8 YAML file, read with a safe loader that refuses duplicate keys.
 
@@ -328,7 +365,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
             YAML, holds a key twice in one mapping (named with its line), or is not a mapping.
     """
     try:
-        data = Path(path).read_bytes()
+        data = _read_regular(Path(path))
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except IsADirectoryError:
@@ -396,7 +433,22 @@ def from_dict(tree: dict[str, Any], source: str = "<dict>", overrides: tuple[str
                     raise ConfigError(f"--set {key}: names no config key") from None
                 raise ConfigError(f"--set {key}: {_describe(first)}") from None
         _raise(source, exc)
+    _check_format(config, workload, source)
     return config  # type: ignore[return-value]
+
+
+def _check_format(config: Any, workload: Any, source: str) -> None:
+    """``data.format`` must be ``auto`` or a form the workload's data tools read.
+
+    Raises:
+        ConfigError: it names another form (the message lists the workload's).
+    """
+    fmt = config.data.format
+    known = tuple(getattr(workload.data_tools, "formats", ()) or ())
+    if fmt != "auto" and fmt not in known:
+        listed = ", ".join(("auto",) + known)
+        raise ConfigError(f"{source}: data.format: {fmt!r} is not a form workload "
+                          f"{workload.name!r} reads; expected one of {listed}")
 
 
 def load(path: Path | str, overrides: tuple[str, ...] = ()) -> Config:

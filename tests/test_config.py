@@ -224,14 +224,16 @@ def test_folder_or_unreadable_config(tmp_path, monkeypatch):
     assert_one_line(code, err, str(tmp_path), "is a folder, not a config file")
     path = tmp_path / "c.yaml"
     path.write_text(BASE.format(workload="cosmoflow"))
-    real = Path.read_bytes
+    import mlhpc.config
 
-    def denied(self):
-        if self == path:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real(self)
+    real = mlhpc.config._read_regular
 
-    monkeypatch.setattr(Path, "read_bytes", denied)
+    def denied(where):
+        if Path(where) == path:
+            raise PermissionError(13, "Permission denied", str(where))
+        return real(where)
+
+    monkeypatch.setattr(mlhpc.config, "_read_regular", denied)
     code, err = run_cli("submit", str(path), "--dry-run")
     assert_one_line(code, err, str(path), "cannot read config file (Permission denied)")
 

@@ -160,9 +160,14 @@ def _list_file(folder: Path, name: str) -> list[str] | None:
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: file list cannot be read ({_short(exc)})") from None
     names = [line.split()[0] for line in lines if line.strip()]
+    seen: set[str] = set()
     for name in names:
         if "/" in name or name in (".", ".."):
             raise DataError(f"{path}: entry {name!r} is not a file name in this folder")
+        if name in seen:  # MLPerf HPC rules: each datum appears exactly once per epoch
+            raise DataError(f"{path}: {name!r} is listed twice (it would be trained on twice an "
+                            "epoch; each datum appears exactly once per epoch)")
+        seen.add(name)
     return names
 
 
@@ -378,9 +383,11 @@ class TFRecordFormat:
         return sorted(files, key=lambda p: (stem(p.name), p.name))
 
     def inspect(self, path: Path, full: bool = False) -> FileInfo:
-        """``full``: decode the file (targets known, every value checked). Otherwise only the
-        first record's header and the GZIP trailer are read: the sample count is exact for
-        files of equal-sized records, and checked again when the file is read.
+        """``full``: decode the file (targets known, every value checked). Otherwise, for an
+        uncompressed file, every record's header is read and its framing checked
+        (`tfrecord_io.count_frames`); for GZIP only the first record's header and the GZIP
+        trailer are read (framing inside the stream needs the whole file inflated): the sample
+        count is exact for files of equal-sized records, and checked again when the file is read.
         Raises DataError naming the file."""
         identity = _try_identity(path)
         if full:
@@ -393,7 +400,9 @@ class TFRecordFormat:
             side -= 1
         if length != example_length(side):  # not the plain x/y Example: decode it to say why
             return self.inspect(path, full=True)
-        if total % frame == 0 and total // frame >= 1 and (not gz or total < 2**32):
+        if not gz:  # every record's framing is checked: one small read per record
+            n = tfrecord_io.count_frames(path)
+        elif total % frame == 0 and total // frame >= 1 and total < 2**32:
             n = total // frame
         else:  # records of several sizes, or a stream over 4 GiB: count them for real
             n = sum(1 for _ in tfrecord_io.records(tfrecord_io.read_file(path), path))
