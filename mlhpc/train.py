@@ -586,7 +586,7 @@ def _train_epoch(job: Job, parts: Parts, epoch: int, skip: int, stop: "_Stop",
                 stopped = f"non-finite training loss in epoch {epoch} by step {step + 1}"
                 break
             if flags[0]:
-                stopped = f"SIGTERM in epoch {epoch} after step {step + 1}"
+                stopped = f"{stop.signal or 'SIGTERM'} in epoch {epoch} after step {step + 1}"
                 _save_checkpoint(job, parts, clock, epoch, step + 1)
                 break
     signalled, loss_total, samples_total = all_reduce(
@@ -598,7 +598,7 @@ def _train_epoch(job: Job, parts: Parts, epoch: int, skip: int, stop: "_Stop",
     if stopped is None and not math.isfinite(train_loss):
         stopped = f"non-finite training loss ({train_loss}) in epoch {epoch}"
     if stopped is None and signalled > 0:  # the signal arrived after the last check
-        stopped = f"SIGTERM at the end of epoch {epoch}"
+        stopped = f"{stop.signal or 'SIGTERM'} at the end of epoch {epoch}"
         _save_checkpoint(job, parts, clock, epoch, micro_steps)
     return stopped, epoch_s, samples_total / epoch_s if epoch_s > 0 else 0.0, train_loss
 
@@ -751,7 +751,7 @@ class _Clock:
 
 
 class _Stop:
-    """SIGTERM (what Slurm sends before a time limit): before ``run_start`` it raises
+    """SIGTERM (what Slurm sends before a time limit) or SIGINT (Ctrl-C): before ``run_start`` it raises
     `RunInterrupted` (the attempt's log is set aside); from ``run_start`` on it sets ``signal``,
     checked between steps (a checkpoint is saved, run_stop logged). Installed for the ``with``
     block when this is the main thread."""
@@ -775,12 +775,12 @@ class _Stop:
 
     def __enter__(self) -> "_Stop":
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self)
+            self._previous = {sig: signal.signal(sig, self) for sig in (signal.SIGTERM, signal.SIGINT)}
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for sig, previous in (self._previous or {}).items():
+            signal.signal(sig, previous)
 
 
 class _SkipSampler(Sampler[int]):

@@ -33,6 +33,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from mlhpc.config import SEED_MAX
+from mlhpc.data.files import is_part_file
+from mlhpc.data.formats import splits_of
+from mlhpc.data.manifest import require_complete
 from mlhpc.errors import ConfigError, DataError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -43,7 +46,6 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 MARKER = ".mlhpc-complete.json"
 INTENT = ".mlhpc-intent.json"
 MARKER_FORMAT = 1
-SPLITS = ("train", "validation")
 #: Per-file temporaries of the workloads' writers (cosmoflow ``.NAME.PID.part``, deepcam
 #: ``.NAME.tmp-PID``) and of this module; a folder holding one was left by an interrupted writer.
 PARTIAL_FILE = re.compile(r"^\..+(\.part|\.tmp-\d+)$")
@@ -57,8 +59,9 @@ def staging_folder(path: Path) -> Path:
 
 
 def is_partial_file(path: Path) -> bool:
-    """True for a leftover per-file temporary of an interrupted writer (never data to read)."""
-    return bool(PARTIAL_FILE.match(path.name))
+    """True for a leftover per-file temporary of an interrupted writer (never data to read):
+    the project's own rule (`mlhpc.data.files.is_part_file`) or a workload writer's."""
+    return is_part_file(path.name) or bool(PARTIAL_FILE.match(path.name))
 
 
 def _settings(workload: str, synth: Any, seed: int) -> dict[str, Any]:
@@ -110,9 +113,8 @@ def check_complete(path: Path, marker: dict[str, Any]) -> str | None:
     except OSError as exc:
         return f"cannot be listed ({exc.strerror or exc})"
     expected = marker.get("inventory") or {}
-    for split in SPLITS:
-        if split not in expected:
-            return f"the marker records no {split}/ folder"
+    if not any(want.get("files", 0) and name in found for name, want in expected.items()):
+        return "the marker records no data folder"
     for name, want in expected.items():
         have = found.get(name)
         if have is None:
@@ -326,6 +328,9 @@ def ensure_data(config: "Config", workload: "Workload", rt: "Runtime") -> float:
     path = Path(config.data.path)
     runtime.barrier(rt)  # every rank looks before rank 0 may start writing ...
     state = describe(path)
+    if state == "unmarked":  # a folder made by data convert / prepare must carry its manifest
+        require_complete(path, DataError, resume="the mlhpc data convert or prepare command that "
+                                                 "made it, with the same arguments")
     if state == "complete":  # every rank, so that all raise together
         marker = read_marker(path) or {}
         differs = _first_difference(marker, _settings(workload.name, config.synth, config.data.synth_seed))
@@ -348,14 +353,15 @@ def ensure_data(config: "Config", workload: "Workload", rt: "Runtime") -> float:
         if rt.is_main:
             synthesize(path, workload, config.synth, config.data.synth_seed)
         runtime.barrier(rt)
-    for split in SPLITS:
+    for split in splits_of(getattr(workload, "data_tools", None)):
         folder = path / split
         if not folder.is_dir() or not any(p.is_file() and not is_partial_file(p)
                                           for p in folder.iterdir()):
             hint = ""
             if state == "unmarked" and not folder.exists():  # someone's own data, not ours
                 hint = (f"; a folder of raw data (e.g. whole simulated universes) is made into "
-                        f"train/ and validation/ by `mlhpc data prepare {workload.name} {path} DST`")
+                        f"its split folders by `mlhpc data prepare {workload.name} {path} DST`")
+            names = " and ".join(f"{s}/" for s in splits_of(getattr(workload, "data_tools", None)))
             raise DataError(f"{folder}: dataset folder is missing or empty "
-                            f"(expected train/ and validation/ with data files){hint}")
+                            f"(expected {names} with data files){hint}")
     return time.perf_counter() - start if work else 0.0

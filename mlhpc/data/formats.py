@@ -19,8 +19,9 @@ SPLITS = ("train", "validation")
 
 
 def splits_of(tools: Any) -> tuple[str, ...]:
-    """The split folder names of a workload's data tools (``tools.splits``, default `SPLITS`)."""
-    return tuple(getattr(tools, "splits", SPLITS))
+    """The split folder names of a workload's data tools (``tools.splits``, default `SPLITS`;
+    ``tools`` may be None)."""
+    return tuple(getattr(tools, "splits", SPLITS) or SPLITS)
 
 
 @dataclass(frozen=True)

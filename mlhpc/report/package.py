@@ -242,10 +242,16 @@ def package_runs(run_dirs: list[Path | str], out: Path | str, org: str | None = 
         a `PackageResult` (not yet checked: see `check_package`).
 
     Raises:
-        ConfigError: no run found, a name that is not a safe folder name, runs disagreeing on
+        ConfigError: ``out`` and a run folder contain each other; no run found, a name that is
+            not a safe folder name, runs disagreeing on
             org/division or node count, or a destination benchmark folder that already holds results.
         LogFormatError: a log cannot be read.
     """
+    from mlhpc.data.files import refuse_overlap
+
+    for run_dir in run_dirs:  # a package inside a run folder would be read back as its runs
+        folder = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
+        refuse_overlap(folder, Path(out), "--package", ConfigError)
     runs = _read_unbroken_runs(_find_logs(run_dirs))
     sub = _identify(runs, org, system)
     _check_alike(runs, sub)

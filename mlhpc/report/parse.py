@@ -103,6 +103,34 @@ class ParsedLog:
         return [event for event in self.events if event.key == key]
 
 
+#: The longest MLLOG record line read (characters). A log line is a short JSON object; a line
+#: past this is refused before any parser or regular expression (ours or the official
+#: checkers') runs over it, where it could cost minutes.
+MAX_RECORD_CHARS = 1 << 16
+#: The longest text value shown from a log (``submission_*``); longer ones are cut, saying so.
+MAX_FIELD_CHARS = 200
+
+
+def cap_field(value: str) -> str:
+    """``value`` cut to `MAX_FIELD_CHARS` characters, saying how long it was."""
+    if len(value) <= MAX_FIELD_CHARS:
+        return value
+    return f"{value[:MAX_FIELD_CHARS]}... (cut from {len(value)} characters)"
+
+
+def oversize_line(path: Path | str) -> str | None:
+    """``"LINE: N characters"`` for the first line of ``path`` longer than `MAX_RECORD_CHARS`,
+    or None (also when the file cannot be read: the caller reports that its own way)."""
+    try:
+        with open(path, "rb") as handle:
+            for lineno, line in enumerate(handle, start=1):
+                if len(line) > MAX_RECORD_CHARS:
+                    return f"line {lineno}: {len(line)} characters"
+    except OSError:
+        return None
+    return None
+
+
 def _split_lines(text: str) -> list[str]:
     # Python's universal-newline splitting, as iterating a text-mode file does (mlp_parser).
     return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
@@ -153,6 +181,13 @@ def parse_text(text: str, path: str = "<text>") -> ParsedLog:
     parsed.n_lines = len(lines)
     record_index = 0
     for lineno, line in enumerate(lines, start=1):
+        if len(line) > MAX_RECORD_CHARS:
+            if TOKEN in line:
+                parsed.malformed.append(Malformed(path, lineno, (
+                    f"record line of {len(line)} characters, over the {MAX_RECORD_CHARS} an MLLOG "
+                    "record may hold (not read)")))
+                record_index += 1
+            continue
         at = line.rfind(TOKEN)
         if at < 0:
             continue

@@ -195,6 +195,13 @@ def check_folder(folder: Path | str, *, benchmark: str | None, ruleset: str | No
         key = None
     if key is not None and key in _cache:
         return _cache[key]
+    from mlhpc.report.parse import MAX_RECORD_CHARS, oversize_line
+
+    for path in files:  # the checker's regular expressions would run for minutes over such a line
+        too_long = oversize_line(path)
+        if too_long is not None:
+            return RcpVerdict(None, f"not checked: {path.name} {too_long}, over the "
+                                    f"{MAX_RECORD_CHARS} an MLLOG record may hold")
     try:
         checked, submission, records = _run_checker(folder, ruleset)
     except Exception as exc:  # the checker raises bare exceptions on unreadable folders

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from mlhpc.report.parse import Event, ParsedLog, parse_log
+from mlhpc.report.parse import Event, ParsedLog, cap_field, parse_log
 
 METRIC_KEYS = ("eval_error", "eval_accuracy")
 
@@ -337,7 +337,7 @@ def _read_submission(run: RunSummary, parsed: ParsedLog) -> None:
     first_values: dict[str, Any] = {}
     for event in events:
         first_values.setdefault(event.key, event.value)
-    text = lambda key: first_values[key] if isinstance(first_values.get(key), str) else None  # noqa: E731
+    text = lambda key: cap_field(first_values[key]) if isinstance(first_values.get(key), str) else None  # noqa: E731
     run.benchmark = text("submission_benchmark")
     run.org, run.division = text("submission_org"), text("submission_division")
     run.platform, run.status_submission = text("submission_platform"), text("submission_status")
