@@ -40,12 +40,16 @@ class FlopCount:
         return asdict(self)
 
 
-def count_flops(model: torch.nn.Module, sample: torch.Tensor, loss_fn: Any, target: torch.Tensor) -> FlopCount:
-    """FLOPs per sample of ``model`` on ``sample`` (N, ...) with targets ``target`` (N, ...).
+def count_flops(model: torch.nn.Module, sample: Any, loss_fn: Any, target: Any,
+                n: int | None = None) -> FlopCount:
+    """FLOPs per sample of ``model`` on ``sample`` (N, ...) with targets ``target`` (N, ...), as
+    torch's FlopCounterMode counts them (matrix products and convolutions; gathers, scatters
+    and element-wise work are not counted). ``n``: samples in ``sample`` when it is not a
+    tensor (a graph batch; default ``sample.shape[0]``).
 
     The model is left unchanged (gradients are cleared afterwards).
     """
-    n = sample.shape[0]
+    n = sample.shape[0] if n is None else n
     was_training = model.training
     model.train()
     with FlopCounterMode(display=False) as forward_counter:
@@ -58,10 +62,15 @@ def count_flops(model: torch.nn.Module, sample: torch.Tensor, loss_fn: Any, targ
     return FlopCount(forward_counter.get_total_flops() / n, train_counter.get_total_flops() / n)
 
 
-def count_flops_on_meta(model: torch.nn.Module, batch: torch.Tensor, loss_fn: Any,
-                        target: torch.Tensor) -> FlopCount:
+def count_flops_on_meta(model: torch.nn.Module, batch: Any, loss_fn: Any,
+                        target: Any, n: int = 1) -> FlopCount:
     """`count_flops` for the first sample of ``batch`` / ``target`` on a meta-device copy of
-    ``model``: shapes only, no compute, ``model`` and its device untouched."""
+    ``model``: shapes only, no compute, ``model`` and its device untouched. A batch that is not
+    a tensor (a dict of graph tensors of ``n`` samples, whose work depends on its edges and
+    triplets) is counted on a real copy of the model instead: the meta device cannot follow
+    data-dependent graph construction."""
+    if not isinstance(batch, torch.Tensor):  # a structured batch (graphs): counted for real,
+        return count_flops(copy.deepcopy(model), batch, loss_fn, target, n)  # on a copy
     meta = copy.deepcopy(model).to("meta")
     return count_flops(meta, batch[:1].to("meta"), loss_fn, target[:1].to("meta"))
 

@@ -28,7 +28,7 @@ from mlhpc import outdir, perf, runtime
 from mlhpc.config import Config
 from mlhpc.errors import ConfigError, OutputError
 from mlhpc.data.embedded import ensure_data
-from mlhpc.data.loader import device_transform, make_loader, to_device
+from mlhpc.data.loader import batch_len, device_transform, make_loader, to_device
 from mlhpc.runtime import Runtime
 from mlhpc.step import Step, compile_mode, precision, train_step, wrap_model
 from mlhpc.train import local_batch_size
@@ -103,7 +103,7 @@ def _profile(config: Config, rt: Runtime, steps: int, warmup: int, trace_path: P
     step = Step(wrap_model(model, rt, config.train.compile), workload.build_loss(config), optimizer,
                 scheduler, precision(config.train.amp, rt.device), rt.device)
     x0, y0 = to_device(next(iter(loader)), rt.device, decode)
-    flops = perf.count_flops_on_meta(model, x0, step.loss_fn, y0)
+    flops = perf.count_flops_on_meta(model, x0, step.loss_fn, y0, batch_len(train_ds, x0))
     memory = _memory(workload, config, model, x0, y0, step.loss_fn)
 
     timer = _PhaseTimer(rt.device)

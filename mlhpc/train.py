@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from mlhpc import checkpoint, mllog, outdir, perf, results, rules, runtime
 from mlhpc.data import embedded, loader
@@ -574,8 +574,9 @@ def _train_epoch(job: Job, parts: Parts, epoch: int, skip: int, stop: "_Stop",
         x, y = loader.to_device(batch, rt.device, decode)
         last_micro = (step + 1) % tcfg.gradient_accumulation_steps == 0 or step + 1 == micro_steps
         loss = train_step(parts.step, x, y, last_micro)
-        loss_sum += loss.double() * x.shape[0]
-        samples += x.shape[0]
+        n = loader.batch_len(parts.train_ds, x)
+        loss_sum += loss.double() * n
+        samples += n
         if tcfg.log_every_steps and (step + 1) % tcfg.log_every_steps == 0 and rt.is_main:
             job.progress({"kind": "step", "epoch": epoch, "step": step + 1, "steps": micro_steps,
                           "loss": float(loss)})
@@ -735,9 +736,9 @@ def _seed_everything(seed: int) -> None:
 
 def _count_flops(model: torch.nn.Module, dataset: Dataset, loss_fn: Any) -> perf.FlopCount:
     """FLOPs per sample of one training step, counted on a meta-device copy (no compute)."""
-    x, y = loader.to_device(default_collate([dataset[0]]), torch.device("cpu"),
+    x, y = loader.to_device(loader.first_batch(dataset), torch.device("cpu"),
                             loader.device_transform(dataset))
-    return perf.count_flops_on_meta(model, x, loss_fn, y)
+    return perf.count_flops_on_meta(model, x, loss_fn, y, loader.batch_len(dataset, x))
 
 
 class _Clock:

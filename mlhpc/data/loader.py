@@ -11,16 +11,21 @@ Two optional attributes let a dataset take over the hot path, and every loop of 
   training device, so decoding (CosmoFlow's ``log(counts + 1)`` and standardisation) runs
   vectorised where the model runs and the loader moves compact stored dtypes (int16).
 
-Datasets without them get torch's defaults: default_collate and the identity. `channels_first`
+- ``batch_len(x) -> int``: the number of samples in a batch input that is not a plain tensor
+  (a graph batch is a dict of tensors whose first dimensions count atoms and edges).
+
+Batches may be tensors or mappings / tuples of tensors (`move`). Datasets without these
+attributes get torch's defaults: default_collate, the identity and ``len(x)``. `channels_first`
 and `PerChannel` are the pieces the workloads' decoders share.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 
 def make_loader(dataset: Dataset, batch_size: int, *, sampler: Optional[Sampler] = None,
@@ -41,11 +46,38 @@ def device_transform(dataset: Dataset) -> Callable[[torch.Tensor], torch.Tensor]
     return transform if callable(transform) else _identity
 
 
+def move(value: Any, device: torch.device) -> Any:
+    """``value`` on ``device``: a tensor, or a mapping / tuple / list of them (a graph batch is a
+    dict of tensors), moved leaf by leaf; anything else is returned as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, Mapping):
+        return {key: move(item, device) for key, item in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(move(item, device) for item in value)
+    return value
+
+
 def to_device(batch: tuple[Any, Any], device: torch.device,
-              transform: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(transform(x), y)`` on ``device``; the copies are asynchronous from pinned memory."""
+              transform: Callable[[Any], Any]) -> tuple[Any, Any]:
+    """``(transform(x), y)`` on ``device``; the copies are asynchronous from pinned memory.
+    ``x`` and ``y`` are tensors or structures of tensors (`move`)."""
     x, y = batch
-    return transform(x.to(device, non_blocking=True)), y.to(device, non_blocking=True)
+    return transform(move(x, device)), move(y, device)
+
+
+def batch_len(dataset: Dataset, x: Any) -> int:
+    """Samples in a batch input ``x``: the dataset's ``batch_len(x)`` when it defines one (a
+    graph batch of B structures holds N atoms), else ``len(x)`` (a tensor's first dimension)."""
+    counter = getattr(dataset, "batch_len", None)
+    return int(counter(x)) if callable(counter) else len(x)
+
+
+def first_batch(dataset: Dataset) -> tuple[Any, Any]:
+    """A batch of the dataset's first sample, collated as its loader collates (its own
+    ``collate_fn`` when it has one, else torch's default). Reads the dataset."""
+    collate = getattr(dataset, "collate_fn", None) or default_collate
+    return collate([dataset[0]])
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
