@@ -371,7 +371,19 @@ def _data_tools_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 @_friendly
 def check_command(workload_name: str, path: Path, full: bool, fmt: str, workers: int,
                   as_json: bool) -> None:
-    """Check a dataset folder (train/, validation/): form, samples, shapes, bytes, bad files."""
+    """Check a dataset folder (its split folders): form, samples, shapes, bytes, bad files.
+
+    \b
+    quick (default): the folder is a complete dataset (no unfinished mlhpc
+      output), every split holds files of one form; per file, what costs no
+      more than its headers and record framing: it opens in its format, sample
+      count, stored shape and dtype, record framing and stored checksums of
+      the framing (uncompressed TFRecord length CRCs, HDF5 and npy headers,
+      LMDB entry counts); no file listed twice.
+    --full: also every sample decoded and its values checked (data CRCs,
+      finite values, counts >= 0, valid labels).
+    Exit status 2 when a file is bad; each bad file is named.
+    """
     from mlhpc.data import check as data_check
     from mlhpc.workload import get
 

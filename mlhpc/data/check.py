@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlhpc.data.formats import DataTools, detect, split_dirs, tools_of
+from mlhpc.data.formats import DataTools, detect, list_split, split_dirs, tools_of
 from mlhpc.data.pool import run_all
 from mlhpc.errors import DataError
 
@@ -81,9 +81,7 @@ def _listed(tools: DataTools, root: Path, form: str, report: CheckReport) -> dic
     """
     split_of: dict[Path, str] = {}
     for split in split_dirs(tools, root):
-        files = tools.list_files(root / split, form)
-        if not files:
-            raise DataError(f"{root / split}: no {form} files (an empty split)")
+        files = list_split(tools, root, split, form)
         report.splits[split] = SplitReport()
         for path in files:
             if path in split_of:

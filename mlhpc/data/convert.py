@@ -35,7 +35,7 @@ from mlhpc.data.files import (
     refuse_overlap,
     resolved,
 )
-from mlhpc.data.formats import DataTools, detect, split_dirs, splits_of, tools_of
+from mlhpc.data.formats import DataTools, detect, list_split, split_dirs, splits_of, tools_of
 from mlhpc.data.pool import run_all
 from mlhpc.errors import DataError
 
@@ -233,9 +233,7 @@ def convert(workload: Any, src: Path, dst: Path, to: str, *, fmt: str = "auto", 
     _output_root(src, dst, "data convert")
     jobs = []
     for split in split_dirs(tools, src):
-        files = tools.list_files(src / split, form)
-        if not files:
-            raise DataError(f"{src / split}: no {form} files (an empty split)")
+        files = list_split(tools, src, split, form)
         out = _make_split(dst, split)
         jobs += [(f"{split}/{p.name}", p, out) for p in files]
     for name in tools.root_files:

@@ -116,3 +116,26 @@ def detect(tools: DataTools, root: Path, fmt: str = "auto") -> str:
         described = ", ".join(f"{k}/ holds {v} files" for k, v in found.items())
         raise DataError(f"{root}: {described}; convert one of them")
     return next(iter(found.values()))
+
+
+def list_split(tools: Any, root: Path, split: str, form: str) -> list[Path]:
+    """The data files of ``root/split`` as the workload lists them, none of them reached through
+    a symbolic link (a link in a dataset could point at any file on the node, which a convert
+    would copy into its output).
+
+    Raises:
+        DataError: the split holds no file of ``form``, or a listed file is a link or lies
+            below one (named).
+    """
+    from mlhpc.data.files import is_under, resolved
+
+    folder = Path(root) / split
+    files = tools.list_files(folder, form)
+    if not files:
+        raise DataError(f"{folder}: no {form} files (an empty split)")
+    top = resolved(root)
+    for path in files:
+        if Path(path).is_symlink() or not is_under(resolved(path), top):
+            raise DataError(f"{path}: a symbolic link in the dataset (to {resolved(path)}); data "
+                            "files are never read through links")
+    return files
