@@ -138,6 +138,31 @@ def _secs(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f} s"
 
 
+@main.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print the workloads as JSON.")
+@_friendly
+def list_command(as_json: bool) -> None:
+    """The registered workloads: data formats, configs (under ./configs) and quality targets."""
+    from mlhpc.workload import describe
+
+    rows = describe()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="mlhpc workloads (entry-point group mlhpc.workloads)")
+    for column in ("workload", "data formats", "converts to", "splits", "quality target", "configs"):
+        table.add_column(column, overflow="fold")
+    for r in rows:
+        sign = "<=" if r["direction"] == "min" else ">="
+        table.add_row(r["name"], ", ".join(r["formats"]) or "-", ", ".join(r["convert_to"]) or "-",
+                      ", ".join(r["splits"]), f"{r['metric']} {sign} {r['target']}",
+                      "\n".join(r["configs"]) or "-")
+    Console().print(table)
+
+
 @main.command("run")
 @click.argument("config_path", type=click.Path(path_type=Path), required=False)
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
@@ -312,11 +337,12 @@ def synth_command(workload_name: str, out_dir: Path, config_path: Path | None, s
 
 
 class _DataProgress:
-    """Progress of `data check | convert | prepare`: a rich bar on a terminal, otherwise a plain
-    line per tenth of the files (a Slurm log)."""
+    """Progress of `data check | convert | prepare`, on stderr (stdout keeps the result, JSON
+    included): a rich bar on a terminal, otherwise a plain line per tenth of the files (a Slurm
+    log)."""
 
     def __init__(self) -> None:
-        self.tty = sys.stdout.isatty()
+        self.tty = sys.stderr.isatty()
         self.bar: Any = None
         self.task: Any = None
         self.step = 1
@@ -327,12 +353,14 @@ class _DataProgress:
             files = event["files"]
             skipped = event.get("skipped", 0)
             if skipped:
-                click.echo(f"{event['what']}: {skipped} of {files} files already done (resumed)")
+                click.echo(f"{event['what']}: {skipped} of {files} files already done (resumed)", err=True)
             self.step = max(1, files // 10)
             if self.tty:
                 from rich.progress import Progress
 
-                self.bar = Progress(transient=True)
+                from rich.console import Console
+
+                self.bar = Progress(transient=True, console=Console(stderr=True))
                 self.bar.start()
                 self.task = self.bar.add_task(event["what"], total=files, completed=skipped)
         elif kind == "file":
@@ -341,7 +369,7 @@ class _DataProgress:
             elif event["done"] % self.step == 0 or event["done"] == event["files"]:
                 gb = event.get("bytes_read")
                 read = f", {gb / 1e9:.3f} GB read" if gb is not None else ""
-                print(f"{event['done']}/{event['files']} files{read}", flush=True)
+                print(f"{event['done']}/{event['files']} files{read}", file=sys.stderr, flush=True)
         elif kind == "done":
             self.close()
 
@@ -431,7 +459,8 @@ def convert_command(workload_name: str, src: Path, dst: Path, to: str, fmt: str,
 @click.argument("workload_name")
 @click.argument("raw_dir", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
-@click.option("--to", "to", default="hdf5", show_default=True, help="Form to write (hdf5, npy).")
+@click.option("--to", "to", default=None,
+              help="Form to write (one the workload's data convert writes; default: its first).")
 @click.option("--sample-size", type=click.IntRange(1), default=128, show_default=True,
               help="Cells per side of a sample (the reference splits 512^3 universes into 128^3).")
 @click.option("--validation-fraction", type=float, default=0.1111, show_default=True,

@@ -32,7 +32,6 @@ NUMBER_OF_NODES = "number_of_nodes"
 ACCELERATORS_PER_NODE = "accelerators_per_node"
 GRADIENT_ACCUMULATION_FREQUENCY = "gradient_accumulation_frequency"
 DROPOUT = "dropout"
-BATCHNORM_GROUP_SIZE = "batchnorm_group_size"
 TRACKED_STATS = "tracked_stats"
 RESUME = "resume"  # mlhpc: this run continues a stopped one (value: where from, earlier attempts' time)
 
@@ -161,4 +160,4 @@ class ComplianceLog:
 
 __all__ = ["ComplianceLog", "Event", "open_next_result", "slot_taken", "RUN_FILES", "constants", "EVAL_ERROR",
            "NUMBER_OF_NODES", "ACCELERATORS_PER_NODE", "GRADIENT_ACCUMULATION_FREQUENCY",
-           "DROPOUT", "BATCHNORM_GROUP_SIZE", "TRACKED_STATS"]
+           "DROPOUT", "TRACKED_STATS"]

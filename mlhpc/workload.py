@@ -164,3 +164,35 @@ def get(name: str) -> Workload:
         raise ConfigError(f"workload {name!r}: entry point {found[name].value} declares the name "
                           f"{workload.name!r}")
     return workload
+
+
+def describe(config_dirs: tuple[Path, ...] = (Path("configs"),)) -> list[dict[str, Any]]:
+    """One dict per registered workload, sorted by name: ``name``, ``formats`` (the forms its data
+    tools read), ``convert_to``, ``splits``, ``metric`` (key), ``target``, ``direction`` and
+    ``configs`` (the YAML files under ``config_dirs`` whose ``workload:`` names it).
+
+    Raises:
+        ConfigError: as `get` (a broken entry point).
+    """
+    import re
+
+    configs: dict[str, list[str]] = {}
+    for folder in config_dirs:
+        for path in sorted(Path(folder).glob("*.yaml")) if Path(folder).is_dir() else []:
+            try:
+                head = path.read_text(encoding="utf-8", errors="replace")[:65536]
+            except OSError:
+                continue
+            found = re.search(r"^workload:\s*([A-Za-z0-9_.-]+)\s*$", head, re.M)
+            if found:
+                configs.setdefault(found.group(1), []).append(str(path))
+    rows = []
+    for name in names():
+        workload = get(name)
+        tools = workload.data_tools
+        rows.append({"name": name, "formats": list(getattr(tools, "formats", ()) or ()),
+                     "convert_to": list(getattr(tools, "convert_to", ()) or ()),
+                     "splits": list(getattr(tools, "splits", ("train", "validation"))),
+                     "metric": workload.metric.key, "target": workload.metric.target,
+                     "direction": workload.metric.direction, "configs": configs.get(name, [])})
+    return rows

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -45,7 +46,8 @@ def cli(*args: str) -> tuple[int, str]:
 def one_line(code: int, err: str, *fragments: str) -> None:
     assert code == 2, err
     assert "Traceback" not in err
-    lines = err.strip().splitlines()
+    lines = [line for line in err.strip().splitlines()  # progress lines (stderr) aside
+             if not re.match(r"^\d+/\d+ files|^\w+: \d+ of \d+ files already done", line)]
     assert len(lines) == 1, err
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])

@@ -247,12 +247,12 @@ def convert(workload: Any, src: Path, dst: Path, to: str, *, fmt: str = "auto", 
     return _drive(writing, jobs, workers, on_progress or (lambda e: None))
 
 
-def prepare(workload: Any, raw_dir: Path, dst: Path, to: str, *, workers: int = 1,  # `data prepare`'s options
+def prepare(workload: Any, raw_dir: Path, dst: Path, to: str | None, *, workers: int = 1,  # `data prepare`'s options
             sample_size: int = 128, validation_fraction: float = 0.1111,
             on_progress: ProgressFn | None = None) -> ConvertResult:
     """The reference's preparation step (for CosmoFlow mlcommons/hpc ``cosmoflow/prepare.py``):
     each raw file under ``raw_dir`` made into samples (of ``sample_size`` per side where the
-    workload cuts volumes), written in form ``to``.
+    workload cuts volumes), written in form ``to`` (None: the workload's first ``convert_to``).
 
     Whole raw files go to one split: the last ``ceil(n * validation_fraction)`` (at least one
     when there are two or more) in name order to the validation split, the rest to training.
@@ -263,6 +263,7 @@ def prepare(workload: Any, raw_dir: Path, dst: Path, to: str, *, workers: int = 
     """
     tools = tools_of(workload)
     raw_dir, dst = Path(raw_dir), Path(dst)
+    to = to or tools.convert_to[0]
     if to not in tools.convert_to:
         raise DataError(f"--to {to!r}: expected one of {', '.join(tools.convert_to)}")
     if not 0 <= validation_fraction < 1:
