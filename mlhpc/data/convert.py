@@ -212,19 +212,42 @@ def _make_split(dst: Path, split: str) -> Path:
     return dst / split
 
 
-def convert(workload: Any, src: Path, dst: Path, to: str, *, fmt: str = "auto",  # `data convert`'s options
-            workers: int = 1, on_progress: ProgressFn | None = None) -> ConvertResult:
+@dataclass(frozen=True)
+class ConvertOptions:
+    """How `convert` and `prepare` run.
+
+    Attributes:
+        fmt: the source's form (``auto``: detected; convert only).
+        workers: processes converting files in parallel (1: here).
+        on_progress: called with progress events (library code never prints).
+        sample_size: cells per side of a prepared sample (prepare only).
+        validation_fraction: the share of raw files that go to validation (prepare only).
+    """
+
+    fmt: str = "auto"
+    workers: int = 1
+    on_progress: ProgressFn | None = None
+    sample_size: int = 128
+    validation_fraction: float = 0.1111
+
+    def progress(self) -> ProgressFn:
+        return self.on_progress or (lambda event: None)
+
+
+def convert(workload: Any, src: Path, dst: Path, to: str, **options: Any) -> ConvertResult:
     """Convert the dataset at ``src`` (its split folders) into form ``to`` under ``dst``.
 
     Lossless: the readers give bit-identical samples from ``src`` and ``dst``. Root files the
     workload names (``root_files``) are copied. A second run skips the source files finished by
-    the first (resumable); the manifest is written last.
+    the first (resumable); the manifest is written last. ``options``: `ConvertOptions` fields.
 
     Raises:
         DataError: bad source (named file and record), an unknown form, ``src`` and ``dst``
             containing each other, an unfinished source, or an output that cannot be written
             (named, with the cause: a file in the way, read-only, full).
     """
+    opts = ConvertOptions(**options)
+    fmt, workers = opts.fmt, opts.workers
     tools = tools_of(workload)
     src, dst = Path(src), Path(dst)
     if to not in tools.convert_to:
@@ -244,15 +267,14 @@ def convert(workload: Any, src: Path, dst: Path, to: str, *, fmt: str = "auto", 
             except OSError as exc:
                 raise DataError(f"{dst / name}: cannot write ({reason(exc)})") from None
     writing = _Writing(tools, form, to, dst, "convert")
-    return _drive(writing, jobs, workers, on_progress or (lambda e: None))
+    return _drive(writing, jobs, workers, opts.progress())
 
 
-def prepare(workload: Any, raw_dir: Path, dst: Path, to: str | None, *, workers: int = 1,  # `data prepare`'s options
-            sample_size: int = 128, validation_fraction: float = 0.1111,
-            on_progress: ProgressFn | None = None) -> ConvertResult:
+def prepare(workload: Any, raw_dir: Path, dst: Path, to: str | None, **options: Any) -> ConvertResult:
     """The reference's preparation step (for CosmoFlow mlcommons/hpc ``cosmoflow/prepare.py``):
     each raw file under ``raw_dir`` made into samples (of ``sample_size`` per side where the
     workload cuts volumes), written in form ``to`` (None: the workload's first ``convert_to``).
+    ``options``: `ConvertOptions` fields.
 
     Whole raw files go to one split: the last ``ceil(n * validation_fraction)`` (at least one
     when there are two or more) in name order to the validation split, the rest to training.
@@ -261,6 +283,8 @@ def prepare(workload: Any, raw_dir: Path, dst: Path, to: str | None, *, workers:
         DataError: no raw files, a malformed one (named), a size that does not divide it,
             ``raw_dir`` and ``dst`` containing each other, an output that cannot be written.
     """
+    opts = ConvertOptions(**options)
+    validation_fraction = opts.validation_fraction
     tools = tools_of(workload)
     raw_dir, dst = Path(raw_dir), Path(dst)
     to = to or tools.convert_to[0]
@@ -280,5 +304,5 @@ def prepare(workload: Any, raw_dir: Path, dst: Path, to: str | None, *, workers:
     for i, path in enumerate(raw):
         split = valid_split if i >= len(raw) - n_valid else train_split
         jobs.append((f"{split}/{path.name}", path, _make_split(dst, split)))
-    writing = _Writing(tools, "raw", to, dst, "prepare", prepare_size=sample_size)
-    return _drive(writing, jobs, workers, on_progress or (lambda e: None))
+    writing = _Writing(tools, "raw", to, dst, "prepare", prepare_size=opts.sample_size)
+    return _drive(writing, jobs, opts.workers, opts.progress())

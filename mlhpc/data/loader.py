@@ -22,22 +22,33 @@ and `PerChannel` are the pieces the workloads' decoders share.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 
-def make_loader(dataset: Dataset, batch_size: int, *, sampler: Optional[Sampler] = None,
-                shuffle: bool = False, drop_last: bool = False, num_workers: int = 0,
-                device: torch.device | str = "cpu") -> DataLoader:  # 7: DataLoader's own options
+def make_loader(dataset: Dataset, batch_size: int, *, device: torch.device | str = "cpu",
+                **options: Any) -> DataLoader:
     """A DataLoader over ``dataset`` with its own ``collate_fn`` (if any), pinned host memory when
-    ``device`` is CUDA, and persistent workers when ``num_workers > 0``."""
+    ``device`` is CUDA, and persistent workers when ``num_workers > 0``.
+
+    Args:
+        options: DataLoader's own ``sampler``, ``shuffle``, ``drop_last`` and ``num_workers``.
+
+    Raises:
+        TypeError: an option DataLoader does not take here.
+    """
+    unknown = set(options) - {"sampler", "shuffle", "drop_last", "num_workers"}
+    if unknown:
+        raise TypeError(f"make_loader: unknown option {sorted(unknown)[0]!r}")
     device = torch.device(device)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=shuffle,
-                      drop_last=drop_last, num_workers=num_workers,
+    workers = int(options.get("num_workers", 0))
+    return DataLoader(dataset, batch_size=batch_size, sampler=options.get("sampler"),
+                      shuffle=bool(options.get("shuffle", False)),
+                      drop_last=bool(options.get("drop_last", False)), num_workers=workers,
                       collate_fn=getattr(dataset, "collate_fn", None),
-                      pin_memory=device.type == "cuda", persistent_workers=num_workers > 0)
+                      pin_memory=device.type == "cuda", persistent_workers=workers > 0)
 
 
 def device_transform(dataset: Dataset) -> Callable[[torch.Tensor], torch.Tensor]:
