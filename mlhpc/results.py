@@ -1,6 +1,6 @@
 """A run's files and its result, read back from its log.
 
-The log is the one source of a run's result (DESIGN.md, "How a run flows"): `load` parses
+The log is the one source of a run's result (docs/architecture.md, "How a run flows"): `load` parses
 ``result_N.txt`` with `mlhpc.report.parse.parse_log` and summarises it with
 `mlhpc.report.runs.summarize_run`, exactly as ``mlhpc report`` does, and adds what a log cannot
 hold from one side file written once at the end of the run, ``measured_N.json``: FLOPs per sample

@@ -46,7 +46,9 @@ class DataTools(Protocol):
         convert_to: the forms `convert_file` writes.
         root_files: names of files at the dataset root that are copied unchanged (e.g. a
             normalisation statistics file).
-        splits: (optional) the split folder names, default ``("train", "validation")``.
+        splits: (optional) the split folder names it writes, default ``("train", "validation")``.
+        find_splits: (optional) ``root -> split folder names`` of a dataset that names its
+            folders its own way (the real OC20 data: ``train``, ``val_id``); default ``splits``.
     """
 
     formats: tuple[str, ...]
@@ -92,7 +94,8 @@ def split_dirs(tools: Any, root: Path) -> list[str]:
     if not root.is_dir():
         raise DataError(f"{root}: dataset folder does not exist")
     require_complete(root)
-    names = splits_of(tools)
+    finder = getattr(tools, "find_splits", None)
+    names = tuple(finder(root)) if callable(finder) else splits_of(tools)
     missing = [s for s in names if not (root / s).is_dir()]
     if missing:
         raise DataError(f"{root}: no {missing[0]}/ folder; a dataset folder holds "

@@ -59,6 +59,7 @@ import lmdb
 import numpy as np
 import torch
 
+from mlhpc.data.files import part_path
 from mlhpc.errors import DataError
 
 LENGTH_KEY = b"length"
@@ -616,7 +617,8 @@ def encode_record(record: dict[str, Any], layout: str = "pyg2") -> bytes:
 
 def write_lmdb(path: Path, records: Iterable[dict[str, Any]], layout: str = "pyg2") -> int:
     """Write one ``*.lmdb`` file as ``preprocess_ef.py`` does (keys ``"0"``, ``"1"`` ... and
-    ``length``), atomically: into ``.NAME.tmp-PID`` beside ``path``, renamed when complete.
+    ``length``), atomically: into `mlhpc.data.files.part_path` beside ``path``, renamed when
+    complete.
 
     Written with ``subdir=False, lock=False`` (one writer, no ``-lock`` file) and
     ``meminit=True`` so the same records give the same bytes.
@@ -628,7 +630,7 @@ def write_lmdb(path: Path, records: Iterable[dict[str, Any]], layout: str = "pyg
         OSError: the file cannot be written. ValueError: a record with an unknown key.
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = part_path(path)  # the project's one temporary-name rule
     count = 0
     try:
         env = lmdb.open(str(tmp), map_size=MAP_SIZE_BYTES, subdir=False, lock=False,

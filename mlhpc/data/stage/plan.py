@@ -305,10 +305,11 @@ def plan_convert(job: Copy, files: Optional[list[Path]],
                 for e in doc["sources"]], True
     everything = _plan(job.source, job.dest, files, job.follow_links)
     conv.fmt = formats.detect(conv.tools, job.source)
+    splits = formats.split_dirs(conv.tools, job.source)
     data = {f"{split}/{Path(p).relative_to(job.source / split).as_posix()}"
-            for split in formats.splits_of(conv.tools) for p in conv.tools.list_files(job.source / split, conv.fmt)}
+            for split in splits for p in conv.tools.list_files(job.source / split, conv.fmt)}
     plan = [replace(p, convert=True) if p.rel in data else p for p in everything
-            if p.rel in data or p.rel.split("/", 1)[0] not in formats.splits_of(conv.tools) or "/" not in p.rel]
+            if p.rel in data or p.rel.split("/", 1)[0] not in splits or "/" not in p.rel]
     if shard is not None:
         mine = set(assign_shards([(p.rel, p.size_bytes) for p in plan], shard.num_nodes, shard.seed,
                                  shard.splits)[shard.node_rank])
