@@ -152,8 +152,9 @@ def check_run(parsed: ParsedLog, ruleset: str = DEFAULT_RULESET) -> Verdict:
 
 
 def _check(parsed: ParsedLog, ruleset: str) -> Verdict:
-    from mlperf_logging.compliance_checker import mlp_compliance
-    from mlperf_logging.compliance_checker.mlp_parser.ruleset_300 import LogLine
+    from mlhpc.report.mlperf_adapter import compliance_checker
+
+    mlp_compliance, LogLine = compliance_checker()
 
     lines = [LogLine(TOKEN + "{...}", e.time_ms, e.key, {"value": e.value, "metadata": e.metadata},
                      e.record_index) for e in parsed.events]

@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from mlhpc.errors import ConfigError, LogFormatError
+from mlhpc.report.mlperf_adapter import package_checker_command
 from mlhpc.report.parse import parse_log
 from mlhpc.report.runs import RunSummary, is_resumed, summarize_run, superseded_logs
 from mlhpc.report.score import RESULT_RE, _natural, sidecars
@@ -337,7 +338,7 @@ def check_package(result: PackageResult, ruleset: str = "3.0.0", timeout_s: floa
         try:
             result.rcp_bypass = rcp_bypass
             proc = subprocess.run(
-                [sys.executable, "-m", "mlperf_logging.package_checker", copy.name, "hpc", ruleset,
+                [sys.executable, "-m", *package_checker_command(copy.name, ruleset),
                  *(["--rcp-bypass"] if rcp_bypass else []),
                  "--log_output", str(Path(scratch) / "package_checker.log")],
                 cwd=scratch, capture_output=True, text=True, timeout=timeout_s)

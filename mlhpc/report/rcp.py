@@ -76,17 +76,16 @@ class RcpVerdict:
 
 def rcp_rulesets() -> tuple[str, ...]:
     """The hpc rulesets for which the installed mlperf_logging ships RCP files."""
-    import mlperf_logging.rcp_checker as package
+    from mlhpc.report import mlperf_adapter
 
-    root = Path(package.__file__).parent
-    return tuple(sorted(p.name.split("_", 1)[1] for p in root.glob("hpc_*") if p.is_dir()))
+    return mlperf_adapter.rcp_rulesets()
 
 
 def has_rcps(benchmark: str | None, ruleset: str) -> bool:
     """mlperf_logging ships ``hpc_<ruleset>/rcps_<benchmark>.json``."""
-    import mlperf_logging.rcp_checker as package
+    from mlhpc.report import mlperf_adapter
 
-    return bool(benchmark) and (Path(package.__file__).parent / f"hpc_{ruleset}" / f"rcps_{benchmark}.json").is_file()
+    return bool(benchmark) and (mlperf_adapter.rcp_dir(ruleset) / f"rcps_{benchmark}.json").is_file()
 
 
 class _Capture(logging.Handler):
@@ -124,7 +123,9 @@ def _run_checker(folder: Path, ruleset: str) -> tuple[tuple[Any, Any, Any], tupl
     """``check_directory``'s ``(passed, message, normalization)``, ``get_submission_epochs``'
     ``(global batch size, epochs)`` and the log records the checker wrote meanwhile (the root
     logger is swapped under a lock, as the checker logs through it)."""
-    from mlperf_logging.rcp_checker import rcp_checker
+    from mlhpc.report.mlperf_adapter import rcp_checker as adapter_rcp
+
+    rcp_checker = adapter_rcp()
 
     capture = _Capture()
     root = logging.getLogger()
