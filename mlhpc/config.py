@@ -22,6 +22,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationE
                       create_model, field_validator, model_validator)
 
 from mlhpc.errors import ConfigError
+from mlhpc.power import PowerConfig
 from mlhpc.workload import get as get_workload
 
 #: Every integer a config holds fits a signed 64-bit integer (torch's int64, a C ``long long``).
@@ -126,6 +127,9 @@ class StagingConfig(Section):
     placement: Literal["init", "run"] = "init"
     verify: bool = True
     to: str = Field("none", pattern=r"^[a-z][a-z0-9_-]*$")  # none: copy as is; else convert to this form
+    # read a symbolic link to a file inside the source as that file (links out of the source,
+    # and links to folders, are refused either way; without it every link is refused)
+    follow_links: bool = False
 
     @field_validator("dest")
     @classmethod
@@ -205,6 +209,7 @@ class _CommonConfig(Section):
     data: DataConfig = DataConfig()
     train: TrainConfig
     output: OutputConfig = OutputConfig()
+    power: PowerConfig = PowerConfig()
 
 
 class Config(_CommonConfig):

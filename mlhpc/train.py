@@ -1,6 +1,6 @@
 """The training loop: one model-agnostic harness for every `Workload`.
 
-One straight line (DESIGN.md, "How a run flows"), one function per stage:
+One straight line (docs/architecture.md, "How a run flows"), one function per stage:
 
     run: config -> runtime + process group -> _run_instance:
       _ensure_source (embedded data if missing; nothing when every node holds its staged copy
@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from mlhpc import checkpoint, mllog, outdir, perf, results, rules, runtime
+from mlhpc import checkpoint, mllog, outdir, perf, power, results, rules, runtime
 from mlhpc.data import embedded, loader
 from mlhpc.data import stage as staging
 from mlhpc import env as envinfo
@@ -201,7 +201,9 @@ def _run_instance(job: Job) -> RunResult:
                               "workload": job.workload.name, "instance": rt.instance})
             _log_init(job)
             parts = _prepare(job, lbs)
-            outcome = train_loop(job, parts)
+            with power.sampling(config.power, rt, job.log.path, Path(config.output.dir),  # run_start..run_stop
+                                notify=lambda m: job.progress({"kind": "warning", "message": m})):
+                outcome = train_loop(job, parts)
         except BaseException as exc:
             _close_failed(job, exc)
             raise

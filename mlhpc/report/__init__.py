@@ -4,6 +4,7 @@ Modules, one step each:
 
 - `parse`: ``:::MLLOG`` lines -> events (malformed lines listed with file and line, never raised);
 - `runs`: one log -> `RunSummary` (time to train, staging, init, epochs, evaluation, residual);
+- `energy`: the power logs beside a result -> energy to train, as result_summarizer integrates them;
 - `compliance`: MLCommons' compliance checker per log; `rcp`: reference convergence points;
 - `score`: result folders -> strong (olympic mean) and weak (models/min) scores, exactly as
   MLCommons' result_summarizer;
@@ -57,6 +58,7 @@ class ReportOptions:
         ruleset: force an hpc ruleset.
         plots_dir: write the PNGs of `mlhpc.report.plots` here.
         package: lay the runs out as a submission (the paths must then be mlhpc run folders).
+        price_per_node_hour / price_per_kwh: prices for the cost to train (None: not shown).
     """
 
     fmt: str = "table"
@@ -65,6 +67,8 @@ class ReportOptions:
     ruleset: str | None = None
     plots_dir: Path | None = None
     package: PackageOptions | None = None
+    price_per_node_hour: float | None = None
+    price_per_kwh: float | None = None
 
 
 @dataclass
@@ -94,7 +98,12 @@ def run_report(paths: list[Path], options: ReportOptions | None = None) -> Outco
         ConfigError: a bad option value, or package names/contents that cannot be laid out.
     """
     options = options or ReportOptions()
+    for name in ("price_per_node_hour", "price_per_kwh"):
+        value = getattr(options, name)
+        if value is not None and not (0 <= value < float("inf")):
+            raise ConfigError(f"--{name.replace('_', '-')} {value}: expected a finite price >= 0")
     report = build_report(paths, compliance=options.compliance, ruleset=options.ruleset)
+    report.price_per_node_hour, report.price_per_kwh = options.price_per_node_hour, options.price_per_kwh
     output = tables(report, options.level) if options.fmt == "table" else render(report, options.fmt, options.level)
     outcome = Outcome(report=report, output=output)
     if options.plots_dir is not None:

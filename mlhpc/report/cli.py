@@ -35,10 +35,21 @@ if TYPE_CHECKING:
 @click.option("--rcp-bypass", is_flag=True, default=False,
               help="With --package: run the package checker with --rcp-bypass (a failed RCP check is "
                    "then accepted, to be reviewed by the submission committee); default: without.")
+@click.option("--price-per-node-hour", type=click.FloatRange(min=0), default=None,
+              help="Cost to train: nodes x hours of time to train x this price.")
+@click.option("--price-per-kwh", type=click.FloatRange(min=0), default=None,
+              help="Cost to train: kWh of measured energy to train (power/result_N/node_K.txt, as "
+                   "result_summarizer integrates it; GPUs by NVML and CPU/DRAM by RAPL, or the node "
+                   "meter; switches only from sw_K.txt) x this price. No energy, no cost.")
 def report_command(paths: tuple[Path, ...], fmt: str, level: str, compliance: bool,  # one parameter per option
                    ruleset: str | None, plots_dir: Path | None, package_dir: Path | None,
-                   org: str | None, system_name: str | None, check_package: bool, rcp_bypass: bool) -> None:
-    """Score result logs under PATHS: round trees, result folders, mlhpc run folders or logs."""
+                   org: str | None, system_name: str | None, check_package: bool, rcp_bypass: bool,
+                   price_per_node_hour: float | None, price_per_kwh: float | None) -> None:
+    """Score result logs under PATHS: round trees, result folders, mlhpc run folders or logs.
+
+    Energy to train (and mean power) comes from the MLPerf power logs beside each result,
+    power/result_N/node_K.txt, integrated as MLCommons' result_summarizer does; "-" where a
+    run has none (no power counter, or a published round without power)."""
     from mlhpc.errors import ConfigError, MlhpcError
     from mlhpc.report import PackageOptions, ReportOptions, run_report
 
@@ -48,7 +59,9 @@ def report_command(paths: tuple[Path, ...], fmt: str, level: str, compliance: bo
         package = None if package_dir is None else PackageOptions(
             package_dir, org=org, system=system_name, check=check_package, rcp_bypass=rcp_bypass)
         outcome = run_report(list(paths), ReportOptions(fmt=fmt, level=level, compliance=compliance,
-                                                        ruleset=ruleset, plots_dir=plots_dir, package=package))
+                                                        ruleset=ruleset, plots_dir=plots_dir, package=package,
+                                                        price_per_node_hour=price_per_node_hour,
+                                                        price_per_kwh=price_per_kwh))
     except MlhpcError as exc:  # the project's convention: one line on stderr, exit status 2
         click.echo(f"mlhpc: error: {exc}", err=True)
         raise SystemExit(2) from None

@@ -27,9 +27,9 @@ FOLDER_COLUMNS = ("round", "submitter", "system", "division", "mode", "benchmark
                   "resumed", "scaling_factor", "olympic_min", "ttta_min", "number_of_models", "models_per_min",
                   "instance_scale", "global_batch_size", "compliance", "rcp_pass", "rcp_message",
                   "rcp_normalization", "normalized_min", "convergence_unit", "mean_epochs",
-                  "rcp_mean_epochs", "rcp_min_epochs", "notes")
+                  "rcp_mean_epochs", "rcp_min_epochs", "energy_olympic_j", "cost_to_train", "notes")
 RUN_COLUMNS = ("folder", "file", "benchmark", "status", "compliant", "resumed", "time_to_train_s",
-               "staging_s", "init_s", "epochs", "epochs_to_target", "mean_epoch_s", "samples_per_s",
+               "energy_to_train_j", "mean_power_w", "mean_epoch_energy_j", "cost_to_train", "staging_s", "init_s", "epochs", "epochs_to_target", "mean_epoch_s", "samples_per_s",
                "eval_s", "residual_s", "nodes", "accelerators_per_node", "global_batch_size",
                "metric", "final_metric", "target", "malformed_lines")
 
@@ -64,6 +64,8 @@ def folder_rows(report: Report) -> list[dict[str, Any]]:
             "mean_epochs": rcp.mean_epochs if rcp else None,
             "rcp_mean_epochs": rcp.rcp_mean_epochs if rcp else None,
             "rcp_min_epochs": rcp.rcp_min_epochs if rcp else None,
+            "energy_olympic_j": f.energy_olympic_j,
+            "cost_to_train": cost(report, _folder_nodes(f), f.olympic_min, f.energy_olympic_j),
             "notes": "; ".join(f.notes + [f"{k.rsplit('/', 1)[-1]}: {v}" for k, v in f.dropped.items()]),
         })
     return rows
@@ -77,7 +79,10 @@ def run_rows(report: Report) -> list[dict[str, Any]]:
             rows.append({
                 "folder": f.path, "file": r.path.rsplit("/", 1)[-1], "benchmark": r.benchmark,
                 "status": r.status, "compliant": r.compliant, "resumed": r.resumed,
-                "time_to_train_s": r.time_to_train_s, "staging_s": r.staging_s, "init_s": r.init_s,
+                "time_to_train_s": r.time_to_train_s, "energy_to_train_j": r.energy_to_train_j,
+                "mean_power_w": r.mean_power_w, "mean_epoch_energy_j": r.mean_epoch_energy_j,
+                "cost_to_train": cost(report, r.number_of_nodes, r.time_to_train_min, r.energy_to_train_j),
+                "staging_s": r.staging_s, "init_s": r.init_s,
                 "epochs": r.n_epochs, "epochs_to_target": r.epochs_to_target,
                 "mean_epoch_s": r.mean_epoch_s, "samples_per_s": r.samples_per_s,
                 "eval_s": r.total_eval_s if r.eval_s else None, "residual_s": r.residual_s,
@@ -87,6 +92,42 @@ def run_rows(report: Report) -> list[dict[str, Any]]:
                 "target": r.target, "malformed_lines": len(r.malformed),
             })
     return rows
+
+
+def cost(report: Report, nodes: int | None, minutes: float | None, energy_j: float | None) -> float | None:
+    """Cost to train: nodes x hours x ``price_per_node_hour`` plus kWh x ``price_per_kwh``, for
+    the prices the report was given; None when no price is given or a figure a price needs
+    is missing (no energy is ever assumed)."""
+    pnh, pkwh = report.price_per_node_hour, report.price_per_kwh
+    if pnh is None and pkwh is None:
+        return None
+    total = 0.0
+    if pnh is not None:
+        if not nodes or minutes is None:
+            return None
+        total += nodes * minutes / 60.0 * pnh
+    if pkwh is not None:
+        if energy_j is None:
+            return None
+        total += energy_j / 3.6e6 * pkwh
+    return total
+
+
+def _folder_nodes(f: FolderResult) -> int | None:
+    nodes = f.system_desc.get("number_of_nodes")
+    try:
+        return int(nodes) if nodes not in (None, "") else f.nodes
+    except (TypeError, ValueError):
+        return f.nodes
+
+
+def _energy_unit(values: Iterable[float | None]) -> tuple[str, float]:
+    """``("kWh", 3.6e6)`` when any value reaches 1 kWh, else ``("kJ", 1e3)``."""
+    return ("kWh", 3.6e6) if any(v is not None and v >= 3.6e6 for v in values) else ("kJ", 1e3)
+
+
+def _energy(value: float | None, scale: float) -> str:
+    return "-" if value is None else f"{value / scale:,.3f}"
 
 
 def resolve_level(report: Report, level: str) -> str:
@@ -172,17 +213,25 @@ def _weak_cell(f: FolderResult) -> str:
 
 def _run_table_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     unit = next((r.epoch_unit for f in report.folders for r in f.runs), "epochs")
-    header = ["run", "status", "compliant", "time to train s", "staging s", "init s", "epochs",
-              f"{unit} to target", "mean epoch s", "samples/s", "eval s", "residual s", "resumed"]
-    body = []
     runs = [r for f in report.folders for r in f.runs]  # the order of run_rows
+    eunit, scale = _energy_unit(r.energy_to_train_j for r in runs)
+    measured = any(r.energy_to_train_j is not None for r in runs)  # else a note says why not
+    priced = report.price_per_node_hour is not None or report.price_per_kwh is not None
+    header = ["run", "status", "compliant", "time to train s"]
+    header += [f"energy {eunit}", "mean power W"] if measured else []
+    header += ["staging s", "init s", "epochs", f"{unit} to target", "mean epoch s"]
+    header += [f"epoch energy {eunit}"] if measured else []
+    header += ["samples/s", "eval s", "residual s", "resumed"] + (["cost"] if priced else [])
+    body = []
     for row, run in zip(run_rows(report), runs):
-        body.append([row["file"], row["status"], _fmt(row["compliant"]), _fmt(row["time_to_train_s"]),
+        power = [_energy(row["energy_to_train_j"], scale), _fmt(row["mean_power_w"], 1)] if measured else []
+        body.append([row["file"], row["status"], _fmt(row["compliant"]), _fmt(row["time_to_train_s"])] + power + [
                      _fmt(row["staging_s"]) + _staging_nodes_note(getattr(run, "staging_nodes", None)),
                      _fmt(row["init_s"]), _fmt(row["epochs"]),
-                     _fmt(row["epochs_to_target"], 0), _fmt(row["mean_epoch_s"]),
+                     _fmt(row["epochs_to_target"], 0), _fmt(row["mean_epoch_s"])]
+                    + ([_energy(row["mean_epoch_energy_j"], scale)] if measured else []) + [
                      _fmt(row["samples_per_s"], 1), _fmt(row["eval_s"]), _fmt(row["residual_s"]),
-                     _resumed_cell(run)])
+                     _resumed_cell(run)] + ([_fmt(row["cost_to_train"])] if priced else []))
     return header, body
 
 
@@ -236,6 +285,8 @@ def _views(report: Report, level: str) -> list[tuple[str, list[str], list[list[s
             title = f"{f.path}: {f.benchmark or '?'}, {len(f.runs)} runs"
             if f.olympic_min is not None:
                 title += f", olympic mean {f.olympic_min:.3f} min"
+            if f.energy_olympic_j is not None:
+                title += f", energy {f.energy_olympic_j / 3.6e6:.4f} kWh (olympic mean)"
             title += f"; {_convergence_text(f)}"
             views.append((title, header, body))
         return views
@@ -249,7 +300,18 @@ def _views(report: Report, level: str) -> list[tuple[str, list[str], list[list[s
     if weak:
         header, body = _matrix(weak, _weak_cell)
         views.append(("Weak scaling: throughput, models/min (M models x accelerators each)", header, body))
+    if strong or weak:
+        header, body = _matrix(strong + weak, lambda f: _energy_cell(report, f))
+        views.append(("Energy to train, kWh: olympic mean as result_summarizer scores power (- : no power "
+                      "readings)" + ("; cost to train" if report.price_per_node_hour is not None
+                                     or report.price_per_kwh is not None else ""), header, body))
     return views
+
+
+def _energy_cell(report: Report, f: FolderResult) -> str:
+    text = _energy(f.energy_olympic_j, 3.6e6)
+    price = cost(report, _folder_nodes(f), f.olympic_min if f.kind != "weak" else None, f.energy_olympic_j)
+    return text if price is None else f"{text} (cost {price:,.2f})"
 
 
 def _notes(report: Report) -> list[str]:

@@ -37,9 +37,9 @@ def quality_target(benchmark: str | None, ruleset: str = "3.0.0") -> tuple[str, 
     """
     if not benchmark:
         return None
-    import mlperf_logging.compliance_checker as package
+    from mlhpc.report.mlperf_adapter import rules_dir
 
-    path = Path(package.__file__).parent / f"hpc_{ruleset}" / f"closed_{benchmark}.yaml"
+    path = rules_dir(ruleset) / f"closed_{benchmark}.yaml"
     try:
         rules = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError):
@@ -151,6 +151,10 @@ class RunSummary:
             ``slowest_node_s``, ``mean_node_s``, ``node_gb_per_s``, ``aggregate_gb_per_s``,
             ``node_staged_bytes``, ``placement``; `mlhpc.data.stage.StagingResult.node_summary`).
         malformed: ``"file:line: reason"`` for every unreadable record line.
+        energy_to_train_j / mean_power_w: from ``power/result_N/node_K.txt`` beside the log, as
+            result_summarizer integrates them (`mlhpc.report.energy`); None where unmeasured.
+        node_energy_j: joules per node (and switch) file. mean_epoch_energy_j: the readings'
+            energy over each ``epoch_start .. epoch_stop``, averaged. power_note: why no energy.
     """
 
     path: str
@@ -194,6 +198,11 @@ class RunSummary:
     malformed: list[str] = field(default_factory=list)
     compliant: bool | None = None
     compliance_messages: list[str] = field(default_factory=list)
+    energy_to_train_j: float | None = None
+    mean_power_w: float | None = None
+    node_energy_j: dict[str, float] = field(default_factory=dict)
+    mean_epoch_energy_j: float | None = None
+    power_note: str | None = None
 
     @property
     def time_to_train_min(self) -> float | None:

@@ -41,6 +41,7 @@ from typing import Any, Iterable
 
 from mlhpc.errors import LogFormatError
 from mlhpc.report.compliance import check_run, not_checked_reason, round_of, ruleset_for
+from mlhpc.report.energy import attach_energy, score_energy
 from mlhpc.report.parse import ParsedLog, file_kind, parse_log
 from mlhpc.report.rcp import RcpVerdict, check_folder
 from mlhpc.report.runs import (RunSummary, is_resumed, official_instance_scale, official_start_stop,
@@ -75,6 +76,10 @@ class FolderResult:
         resumed: logs marked resumed, kept apart from the score.
         notes: one-line remarks (why a score is missing, mismatched instance scales, ...).
         system_desc: the submission's ``systems/<system>.json`` where one exists.
+        energy_olympic_j: energy to train of the folder, joules, as result_summarizer scores
+            power: the runs' energies in the order of their times to train, the same olympic
+            drop, times ``scaling_factor`` (weak scaling: its ``_compute_olympic_average(E, 1, 1)``);
+            None when a counted run has no power readings.
     """
 
     path: str
@@ -99,6 +104,7 @@ class FolderResult:
     resumed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     system_desc: dict[str, Any] = field(default_factory=dict)
+    energy_olympic_j: float | None = None
 
     @property
     def n_files(self) -> int:
@@ -155,6 +161,8 @@ class Report:
     folders: list[FolderResult]
     compliance_checked: bool
     elapsed_s: float = 0.0
+    price_per_node_hour: float | None = None  # for cost to train (`mlhpc.report.render.cost`)
+    price_per_kwh: float | None = None
 
     @property
     def malformed(self) -> list[str]:
@@ -162,6 +170,7 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return {"compliance_checked": self.compliance_checked, "elapsed_s": self.elapsed_s,
+                "price_per_node_hour": self.price_per_node_hour, "price_per_kwh": self.price_per_kwh,
                 "folders": [f.to_dict() for f in self.folders]}
 
 
@@ -178,9 +187,9 @@ def compute_olympic_average(scores: list[float], dropped: int, max_dropped: int 
 
 def required_result_count(benchmark: str | None) -> int:
     """Result files a benchmark needs (mlperf_logging.benchmark_meta, hpc); 1 if unknown."""
-    from mlperf_logging.benchmark_meta import get_result_file_counts
+    from mlhpc.report.mlperf_adapter import result_file_counts
 
-    return int(get_result_file_counts("hpc").get(benchmark or "", 1))
+    return int(result_file_counts("hpc").get(benchmark or "", 1))
 
 
 def read_scaling_factor(folder: Path) -> float:
@@ -355,6 +364,7 @@ def _read_runs(result: FolderResult, files: list[Path], compliance: bool) -> _Ta
     for path in files:
         parsed = parse_log(path)
         run = summarize_run(parsed, target=_run_target(path) if result.kind == "runs" else None)
+        attach_energy(run, path, parsed.events)
         result.runs.append(run)
         if is_resumed(parsed) or path.name in superseded:  # kept apart: never an ordinary run
             result.resumed.append(str(path))
@@ -415,6 +425,7 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
         _score_weak(result, tally.scored, tally.scale_seen, needed)
     else:
         _score_strong(result, tally.scored, folder, [Path(p) for p in files if str(p) not in result.resumed])
+    score_energy(result, tally.scored, MAX_DROPPED)
     return result
 
 

@@ -1,0 +1,191 @@
+"""Energy to train from the MLPerf power logs beside a result: ``power/result_N/node_K.txt``
+(and ``sw_K.txt``), computed exactly as MLCommons' result_summarizer computes it.
+
+Source followed: ``mlperf_logging/result_summarizer/result_summarizer.py``,
+``_compute_total_power``, ``_compute_power_node`` and ``_compute_power_sw``. Per node file, the
+records sorted by ``time_ms``: from ``power_measurement_start``, each ``power_reading`` adds
+value (W) x (its time_ms - the previous record's) until ``power_measurement_stop`` (or, without
+one, the last reading); times ``conversion_eff`` (1.0 unless logged); scaled to the run's time to
+train: ``E_node = eff x sum / (stop - start) x time_to_train_ms / 1000`` joules. A switch file
+adds ``eff x interconnect_power_est x time_to_train_ms / 1000``. The run's energy is the sum over
+its files. A file the summarizer could not read (no start record, an unreadable reading, an empty
+window) gives no energy, with the reason; it never gives a guess.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from typing import TYPE_CHECKING, Any
+
+from mlperf_logging.mllog import constants
+
+from mlhpc.report.parse import Event, parse_log
+
+if TYPE_CHECKING:
+    from mlhpc.report.runs import RunSummary
+
+POWER_DIR = "power"
+CONVERSION_EFF = "conversion_eff"  # no constant in mlperf_logging.mllog.constants
+_NODE = re.compile(r"^node_(\d+)\.txt$")
+_SWITCH = re.compile(r"^sw_(\d+)\.txt$")
+
+
+@dataclass
+class RunEnergy:
+    """A run's energy from its power files.
+
+    Attributes:
+        energy_j: energy to train, joules (None: no power files, or one unreadable: ``note``).
+        node_energy_j: ``{"node_K": J}`` for each node file, then ``{"sw_K": J}`` per switch file.
+        readings: per node file, ``[(from_ms, to_ms, watts)]`` for each reading (conversion_eff
+            applied), for the energy of a part of the run (`energy_between`).
+        note: why there is no energy, or what is partial.
+    """
+
+    energy_j: float | None = None
+    node_energy_j: dict[str, float] = field(default_factory=dict)
+    readings: list[list[tuple[float, float, float]]] = field(default_factory=list)  # per node file
+    note: str | None = None
+
+
+def power_folder(log: Path) -> Path:
+    """``<folder of log>/power/<log stem>``, where a result's power logs lie."""
+    return Path(log).parent / POWER_DIR / Path(log).stem
+
+
+def node_energy(events: list[Event], time_to_train_ms: float) -> tuple[float, list[tuple[float, float, float]]]:
+    """One node file's energy in joules and its readings as ``(from_ms, to_ms, watts x eff)``.
+
+    Raises:
+        ValueError: no ``power_measurement_start``, a reading without a number, or an empty window.
+    """
+    start = stop = last = None
+    previous, total, eff = 0.0, 0.0, 1.0
+    spans: list[tuple[float, float, float]] = []
+    for event in sorted(events, key=lambda e: e.time_ms):
+        if event.key == constants.POWER_MEASUREMENT_START:
+            start = previous = event.time_ms
+        elif event.key == constants.POWER_READING and stop is None and start is not None:
+            watts = event.value
+            if isinstance(watts, bool) or not isinstance(watts, (int, float)):
+                raise ValueError(f"power_reading at {event.time_ms:.0f} ms without a number of watts")
+            total += watts * (event.time_ms - previous)
+            spans.append((previous, event.time_ms, float(watts)))
+            previous, last = event.time_ms, max(last or event.time_ms, event.time_ms)
+        elif event.key == constants.POWER_MEASUREMENT_STOP:
+            stop = event.time_ms
+        if event.key == CONVERSION_EFF and isinstance(event.value, (int, float)):
+            eff = float(event.value)
+    if start is None:
+        raise ValueError("power_measurement_start not found")
+    stop = last if stop is None else stop
+    if stop is None or stop <= start:
+        raise ValueError("no power readings after power_measurement_start")
+    return eff * total * time_to_train_ms / (stop - start) / 1000.0, [(a, b, w * eff) for a, b, w in spans]
+
+
+def switch_energy(events: list[Event], time_to_train_ms: float) -> float:
+    """A switch file's ``conversion_eff x interconnect_power_est x time to train`` in joules."""
+    eff, watts = 1.0, 0.0
+    for event in events:
+        if event.key == CONVERSION_EFF and isinstance(event.value, (int, float)):
+            eff = float(event.value)
+        if event.key == constants.INTERCONNECT_POWER_EST and isinstance(event.value, (int, float)):
+            watts = float(event.value)
+            break
+    return eff * watts * time_to_train_ms / 1000.0
+
+
+def run_energy(log: Path, time_to_train_ms: float | None) -> RunEnergy:
+    """The energy of the run logged in ``log`` from ``power/<log stem>/`` (see the module doc)."""
+    folder = power_folder(log)
+    if not folder.is_dir():
+        return RunEnergy(note="no power readings (no power counter, or sampling off)")
+    files = sorted(folder.iterdir(), key=lambda p: p.name)
+    nodes = [p for p in files if _NODE.match(p.name)]
+    if not nodes:
+        return RunEnergy(note=f"{folder}: no node_K.txt power log")
+    if time_to_train_ms is None:
+        return RunEnergy(note="no time to train: energy not computed")
+    out = RunEnergy(energy_j=0.0)
+    for path in nodes + [p for p in files if _SWITCH.match(p.name)]:
+        parsed = parse_log(path)
+        try:
+            if parsed.malformed:
+                raise ValueError(parsed.malformed[0].message)
+            if _SWITCH.match(path.name):
+                joules = switch_energy(parsed.events, time_to_train_ms)
+            else:
+                joules, spans = node_energy(parsed.events, time_to_train_ms)
+                out.readings.append(spans)
+        except ValueError as exc:
+            return RunEnergy(note=f"{path}: {exc}: no energy")
+        out.node_energy_j[path.stem] = joules
+        out.energy_j += joules
+    return out
+
+
+def energy_between(energy: RunEnergy, start_ms: float, stop_ms: float) -> float | None:
+    """Joules the node files' readings give between ``start_ms`` and ``stop_ms`` (each reading
+    stands for the interval before it, as the summarizer counts it); None without readings or
+    when the interval is not covered by every node's window."""
+    if not energy.readings:
+        return None
+    total = 0.0
+    for spans in energy.readings:
+        if not spans or spans[0][0] > start_ms or spans[-1][1] < stop_ms:
+            return None
+        total += sum(w * max(0.0, min(b, stop_ms) - max(a, start_ms)) for a, b, w in spans) / 1000.0
+    return total
+
+
+def attach_energy(run: "RunSummary", log: Path, events: list[Event]) -> None:
+    """Set ``run``'s energy fields from the power logs beside ``log`` (`run_energy`), with the
+    time to train as result_summarizer takes it (`official_start_stop`) and each epoch's energy
+    from the epoch records of ``events``."""
+    from mlhpc.report.runs import _pair, official_start_stop
+
+    start, stop = official_start_stop(events)
+    ttt_ms = None if start is None or stop is None else stop - start
+    energy = run_energy(log, ttt_ms)
+    run.power_note = energy.note
+    if energy.energy_j is None or not ttt_ms:
+        return
+    run.energy_to_train_j = energy.energy_j
+    run.mean_power_w = energy.energy_j / (ttt_ms / 1000.0)
+    run.node_energy_j = dict(energy.node_energy_j)
+    begin = next((i for i, e in enumerate(events) if e.key == "run_start"), -1)
+    end = next((i for i, e in enumerate(events) if e.key == "run_stop"), len(events))
+    epochs = [energy_between(energy, iv.start_ms, iv.stop_ms)
+              for iv in _pair(events[begin + 1:end], "epoch_start", "epoch_stop")]
+    if epochs and all(e is not None for e in epochs):
+        run.mean_epoch_energy_j = sum(epochs) / len(epochs)  # type: ignore[arg-type]
+
+
+def score_energy(result: Any, scored: list[tuple["RunSummary", float, float]], max_dropped: int = 1) -> None:
+    """Set ``result.energy_olympic_j`` (``result``: a `mlhpc.report.score.FolderResult`) as
+    result_summarizer computes the power score: ``_index_olympic_average`` (strong) or
+    ``_compute_olympic_average(power_scores, 1, 1)`` (weak). ``scored``: the counted runs."""
+    energies = [run.energy_to_train_j for run, _, _ in scored]
+    measured = [e for e in energies if e is not None]
+    if not measured:
+        if result.kind == "runs" and result.runs:
+            result.notes.append("no power readings (power/result_N/node_K.txt): energy not measured")
+        return
+    if len(measured) < len(energies):
+        result.notes.append(f"energy: {len(energies) - len(measured)} of {len(energies)} counted runs "
+                            "have no power readings; no energy score")
+        return
+    if result.kind == "weak":  # _compute_olympic_average(power_scores, 1, 1): the lowest dropped
+        kept = sorted(measured)[1:]
+    elif len(result.dropped) > max_dropped:
+        return
+    else:  # _index_olympic_average: in the order of the times to train, the same drop as the score
+        order = sorted(range(len(scored)), key=lambda i: scored[i][2] - scored[i][1])
+        ordered = [measured[i] for i in order]
+        kept = ordered[max_dropped:len(ordered) - (max_dropped - len(result.dropped))]
+    if kept:  # result_summarizer scales the strong power score, not the weak one
+        result.energy_olympic_j = sum(kept) / len(kept) * (1.0 if result.kind == "weak" else result.scaling_factor)
