@@ -24,7 +24,7 @@ from mlhpc.data.files import (
     thread_buffers,
 )
 from mlhpc.data.manifest import Journal, identity
-from mlhpc.data.stage.dest import make_parents
+from mlhpc.data.stage.dest import open_parents
 from mlhpc.data.stage.job import Copy, Counts
 from mlhpc.data.stage.plan import Planned
 from mlhpc.errors import StagingError
@@ -34,7 +34,7 @@ def copy_share(job: Copy, share: list[Planned], known: dict[str, dict[str, Any]]
     """Copy (or verify and skip) every file of ``share`` with ``job.workers`` threads; adds to ``counts``."""
     if not share:
         return
-    make_parents(job.dest, share)
+    folders = open_parents(job.dest, share)  # each destination folder opened once, no link followed
     journal = Journal(job.dest, job.host)
     src_root = str(resolved(job.source))
     lock = threading.Lock()
@@ -45,8 +45,8 @@ def copy_share(job: Copy, share: list[Planned], known: dict[str, dict[str, Any]]
             with lock:
                 counts.skipped_files += 1
             return
-        size, digest = copy_file(job.source / item.rel, job.dest / item.rel, job.host, job.verify,
-                                 job.dest)
+        dst = job.dest / item.rel
+        size, digest = copy_file(job.source / item.rel, dst, job.host, job.verify, folders[dst.parent])
         journal.add({"path": item.rel, "bytes": size, "xxh3_128": digest,
                      **identity(item), "source": src_root})
         with lock:
@@ -57,6 +57,8 @@ def copy_share(job: Copy, share: list[Planned], known: dict[str, dict[str, Any]]
         run_all(one, share, job.workers)
     finally:
         journal.close()
+        for fd in folders.values():
+            os.close(fd)
 
 
 def run_all(task: Callable[[Planned], None], items: list[Planned], workers: int) -> None:
@@ -79,7 +81,7 @@ def _still_good(dst: Path, item: Planned, entry: dict[str, Any], verify: bool) -
 
 
 def copy_file(src: Path, dst: Path, host: str, verify: bool = True,
-              root: Optional[Path] = None) -> tuple[int, str]:
+              root: Optional[Path | int] = None) -> tuple[int, str]:
     """Copy ``src`` to ``dst`` through a temporary name; ``(bytes, XXH3-128 hex)`` of the bytes
     read from ``src``.
 
@@ -88,7 +90,8 @@ def copy_file(src: Path, dst: Path, host: str, verify: bool = True,
     hashing the finished copy again, for one hash per byte instead of two.
 
     Never through a link: the destination folder is opened component by component below
-    ``root`` (default: ``dst``'s own folder) with ``O_NOFOLLOW``, the temporary file is created
+    ``root`` (default: ``dst``'s own folder; an int: a descriptor of ``dst``'s folder already
+    opened that way, left open) with ``O_NOFOLLOW``, the temporary file is created
     there with ``O_EXCL | O_NOFOLLOW`` and renamed within that folder, so a link planted anywhere
     in the destination makes the copy fail instead of writing elsewhere. The copy gets the
     source's read/write permission bits at most (`mlhpc.data.files.copy_mode`).
@@ -103,7 +106,7 @@ def copy_file(src: Path, dst: Path, host: str, verify: bool = True,
     except OSError as exc:
         raise StagingError(f"{src}: cannot read source file ({reason(exc)})") from None
     with fin:
-        dir_fd = _open_parent(dst, root, src)
+        dir_fd = root if isinstance(root, int) else _open_parent(dst, root, src)
         try:
             size, digest = _copy_into(fin, dir_fd, tmp, verify, src)
             try:
@@ -114,7 +117,8 @@ def copy_file(src: Path, dst: Path, host: str, verify: bool = True,
             _unlink_at(dir_fd, tmp.name)
             raise
         finally:
-            os.close(dir_fd)
+            if not isinstance(root, int):
+                os.close(dir_fd)
     return size, digest
 
 
@@ -142,10 +146,14 @@ def _unlink_at(dir_fd: int, name: str) -> None:
 
 def _copy_into(fin: Any, dir_fd: int, tmp: Path, verify: bool, src: Path) -> tuple[int, str]:
     """Write ``fin``'s bytes to a new file ``tmp.name`` in ``dir_fd``; ``(bytes, hex digest)``."""
-    _unlink_at(dir_fd, tmp.name)  # a leftover of this very host and pid (a recycled pid)
     mode = copy_mode(os.fstat(fin.fileno()).st_mode)
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
     try:
-        fd = os.open(tmp.name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=dir_fd)
+        try:
+            fd = os.open(tmp.name, flags, mode, dir_fd=dir_fd)
+        except FileExistsError:  # a leftover of this very host and pid (a recycled pid), or a link
+            os.unlink(tmp.name, dir_fd=dir_fd)
+            fd = os.open(tmp.name, flags, mode, dir_fd=dir_fd)
     except OSError as exc:
         raise dest_error(tmp, exc, src) from None
     digest = new_digest()

@@ -104,3 +104,22 @@ def make_parents(dest: Path, share: list[Planned]) -> None:
                 raise dest_error(parent, exc) from None
     finally:
         os.close(root_fd)
+
+
+def open_parents(dest: Path, share: list[Planned]) -> dict[Path, int]:
+    """Descriptors of the destination folders of ``share``, created where missing, each opened
+    once component by component with ``O_NOFOLLOW`` (a link planted in the destination fails
+    here). The caller closes them. Raises StagingError naming the folder."""
+    folders: dict[Path, int] = {}
+    root_fd = open_root(dest)
+    try:
+        for parent in sorted({(dest / p.rel).parent for p in share}):
+            try:
+                folders[parent] = open_dir(root_fd, parent.relative_to(dest).parts, create=True)
+            except OSError as exc:
+                for fd in folders.values():
+                    os.close(fd)
+                raise dest_error(parent, exc) from None
+    finally:
+        os.close(root_fd)
+    return folders
