@@ -193,14 +193,12 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
         result = train.run(config, on_progress=_Progress())
     if result.summary:
         _print_summary(result.summary)
-    if result.signal:  # stopped by a signal, checkpoint saved: 128 + N, as a shell reports it
-        import signal
-
+    if result.signal and result.summary:  # stopped by a signal, checkpoint saved
         click.echo(f"mlhpc: stopped by {result.signal}; continue with: mlhpc run --resume "
                    f"{Path(result.result_file).parent if result.result_file else '<run folder>'}",
                    err=True)
-        sys.exit(128 + int(signal.Signals[result.signal]))
-    sys.exit(0 if result.status == "success" else 1)
+    # agreed by every rank (`mlhpc.outcome.agree`): 0 reached, 1 not, 128 + N signal N
+    sys.exit(result.exit_status)
 
 
 @main.command("stage")
@@ -329,7 +327,7 @@ def synth_command(workload_name: str, out_dir: Path, config_path: Path | None, s
     from mlhpc.data import embedded
     from mlhpc.workload import get
 
-    # atomic: a hidden sibling folder renamed into place, marked complete (mlhpc.embedded)
+    # atomic: a hidden sibling folder renamed into place, marked complete (mlhpc.data.embedded)
     if embedded.synthesize(out_dir, get(workload_name), config.synth, seed):
         click.echo(f"wrote {workload_name} data to {out_dir}")
     else:

@@ -108,7 +108,7 @@ class SubmissionConfig(Section):
 
 
 class StagingConfig(Section):
-    """Copy of the dataset to node-local storage (`mlhpc.staging`; docs/staging-at-scale.md).
+    """Copy of the dataset to node-local storage (`mlhpc.data.stage`; docs/staging-at-scale.md).
 
     ``dest`` may hold ``{node_rank}`` and ``{hostname}``; ``shard``: ``node`` (each node stages
     and reads its own share of train/ and validation/; the default when the job spans several

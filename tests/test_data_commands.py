@@ -1,4 +1,4 @@
-"""`mlhpc data convert | prepare | check` (mlhpc/datasets.py over CosmoFlow's data tools): lossless,
+"""`mlhpc data convert | prepare | check` (mlhpc/data/ over CosmoFlow's data tools): lossless,
 resumable, parallel, with a manifest; bad files named, exit 2. Sources come from the independent
 writers in tests/cosmoflow_writers.py."""
 

@@ -1,4 +1,4 @@
-"""At cluster scale each node stages and reads its own shard (`mlhpc.data.sampler`, `mlhpc.staging`).
+"""At cluster scale each node stages and reads its own shard (`mlhpc.data.sampler`, `mlhpc.data.stage`).
 
 The sampler's coverage property is checked over many node/rank/sample-count layouts, even and
 uneven; the two-node job on one machine (two torchrun agents, ``--nnodes 2``) runs ``mlhpc

@@ -1,4 +1,4 @@
-"""Node-local staging (`mlhpc.staging`): copy, manifest, resume, corruption, failures, ranks."""
+"""Node-local staging (`mlhpc.data.stage`): copy, manifest, resume, corruption, failures, ranks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Staging that converts on the way (``data.staging.to``, mlhpc/staging.py): GZIP TFRecords staged
+"""Staging that converts on the way (``data.staging.to``, mlhpc/data/stage/): GZIP TFRecords staged
 as npy read to the source's tensors, a second stage converts nothing, outputs of a source that left
 the plan are pruned, a node's shard converts only its files, and `mlhpc run` trains from the
 converted stage. Sources come from the independent writers in tests/cosmoflow_writers.py."""
