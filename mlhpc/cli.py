@@ -193,12 +193,14 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
         result = train.run(config, on_progress=_Progress())
     if result.summary:
         _print_summary(result.summary)
-    if result.signal and result.summary:  # stopped by a signal, checkpoint saved
+    if result.signal:  # stopped by a signal, checkpoint saved: 128 + N, as a shell reports it
+        import signal
+
         click.echo(f"mlhpc: stopped by {result.signal}; continue with: mlhpc run --resume "
                    f"{Path(result.result_file).parent if result.result_file else '<run folder>'}",
                    err=True)
-    # agreed by every rank (`mlhpc.outcome.agree`): 0 reached, 1 not, 128 + N signal N
-    sys.exit(result.exit_status)
+        sys.exit(128 + int(signal.Signals[result.signal]))
+    sys.exit(0 if result.status == "success" else 1)
 
 
 @main.command("stage")
