@@ -206,9 +206,12 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
 @main.command("stage")
 @click.argument("config_path", type=click.Path(path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+              show_default=True, help="A table for people, JSON for scripts.")
 @_friendly
-def stage_command(config_path: Path, overrides: tuple[str, ...]) -> None:
-    """Copy CONFIG's dataset to node-local storage, timed and verified."""
+def stage_command(config_path: Path, overrides: tuple[str, ...], fmt: str) -> None:
+    """Copy CONFIG's dataset to node-local storage, timed and verified (copies refuse links out
+    of the source and never write through one; a destination must be yours and private)."""
     from mlhpc import config as cfg
     from mlhpc.train import stage_only
 
@@ -217,8 +220,36 @@ def stage_command(config_path: Path, overrides: tuple[str, ...]) -> None:
         return
     if result is None:
         click.echo("staging is disabled in this config (data.staging.enabled: false); nothing copied")
-    else:
+    elif fmt == "json":
         click.echo(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        _print_staging(result.to_dict())
+
+
+def _print_staging(staged: dict[str, Any]) -> None:
+    """`mlhpc stage`'s table: what each node holds, what was copied, how fast."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"staged {staged['source']} -> {staged['dest']}", show_header=False)
+    table.add_column("quantity")
+    table.add_column("value", justify="right", overflow="fold")
+    gb = staged["copied_bytes"] / 1e9
+    rows = [("files held (all nodes)", f"{staged['staged_files']:,} ({staged['staged_bytes'] / 1e9:.3f} GB)"),
+            ("copied this time", f"{staged['copied_files']:,} files, {gb:.3f} GB"),
+            ("already in place (verified)", f"{staged['skipped_files']:,} files"),
+            ("pruned (not in the plan)", f"{staged['pruned_files']:,} files"),
+            ("time (slowest rank)", f"{staged['elapsed_s']:.2f} s"),
+            ("aggregate copy bandwidth", f"{staged['gb_per_s']:.2f} GB/s" if staged["copied_files"]
+             else "nothing copied"),
+            ("shard", "per node" if staged.get("shard") else "none: every node holds everything"),
+            ("converted to", staged.get("to", "none")),
+            ("manifest", str(staged["manifest"]))]
+    if staged.get("offline"):
+        rows.append(("source", "not reachable: the complete verified copy was used"))
+    for name, value in rows:
+        table.add_row(name, value)
+    Console().print(table)
 
 
 @main.command("submit")

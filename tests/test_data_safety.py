@@ -372,3 +372,13 @@ def test_cli_exit_codes_reach_the_shell(tmp_path: Path) -> None:
     proc = subprocess.run(["mlhpc", "run", "/dev/zero"], capture_output=True, text=True,
                           env={**os.environ, "PATH": f"{Path(os.sys.executable).parent}:{os.environ['PATH']}"})
     assert proc.returncode == 2 and "not a regular file" in proc.stderr
+
+
+def test_stage_prints_a_table_and_json_for_scripts(source: Path, tmp_path: Path, repo: Path) -> None:
+    args = ["stage", str(repo / "configs" / "cosmoflow-mini.yaml"), "--set", f"data.path={source}",
+            "--set", f"data.staging.dest={tmp_path / 'node'}"]
+    table = CliRunner().invoke(main, args)
+    assert table.exit_code == 0, table.output
+    assert "files held" in table.output and "GB/s" in table.output
+    as_json = CliRunner().invoke(main, [*args, "--format", "json"])
+    assert as_json.exit_code == 0 and json.loads(as_json.output)["staged_files"] == 3

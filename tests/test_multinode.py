@@ -168,7 +168,7 @@ def test_two_nodes_stage_disjoint_halves_and_reuse_them_without_the_source(tmp_p
     source.parent.mkdir()
     shutil.copytree(small_files_data, source)
     dests = [tmp_path / f"node{n}-local" for n in range(2)]
-    args = ["stage", str(repo / "configs" / "cosmoflow-mini.yaml"), *TINY,
+    args = ["stage", str(repo / "configs" / "cosmoflow-mini.yaml"), *TINY, "--format", "json",
             "--set", f"data.path={source}", "--set", f"data.staging.dest={tmp_path}/node{{node_rank}}-local"]
     procs = two_nodes(args, tmp_path)
     for proc in procs:
