@@ -33,109 +33,11 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-@click.group()
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})  # inherited by every command
 @click.version_option(package_name="mlhpc")
 def main() -> None:
     """mlhpc: MLPerf HPC-style benchmarks (CosmoFlow, DeepCAM): time to train, split into
     staging, convergence and compute."""
-
-
-class _Progress:
-    """Progress for `mlhpc run`: a rich live line on a terminal, plain lines otherwise (Slurm)."""
-
-    def __init__(self) -> None:
-        from rich.console import Console
-
-        self.console = Console(stderr=False)
-        self.tty = sys.stdout.isatty()
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        kind = event["kind"]
-        if kind == "start":
-            self.console.print(f"[bold]mlhpc run[/bold] {event['workload']}: logging to "
-                               f"{event['result_file']}", highlight=False)
-        elif kind == "epoch":
-            reached = "  target reached" if event["reached"] else ""
-            if event.get("instance") is not None:
-                reached += f"  [instance {event['instance']}]"
-            line = (f"epoch {event['epoch']:>3}/{event['max_epochs']}  {event['metric_key']} "
-                    f"{event['metric']:.4f} (target {event['target']})  loss {event['train_loss']:.4f}  "
-                    f"{event['samples_per_s']:.1f} samples/s  epoch {event['epoch_s']:.1f} s  "
-                    f"eval {event['eval_s']:.1f} s{reached}")
-            if self.tty:
-                self.console.print(line, highlight=False)
-            else:
-                print(line, flush=True)
-        elif kind == "warning":
-            self.console.print(f"[yellow]warning:[/yellow] {event['message']}", highlight=False)
-        elif kind == "step" and self.tty:
-            self.console.print(f"  step {event['step']}/{event['steps']} loss {event['loss']:.4f}",
-                               highlight=False)
-
-
-def _print_summary(summary: dict[str, Any]) -> None:
-    """The end-of-run table: `mlhpc.results` figures, read back from the run's log."""
-    from rich.console import Console
-    from rich.table import Table
-
-    s, perf = summary, summary.get("perf", {})
-    table = Table(title=f"{s['workload']}: {s['status']}" + (f" ({s['reason']})" if s.get("reason") else ""),
-                  show_header=False)
-    table.add_column("quantity")
-    table.add_column("value", justify="right")
-    sign = "<=" if s.get("target_direction") == "min" else ">="
-    rows = [
-        ("time to train (run_stop - run_start)", _secs(s.get("time_to_train_s"))),
-        *([("time to train, all attempts (resumed: not a scored run)",
-            f"{_secs(s.get('time_to_train_total_s'))} ({_secs(s.get('earlier_attempts_s'))} before "
-            "the resume)")] if s.get("resumed") else []),
-        ("staging", f"{_secs(s.get('staging_s'))} ({(s.get('staged_bytes') or 0) / 1e6:.1f} MB)"),
-        *_staging_rows(s),
-        ("init", _secs(s.get("init_s"))),
-        ("data synthesis (before init)", _secs(s.get("synthesis_s"))),
-        ((f"epochs to target ({s['metric_key']} {sign} {s['target']})" if s["status"] == "success"
-          else "epochs run (target not reached)"), f"{s['epochs']}"),
-        (f"final {s['metric_key']}", "n/a" if s.get("metric_value") is None else f"{s['metric_value']:.4f}"),
-        ("mean epoch time", _secs(s.get("mean_epoch_s"))),
-        ("training throughput", f"{s.get('samples_per_s') or 0:.1f} samples/s"),
-        ("evaluation time (total)", _secs(s.get("total_eval_s"))),
-        ("residual (time to train - epochs - evals)", _secs(s.get("residual_s"))),
-        ("training FLOPs per sample (FlopCounterMode)",
-         f"{perf.get('train_flops_per_sample', 0) / 1e9:.3f} GFLOP"),
-        ("achieved FLOP/s (MFU)", f"{perf.get('achieved_flop_per_s', 0) / 1e9:.2f} GFLOP/s "
-         f"({100 * (perf.get('mfu') or 0):.1f}% of {perf.get('peak_source', '?')})"),
-        ("global batch size / ranks / nodes",
-         f"{s.get('global_batch_size')} / {s.get('world_size')} / {s.get('num_nodes')}"),
-        ("result log", str(s["path"])),
-        *([("resumed from", s["resumed_from"])] if s.get("resumed_from") else []),
-        *([("checkpoint", s["checkpoint"])] if s.get("checkpoint") else []),
-    ]
-    for name, value in rows:
-        table.add_row(name, value)
-    console = Console()
-    console.print(table)
-    if s.get("departs_from_reference"):
-        console.print("departs from the reference: " + "; ".join(s["departs_from_reference"]),
-                      highlight=False)
-
-
-def _staging_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
-    """Where staging sat and, on several nodes, its per-node figures (`StagingResult.node_summary`)."""
-    staged = s.get("staging") or {}
-    nodes = staged.get("nodes_summary") or {}
-    rows = [("staging placement", "inside the run (after run_start)" if s.get("staging_in_run")
-             else "initialisation (before run_start)")] if staged else []
-    if nodes.get("nodes", 0) > 1:
-        per_node = ", ".join(f"{b / 1e6:.1f} MB @ {g:.2f} GB/s" for b, g in
-                             zip(nodes["node_staged_bytes"], nodes["node_gb_per_s"]))
-        rows.append((f"staging per node ({nodes['nodes']} nodes, shard {'node' if staged.get('shard') else 'none'})",
-                     f"slowest {nodes['slowest_node_s']:.2f} s, mean {nodes['mean_node_s']:.2f} s, "
-                     f"aggregate {nodes['aggregate_gb_per_s']:.2f} GB/s; {per_node}"))
-    return rows
-
-
-def _secs(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f} s"
 
 
 @main.command("list")
@@ -179,28 +81,27 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
     """Train CONFIG's workload to its quality target and write a compliant result log."""
     from mlhpc import config as cfg
     from mlhpc import train
+    from mlhpc.progress import RunProgress, print_summary
 
     if instances is not None:
         overrides = overrides + (f"train.instances={instances}",)
     if resume_dir is not None:
         if config_path is not None or overrides:
             raise ConfigError("--resume: give the run folder alone (its checkpoint holds the config)")
-        result = train.run(None, on_progress=_Progress(), resume_dir=resume_dir)
+        result = train.run(None, on_progress=RunProgress(), resume_dir=resume_dir)
     else:
         if config_path is None:
             raise ConfigError("run: give a CONFIG file (or --resume RUN_FOLDER)")
         config = cfg.load(config_path, overrides)
-        result = train.run(config, on_progress=_Progress())
+        result = train.run(config, on_progress=RunProgress())
     if result.summary:
-        _print_summary(result.summary)
-    if result.signal:  # stopped by a signal, checkpoint saved: 128 + N, as a shell reports it
-        import signal
-
+        print_summary(result.summary)
+    if result.signal and result.summary:  # stopped by a signal, checkpoint saved
         click.echo(f"mlhpc: stopped by {result.signal}; continue with: mlhpc run --resume "
                    f"{Path(result.result_file).parent if result.result_file else '<run folder>'}",
                    err=True)
-        sys.exit(128 + int(signal.Signals[result.signal]))
-    sys.exit(0 if result.status == "success" else 1)
+    # agreed by every rank (`mlhpc.outcome.agree`): 0 reached, 1 not, 128 + N signal N
+    sys.exit(result.exit_status)
 
 
 @main.command("stage")
@@ -259,30 +160,47 @@ def _print_staging(staged: dict[str, Any]) -> None:
               help="GPUs per node; one task per GPU (0: CPU job).")
 @click.option("--tasks-per-node", type=int, default=None,
               help="Tasks per node on a CPU job (default: 1, or one per GPU).")
+@click.option("--cpus-per-task", type=int, default=None,
+              help="CPUs per task (--cpus-per-task); also sets OMP_NUM_THREADS in the job.")
 @click.option("--runs", type=int, default=1, show_default=True,
               help="Runs in one results folder (MLPerf HPC scores need 10 for CosmoFlow, 5 for DeepCAM).")
 @click.option("--instances", type=int, default=1, show_default=True,
               help="Throughput mode: concurrent model instances per run.")
-@click.option("--time", "time_limit", default="01:00:00", show_default=True, help="Wall time.")
-@click.option("--partition", default=None)
-@click.option("--account", default=None)
+@click.option("--time", "time_limit", default=None,
+              help="Wall-time limit of the whole job (Slurm time: MM, HH:MM:SS, D-HH:MM:SS). "
+                   "Default: --runs x --time-per-run, said on stderr.")
+@click.option("--time-per-run", default="01:00:00", show_default=True,
+              help="Wall time allowed for one run (staging, init, training) when --time is not given.")
+@click.option("--partition", default=None, help="Slurm partition (default: the cluster's).")
+@click.option("--account", default=None, help="Slurm account to charge (default: yours).")
+@click.option("--qos", default=None, help="Slurm quality of service.")
+@click.option("--constraint", default=None, help="Node features the job needs (e.g. 'gpu&a100').")
+@click.option("--exclusive", is_flag=True, help="Nodes not shared with other jobs.")
 @click.option("--job-name", default="mlhpc", show_default=True)
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
 @click.option("--dry-run", is_flag=True, help="Print the sbatch script; submit nothing.")
 @_friendly
 def submit_command(config_path: Path, nodes: int, gpus_per_node: int, tasks_per_node: int | None,
-                   runs: int, instances: int, time_limit: str, partition: str | None,
-                   account: str | None, job_name: str, overrides: tuple[str, ...],
-                   dry_run: bool) -> None:  # one parameter per click option
+                   cpus_per_task: int | None, runs: int, instances: int, time_limit: str | None,
+                   time_per_run: str, partition: str | None, account: str | None, qos: str | None,
+                   constraint: str | None, exclusive: bool, job_name: str,
+                   overrides: tuple[str, ...], dry_run: bool) -> None:  # one parameter per option
     """Render an sbatch script running CONFIG R times under srun, and submit it."""
     from mlhpc import config as cfg
     from mlhpc import slurm
 
     config = cfg.load(config_path, overrides)  # validate everything before anything is queued
+    estimated = time_limit is None
+    if estimated:
+        time_limit = slurm.job_time(runs, time_per_run)
     script = slurm.render_sbatch(
         config_path, nodes=nodes, gpus_per_node=gpus_per_node, tasks_per_node=tasks_per_node,
-        runs=runs, time=time_limit, partition=partition, account=account, job_name=job_name,
+        cpus_per_task=cpus_per_task, runs=runs, time=time_limit, partition=partition,
+        account=account, qos=qos, constraint=constraint, exclusive=exclusive, job_name=job_name,
         output_dir=Path(config.output.dir).resolve(), overrides=overrides, instances=instances)
+    if estimated:
+        click.echo(f"mlhpc: --time not given: {runs} run(s) x {time_per_run} per run "
+                   f"(--time-per-run) = {time_limit}", err=True)
     if dry_run:
         click.echo(script, nl=False)
         return
@@ -332,6 +250,26 @@ def profile_command(config_path: Path, steps: int, warmup: int, trace_path: Path
     console.print(f"FLOPs per sample: forward {result.flops['forward_flops'] / 1e9:.3f} GFLOP, "
                   f"forward+backward {result.flops['train_flops'] / 1e9:.3f} GFLOP", highlight=False)
     console.print(f"trace: {result.trace} (open in chrome://tracing or ui.perfetto.dev)", highlight=False)
+
+
+@main.group("config")
+def config_group() -> None:
+    """Configs: the reference of every key."""
+
+
+@config_group.command("reference")
+@click.option("--out", "out_path", type=click.Path(path_type=Path), default=None,
+              help="Write the Markdown here (e.g. docs/config-reference.md) instead of printing it.")
+@_friendly
+def config_reference_command(out_path: Path | None) -> None:
+    """Every config key: type, default, allowed values, unit, meaning (from the schema)."""
+    from mlhpc import config_reference
+
+    if out_path is None:
+        click.echo(config_reference.render(), nl=False)
+    else:
+        config_reference.write(out_path)
+        click.echo(f"wrote {out_path}")
 
 
 @main.group("data")

@@ -18,10 +18,22 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
-                      create_model, field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
+from mlhpc.config_yaml import UniqueKeyLoader, parse_override, set_path
+from mlhpc.config_yaml import show as _show
 from mlhpc.errors import ConfigError
+from mlhpc.hints import did_you_mean, existing_file, section_model
 from mlhpc.power import PowerConfig
 from mlhpc.workload import get as get_workload
 
@@ -99,12 +111,19 @@ class Section(BaseModel):
 class SubmissionConfig(Section):
     """MLPerf submission metadata, logged as the ``submission_*`` keys."""
 
-    org: str = Field("mlhpc", min_length=1)
-    platform: str = Field("unknown", min_length=1)
-    division: Literal["closed", "open"] = "open"
-    status: Literal["onprem", "cloud", "research", "preview"] = "research"
-    poc_name: str = ""
-    poc_email: str = ""
+    org: str = Field("mlhpc", min_length=1, description=(
+        "submitting organisation, logged as submission_org"))
+    platform: str = Field("unknown", min_length=1, description=(
+        "system the run is on (e.g. 4xA100), logged as submission_platform"))
+    division: Literal["closed", "open"] = Field("open", description=(
+        "MLPerf division, logged as submission_division: closed (reference model and "
+        "hyperparameter rules) or open"))
+    status: Literal["onprem", "cloud", "research", "preview"] = Field("research", description=(
+        "MLPerf system status, logged as submission_status"))
+    poc_name: str = Field("", description=(
+        "point of contact's name, logged as submission_poc_name when given"))
+    poc_email: str = Field("", description=(
+        "point of contact's e-mail, logged as submission_poc_email when given"))
 
 
 class StagingConfig(Section):
@@ -120,16 +139,27 @@ class StagingConfig(Section):
     node (checked against the workload's forms when staging starts).
     """
 
-    enabled: bool = True
-    dest: Optional[Path] = Field(None, strict=False)  # None: a fresh temporary folder on this node
-    workers: int = Field(4, ge=1, le=256)  # copy threads per rank
-    shard: Optional[Literal["node", "none"]] = None  # None: node when num_nodes > 1
-    placement: Literal["init", "run"] = "init"
-    verify: bool = True
-    to: str = Field("none", pattern=r"^[a-z][a-z0-9_-]*$")  # none: copy as is; else convert to this form
-    # read a symbolic link to a file inside the source as that file (links out of the source,
-    # and links to folders, are refused either way; without it every link is refused)
-    follow_links: bool = False
+    enabled: bool = Field(True, description=(
+        "copy the dataset to node-local storage before reading it (false: read data.path in "
+        "place)"))
+    dest: Optional[Path] = Field(None, strict=False, description=(
+        "node-local folder to stage into; may hold {node_rank} and {hostname}; null: a fresh "
+        "temporary folder on each node"))
+    workers: int = Field(4, ge=1, le=256, description="copy threads per rank")
+    shard: Optional[Literal["node", "none"]] = Field(None, description=(
+        "node: each node stages and reads its own share of the samples; none: every node holds"
+        " everything; null: node when the job spans several nodes"))
+    placement: Literal["init", "run"] = Field("init", description=(
+        "init: stage before run_start (MLPerf HPC v3.0, within the initialisation limit); run:"
+        " stage inside the timed run (always compliant)"))
+    verify: bool = Field(True, description=(
+        "read each staged file back and check its checksum against the source's"))
+    to: str = Field("none", pattern=r"^[a-z][a-z0-9_-]*$", description=(
+        "none: copy the files as they are; else a form the workload's data convert writes "
+        "(e.g. npy, hdf5), converted on the way to the node"))
+    follow_links: bool = Field(False, description=(
+        "read a symbolic link to a file inside the source as that file (links out of the "
+        "source, and links to folders, are refused either way); false: every link is refused"))
 
     @field_validator("dest")
     @classmethod
@@ -151,17 +181,23 @@ class StagingConfig(Section):
 class DataConfig(Section):
     """Where the dataset lives and how much of it a run uses."""
 
-    path: Path = Field(Path("data"), strict=False)
-    synthesize_if_missing: bool = True
-    train_samples: Optional[int] = Field(None, ge=1)  # None: every sample found
-    eval_samples: Optional[int] = Field(None, ge=1)
-    # on-disk form of the samples; auto: detected from the file names (the workload's reader)
-    # (checked against the formats the workload declares, `mlhpc.data.formats.DataTools`)
-    format: str = Field("auto", pattern=r"^[a-z][a-z0-9_-]*$")
-    # seed of the embedded (synthesised) dataset: the data stay the same across runs whose
-    # train.seed differs, as a real dataset does (a closed submission runs 5 or 10 seeds on one dataset)
-    synth_seed: int = Field(0, ge=0, le=SEED_MAX)
-    num_workers: int = Field(0, ge=0, le=64)  # DataLoader worker processes per rank
+    path: Path = Field(Path("data"), strict=False, description=(
+        "dataset folder (train/ and validation/ inside), relative to the folder mlhpc runs in"))
+    synthesize_if_missing: bool = Field(True, description=(
+        "synthesise the workload's embedded dataset into data.path when it is missing or "
+        "unfinished (made once, reused by later runs)"))
+    train_samples: Optional[int] = Field(None, ge=1, description=(
+        "training samples a run uses; null: every sample found"))
+    eval_samples: Optional[int] = Field(None, ge=1, description=(
+        "validation samples a run uses; null: every sample found"))
+    format: str = Field("auto", pattern=r"^[a-z][a-z0-9_-]*$", description=(
+        "on-disk form of the samples (one the workload reads, see mlhpc list); auto: detected "
+        "from the file names"))
+    synth_seed: int = Field(0, ge=0, le=SEED_MAX, description=(
+        "seed of the embedded (synthesised) dataset; the data stay the same across runs whose "
+        "train.seed differs, as a real dataset does"))
+    num_workers: int = Field(0, ge=0, le=64, description=(
+        "DataLoader worker processes per rank (0: read in the training process)"))
     staging: StagingConfig = StagingConfig()
 
 
@@ -171,21 +207,39 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 class TrainConfig(Section):
     """The training loop (`mlhpc.train`)."""
 
-    global_batch_size: int = Field(..., ge=1, le=2**31 - 1)
-    gradient_accumulation_steps: int = Field(1, ge=1, le=2**31 - 1)
-    max_epochs: int = Field(..., ge=1, le=1_000_000)
-    target: Optional[float] = None  # None: the workload's reference target (finite: Section)
-    seed: int = Field(0, ge=0, le=SEED_MAX)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    amp: bool = False  # bf16 autocast on CUDA
-    # torch.compile the model (the first epoch pays the compilation): false, true (= "default"),
-    # or a torch.compile mode; "reduce-overhead" replays the step with CUDA graphs on a GPU
-    compile: Union[bool, str] = False
-    threads: Optional[int] = Field(None, ge=1, le=65536)  # torch intra-op threads; None: torch's default
-    log_every_steps: int = Field(0, ge=0)  # progress lines; 0: once per epoch
-    check_every_steps: int = Field(10, ge=1)  # how often ranks agree on stop (SIGTERM, NaN loss)
-    checkpoint_every_epochs: int = Field(0, ge=0)  # 0: only on SIGTERM
-    instances: int = Field(1, ge=1, le=65536)  # throughput (weak scaling) mode: K independent models
+    global_batch_size: int = Field(..., ge=1, le=2**31 - 1, description=(
+        "samples per optimizer step over all ranks (local batch = global / (ranks x "
+        "gradient_accumulation_steps))"))
+    gradient_accumulation_steps: int = Field(1, ge=1, le=2**31 - 1, description=(
+        "micro-batches accumulated per optimizer step"))
+    max_epochs: int = Field(..., ge=1, le=1_000_000, description=(
+        "epochs after which a run that has not reached its target stops (status aborted, exit "
+        "1)"))
+    target: Optional[float] = Field(None, description=(
+        "quality target the run trains to (the workload's metric); null: the workload's "
+        "reference target"))
+    seed: int = Field(0, ge=0, le=SEED_MAX, description=(
+        "seed of model initialisation and shuffling (throughput instances add their instance "
+        "number)"))
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description=(
+        "auto: CUDA when visible, else CPU; cpu; cuda (an error when no GPU is visible)"))
+    amp: bool = Field(False, description="bf16 autocast on CUDA (ignored on CPU)")
+    compile: Union[bool, str] = Field(False, description=(
+        "torch.compile the model (the first epoch pays the compilation): false, true (= "
+        "default), or a torch.compile mode; reduce-overhead replays the step with CUDA graphs "
+        "on a GPU"))
+    threads: Optional[int] = Field(None, ge=1, le=65536, description=(
+        "torch intra-op threads per rank; null: torch's default"))
+    log_every_steps: int = Field(0, ge=0, description=(
+        "print a step N/M line with the loss every this many steps, on a terminal and in a log"
+        " file; 0: one line per epoch only"))
+    check_every_steps: int = Field(10, ge=1, description=(
+        "how often (in steps) the ranks agree on stopping (SIGTERM, SIGINT, non-finite loss)"))
+    checkpoint_every_epochs: int = Field(0, ge=0, description=(
+        "save a checkpoint every this many epochs; 0: only when a signal stops the run"))
+    instances: int = Field(1, ge=1, le=65536, description=(
+        "throughput (weak scaling) mode: K independent models trained at once, each on its "
+        "share of the ranks, with its own seed and log"))
 
     @field_validator("compile", mode="before")
     @classmethod
@@ -200,7 +254,9 @@ class OutputConfig(Section):
     """Where results go: run N writes ``<dir>/result_N.txt`` (the MLLOG) and its side files
     ``measured_N.json``, ``summary_N.json``, ``config_N.yaml``, ``env_N.json`` (`mlhpc.results`)."""
 
-    dir: Path = Field(Path("results"), strict=False)
+    dir: Path = Field(Path("results"), strict=False, description=(
+        "results folder: run N writes result_N.txt and its side files there, never over an "
+        "earlier run's"))
 
 
 class _CommonConfig(Section):
@@ -226,12 +282,6 @@ class Config(_CommonConfig):
         return self.model_dump(mode="json", exclude={"source"})
 
 
-def _show(text: Any) -> str:
-    """``text`` as it can stand in a one-line message (repr when it holds control characters)."""
-    text = str(text)
-    return text if text.isprintable() else repr(text)
-
-
 def _key_path(loc: tuple[Any, ...]) -> str:
     return _show(".".join(str(part) for part in loc if not str(part).startswith("function-")))
 
@@ -245,86 +295,30 @@ def _describe(error: dict[str, Any]) -> str:
     return _show(error["msg"][0].lower() + error["msg"][1:])
 
 
-def _raise(source: str, exc: ValidationError, prefix: tuple[str, ...] = ()) -> None:
-    first = exc.errors()[0]
+def _first_error(exc: ValidationError) -> dict[str, Any]:
+    """The error to report: an unknown key before the rest (a misspelt key also leaves its
+    required namesake missing), else the first."""
+    return sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
+
+
+def _raise(source: str, exc: ValidationError, prefix: tuple[str, ...] = (), hint: str = "") -> None:
+    first = _first_error(exc)
     key = _key_path(prefix + tuple(first["loc"]))
     more = len(exc.errors()) - 1
     tail = f" (and {more} more)" if more else ""
-    raise ConfigError(f"{source}: {key}: {_describe(first)}{tail}") from None
+    raise ConfigError(f"{source}: {key}: {_describe(first)}{hint}{tail}") from None
 
 
-def _set_path(tree: dict[str, Any], dotted: str, value: Any, source: str) -> None:
-    parts = dotted.split(".")
-    if not all(parts):
-        raise ConfigError(f"--set {_show(dotted)}: empty key path")
-    node = tree
-    for part in parts[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"--set {_show(dotted)}: {part!r} is a value, not a section")
-        node = child
-    node[parts[-1]] = value
-
-
-_KEY_PATH = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """``"train.max_epochs=5"`` -> ``("train.max_epochs", 5)``; the value is read as YAML (with
-    the same duplicate-key check as a config file).
-
-    Raises:
-        ConfigError: no ``=``, a key path that is not dot-separated names (letters, digits, ``_``,
-            ``-``), or a value that is not valid YAML; the message starts with ``--set``.
-    """
-    if "=" not in text:
-        raise ConfigError(f"--set {_show(text)}: expected section.key=value")
-    key, raw = text.split("=", 1)
-    key = key.strip()
-    if not _KEY_PATH.fullmatch(key):
-        raise ConfigError(f"--set {_show(key)}: the key must be a dotted path of names, "
-                          f"e.g. train.max_epochs")
-    try:
-        value = yaml.load(raw, Loader=UniqueKeyLoader) if raw != "" else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--set {_show(key)}: value {_show(raw)} is not valid YAML "
-                          f"({_show(getattr(exc, 'problem', None) or type(exc).__name__)})") from None
-    return key, value
-
-
-class UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last
-    silently). Keys brought in by a merge (``<<: *anchor``) may be overridden, as YAML intends."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, int] = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    if key in seen:
-                        raise yaml.constructor.ConstructorError(
-                            None, None, f"duplicate key {_show(key)} (first at line {seen[key]})",
-                            key_node.start_mark)
-                    seen[key] = key_node.start_mark.line + 1
-                except TypeError:
-                    continue  # unhashable key: SafeConstructor reports it
-        return super().construct_mapping(node, deep=deep)
-
-
-# YAML 1.1 (PyYAML's resolver) reads a float only with a dot and a signed exponent, so ``1e-3``,
-# ``1E+30`` or ``1.5e3`` would stay strings and fail as "input should be a valid number". YAML 1.2's
-# core schema (yaml.org/spec/1.2.2, 10.3.2 "Tag Resolution") reads them as floats, as users mean:
-# this resolver adds the 1.2 exponent forms; the 1.1 forms (and ``.inf``/``.nan``, which every
-# section rejects as non-finite) resolve as before, ahead of it.
-UniqueKeyLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$"),
-    list("-+.0123456789"))
+def _key_hint(schema: type[BaseModel], error: dict[str, Any]) -> str:
+    """``"; did you mean train.max_epochs?"`` for an unknown key close to a known one."""
+    if error["type"] != "extra_forbidden" or not error["loc"]:
+        return ""
+    loc = tuple(str(part) for part in error["loc"])
+    model = section_model(schema, loc[:-1])
+    if model is None:
+        return ""
+    known = [name for name in model.model_fields if name != "source"]
+    return did_you_mean(loc[-1], known, prefix="".join(f"{p}." for p in loc[:-1]))
 
 
 #: The largest config file read: a config is a page of YAML; a file larger than this is not one.
@@ -372,7 +366,9 @@ def read_yaml(path: Path) -> dict[str, Any]:
     try:
         data = _read_regular(Path(path))
     except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
+        meant = existing_file(Path(path))
+        hint = f"; did you mean {meant}?" if meant is not None else ""
+        raise ConfigError(f"{path}: config file not found{hint}") from None
     except IsADirectoryError:
         raise ConfigError(f"{path}: is a folder, not a config file") from None
     except OSError as exc:
@@ -410,7 +406,7 @@ def from_dict(tree: dict[str, Any], source: str = "<dict>", overrides: tuple[str
     override_keys: list[str] = []
     for text in overrides:
         key, value = parse_override(text)
-        _set_path(tree, key, value, source)
+        set_path(tree, key, value)
         override_keys.append(key)
     if "workload" not in tree:
         raise ConfigError(f"{source}: workload: required value missing")
@@ -430,14 +426,16 @@ def from_dict(tree: dict[str, Any], source: str = "<dict>", overrides: tuple[str
     try:
         config = schema.model_validate({**tree, "source": source})
     except ValidationError as exc:
-        first = exc.errors()[0]
+        first = _first_error(exc)
         key = _key_path(tuple(first["loc"]))
+        hint = _key_hint(schema, first)
         for k in reversed(override_keys):  # the last --set of a key is the one in force
-            if key == _show(k) or key.startswith(_show(k) + "."):
+            if key == _show(k) or key.startswith(_show(k) + ".") or (
+                    first["type"] == "extra_forbidden" and _show(k).startswith(key + ".")):
                 if first["type"] == "extra_forbidden" and key == _show(k):
-                    raise ConfigError(f"--set {key}: names no config key") from None
-                raise ConfigError(f"--set {key}: {_describe(first)}") from None
-        _raise(source, exc)
+                    raise ConfigError(f"--set {key}: names no config key{hint}") from None
+                raise ConfigError(f"--set {key}: {_describe(first)}{hint}") from None
+        _raise(source, exc, hint=hint)
     _check_format(config, workload, source)
     return config  # type: ignore[return-value]
 

@@ -87,6 +87,9 @@ class RunResult:
             ``summary_N.json`` holds); empty elsewhere.
         signal: the signal that stopped the run (``"SIGTERM"``; a checkpoint was saved), else
             None; the CLI exits with 128 + its number.
+        exit_status: the status every rank of the job exits with, agreed among them
+            (`mlhpc.outcome.agree`): 0 target reached, 1 not reached (by this or another
+            instance), 128 + N stopped by signal N.
     """
 
     status: str
@@ -94,6 +97,7 @@ class RunResult:
     result_file: str | None = None
     summary: dict[str, Any] = field(default_factory=dict)
     signal: str | None = None
+    exit_status: int = 1
 
 
 def write_json(path: Path, obj: Any) -> None:

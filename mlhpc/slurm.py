@@ -73,7 +73,10 @@ class SbatchJob:
             only repeat ``gpus_per_node``.
         runs: sequential runs of the benchmark (1 .. ``MAX_RUNS``), each a fresh ``result_N.txt``.
         time: wall-time limit, in a Slurm time format (``"MM"``, ``"HH:MM:SS"``, ``"D-HH:MM"``...).
-        partition / account: Slurm partition and account (None: the cluster's default).
+        partition / account / qos: Slurm partition, account and quality of service (None: the
+            cluster's default).
+        constraint: ``--constraint`` node features (e.g. ``"gpu&a100"``; None: any node).
+        exclusive: ``--exclusive``: no other job shares the nodes.
         job_name: the job's label (characters sbatch cannot take are replaced by ``_``).
         output_dir: the results folder of every run (``--set output.dir=``), made absolute; the
             Slurm log goes to ``<output_dir>/slurm-%j.out``.
@@ -102,6 +105,9 @@ class SbatchJob:
     time: str = "01:00:00"
     partition: str | None = None
     account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclusive: bool = False
     job_name: str = "mlhpc"
     output_dir: Path | str = "results"
     overrides: Sequence[str] = ()
@@ -162,6 +168,10 @@ def _values(job: SbatchJob, layout: _Layout, config: Path, seeds: list[int],
         "time": Verbatim(job.time),
         "sbatch_partition": Verbatim(job.partition) if job.partition else None,
         "sbatch_account": Verbatim(job.account) if job.account else None,
+        "sbatch_qos": Verbatim(job.qos) if job.qos else None,
+        "sbatch_constraint": (Verbatim(_sbatch_value("constraint", job.constraint))
+                              if job.constraint else None),
+        "sbatch_exclusive": Verbatim("--exclusive") if job.exclusive else None,
         "sbatch_output": Verbatim(sbatch_output) if sbatch_output else None,
         "stamp": Verbatim(datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")),
         "runs": job.runs, "instances": job.instances, "last_run": job.runs - 1,
@@ -263,7 +273,7 @@ def _check_slurm_syntax(job: SbatchJob) -> None:
     """Values Slurm parses itself must match its syntax (they go into the script unquoted)."""
     if not _SLURM_TIME.match(str(job.time)):
         raise ConfigError(f"slurm time: {job.time!r} is not a Slurm time (MM, HH:MM:SS, D-HH:MM:SS)")
-    for name, value in (("partition", job.partition), ("account", job.account)):
+    for name, value in (("partition", job.partition), ("account", job.account), ("qos", job.qos)):
         if value is not None and not _SLURM_NAME.match(value):
             raise ConfigError(f"slurm {name}: {value!r} is not a Slurm {name} name")
     if not re.match(r"^[a-z0-9_]+$", job.mpi):
@@ -403,3 +413,37 @@ def _log_folders(script: str) -> list[Path]:
             value = _sbatch_unquote(match.group(2))
             folders.append(Path(value).parent)
     return folders
+
+
+def time_seconds(text: str) -> int:
+    """Seconds of a Slurm time (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``,
+    ``D-HH:MM:SS``; sbatch's own reading).
+
+    Raises:
+        ConfigError: not a finite Slurm time.
+    """
+    text = str(text)
+    if not _SLURM_TIME.match(text) or text in ("UNLIMITED", "INFINITE"):
+        raise ConfigError(f"slurm time: {text!r} is not a Slurm time (MM, HH:MM:SS, D-HH:MM:SS)")
+    days, _, rest = text.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:  # D-HH[:MM[:SS]]
+        parts += [0] * (3 - len(parts))
+        return int(days) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+    if len(parts) == 1:  # MM
+        return parts[0] * 60
+    if len(parts) == 2:  # MM:SS
+        return parts[0] * 60 + parts[1]
+    return parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+def job_time(runs: int, per_run: str) -> str:
+    """The wall-time limit of a job of ``runs`` runs one after the other, each allowed ``per_run``
+    (a Slurm time), as ``D-HH:MM:SS``.
+
+    Raises:
+        ConfigError: ``per_run`` is not a finite Slurm time.
+    """
+    total = max(1, runs) * time_seconds(per_run)
+    days, rest = divmod(total, 86400)
+    return f"{days}-{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"

@@ -155,8 +155,12 @@ def get(name: str) -> Workload:
     if name in _REGISTERED:
         return _REGISTERED[name]
     if name not in found:
+        from mlhpc.hints import closest
+
         known = ", ".join(names()) or "none"
-        raise ConfigError(f"workload: unknown workload {name!r}; known: {known}")
+        meant = closest(name, names())
+        hint = f" (did you mean {meant!r}?)" if meant else ""
+        raise ConfigError(f"workload: unknown workload {name!r}{hint}; known: {known}")
     workload = found[name].load()
     if not isinstance(workload, Workload):
         raise ConfigError(f"workload {name!r}: entry point {found[name].value} is not a Workload")

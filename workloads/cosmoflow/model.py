@@ -24,21 +24,27 @@ from mlhpc.config import Section
 class ModelConfig(Section):
     """CosmoFlow hyper-parameters; defaults are the reference closed-division model."""
 
-    input_size: int = Field(128, ge=2)  # cube side S of the (4, S, S, S) input
-    in_channels: int = Field(4, ge=1)  # redshift channels
-    conv_channels: int = Field(32, ge=1)  # filters of the first block; doubled each block
-    n_conv_layers: int = Field(5, ge=1)
-    kernel_size: int = Field(3, ge=1)
-    fc1_size: int = Field(128, ge=1)
-    fc2_size: int = Field(64, ge=1)
-    dropout: float = Field(0.5, ge=0.0, lt=1.0)
-    target_size: int = Field(4, ge=1)
-    negative_slope: float = 0.3  # Keras LeakyReLU default alpha
-    channels_last: bool = False  # torch.channels_last_3d memory format (faster on GPUs)
-    # Input preprocessing after log(x + 1). "none": the reference. "channel": the data pipeline
-    # standardises each channel with the mean and standard deviation of the first 64 training
-    # samples (an open-division departure, for small synthetic cubes).
-    input_standardization: Literal["none", "channel"] = "none"
+    input_size: int = Field(128, ge=2, description=(
+        "cube side S of the (4, S, S, S) input, in cells; divisible by 2 ** n_conv_layers"))
+    in_channels: int = Field(4, ge=1, description="input channels (one per redshift)")
+    conv_channels: int = Field(32, ge=1, description=(
+        "filters of the first convolution block; doubled in each later block"))
+    n_conv_layers: int = Field(5, ge=1, description=(
+        "convolution blocks (Conv3D + LeakyReLU + MaxPool), each halving the cube side"))
+    kernel_size: int = Field(3, ge=1, description="side of the Conv3D kernels")
+    fc1_size: int = Field(128, ge=1, description="units of the first dense layer")
+    fc2_size: int = Field(64, ge=1, description="units of the second dense layer")
+    dropout: float = Field(0.5, ge=0.0, lt=1.0, description=(
+        "dropout rate after each dense layer (0: none)"))
+    target_size: int = Field(4, ge=1, description="regressed cosmological parameters")
+    negative_slope: float = Field(0.3, description=(
+        "LeakyReLU slope for negative inputs (Keras' default alpha)"))
+    channels_last: bool = Field(False, description=(
+        "torch.channels_last_3d memory format (faster on GPUs)"))
+    input_standardization: Literal["none", "channel"] = Field("none", description=(
+        "input preprocessing after log(x + 1): none (the reference) or channel (standardise "
+        "each channel with the mean and standard deviation of the first 64 training samples; "
+        "an open-division departure for small synthetic cubes)"))
 
     @model_validator(mode="after")
     def _fits(self) -> "ModelConfig":

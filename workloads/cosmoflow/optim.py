@@ -30,15 +30,21 @@ from mlhpc.config import DecayFactor, Epoch, Section
 class OptimizerConfig(Section):
     """Defaults: the reference closed-division CosmoFlow settings (configs/cosmo.yaml)."""
 
-    name: Literal["sgd", "adam"] = "sgd"
-    momentum: float = Field(0.9, ge=0.0, lt=1.0)  # SGD momentum; Adam's beta_1
-    beta_2: float = Field(0.999, gt=0.0, lt=1.0)  # Adam only
-    base_learning_rate: float = Field(0.001, gt=0.0)
-    base_batch_size: int = Field(64, ge=1)
-    scaling: Literal["linear", "sqrt", "none"] = "linear"
-    warmup_epochs: int = Field(4, ge=0)
-    decay_schedule: dict[Epoch, DecayFactor] = Field(default_factory=lambda: {32: 0.25, 64: 0.125})
-    weight_decay: float = Field(0.0, ge=0.0)  # the reference's l2: Keras L2 factor on fc1/fc2 kernels
+    name: Literal["sgd", "adam"] = Field("sgd", description=(
+        "optimizer: sgd (the reference, with momentum) or adam"))
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum; Adam's beta_1")
+    beta_2: float = Field(0.999, gt=0.0, lt=1.0, description="Adam's beta_2 (Adam only)")
+    base_learning_rate: float = Field(0.001, gt=0.0, description=(
+        "learning rate at base_batch_size; scaled to the global batch size by scaling"))
+    base_batch_size: int = Field(64, ge=1, description=(
+        "global batch size base_learning_rate is given for"))
+    scaling: Literal["linear", "sqrt", "none"] = Field("linear", description=(
+        "how the learning rate follows the global batch size: linear, sqrt or none"))
+    warmup_epochs: int = Field(4, ge=0, description="epochs of linear learning-rate warm-up")
+    decay_schedule: dict[Epoch, DecayFactor] = Field(default_factory=lambda: {32: 0.25, 64: 0.125}, description=(
+        "epoch -> factor: from that epoch on the learning rate is multiplied by the factor"))
+    weight_decay: float = Field(0.0, ge=0.0, description=(
+        "the reference's l2: Keras L2 factor on the fc1/fc2 kernels"))
 
 
 def scale_factor(cfg: OptimizerConfig, global_batch_size: int) -> float:

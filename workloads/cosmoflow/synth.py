@@ -114,26 +114,36 @@ class SynthConfig(Section):
     further the particles stream relative to a cell and the less Gaussian the counts.
     """
 
-    field: Literal["lognormal", "2lpt"] = "lognormal"
-    cube_size: int = Field(32, ge=4, le=512)  # S: cells per side
-    train_samples: int = Field(1024, ge=1)
-    eval_samples: int = Field(256, ge=1)
-    samples_per_file: int = Field(1, ge=1)  # 1: one file per sample; >1: leading sample axis
-    box_size_mpc_h: float = Field(256.0, gt=0)  # comoving side of one cube, Mpc/h
-    redshifts: tuple[float, float, float, float] = (0.0, 0.5, 1.5, 3.0)
-    mean_particles_per_cell: float = Field(512.0, gt=0)
-    lpt_order: Literal[1, 2] = 2  # field 2lpt only; 1: Zel'dovich, 2: second-order LPT
-    omega_m_range: tuple[float, float] = (0.25, 0.35)
-    sigma_8_range: tuple[float, float] = (0.78, 0.95)
-    n_s_range: tuple[float, float] = (0.90, 1.00)
-    h0_range_km_per_s_per_mpc: tuple[float, float] = (60.0, 80.0)
-    omega_b: float = Field(0.049, gt=0, lt=0.25)  # baryon density, fixed (Planck 2018)
-    # None: every sample has its own initial phases (as in the reference simulations).
-    # n: samples cycle through n phase realisations shared by both splits, a phase-matched suite
-    # (cf. Garrison et al. 2018, Abacus Cosmos) that removes sample variance from the targets,
-    # and makes the validation set depend on the training set's phases.
-    phase_realizations: Optional[int] = Field(None, ge=1)
-    workers: int = Field(0, ge=0, le=256)  # synthesis processes; 0: one per usable CPU
+    field: Literal["lognormal", "2lpt"] = Field("lognormal", description=(
+        "lognormal (Poisson counts around a log-normal density) or 2lpt (particles displaced "
+        "by Lagrangian perturbation theory, counted on the grid)"))
+    cube_size: int = Field(32, ge=4, le=512, description="S: cells per side of a sample")
+    train_samples: int = Field(1024, ge=1, description="samples written to train/")
+    eval_samples: int = Field(256, ge=1, description="samples written to validation/")
+    samples_per_file: int = Field(1, ge=1, description=(
+        "samples per file (1: one file per sample; > 1: a leading sample axis)"))
+    box_size_mpc_h: float = Field(256.0, gt=0, description="comoving side of one cube")
+    redshifts: tuple[float, float, float, float] = Field((0.0, 0.5, 1.5, 3.0), description=(
+        "redshift of each of the four channels"))
+    mean_particles_per_cell: float = Field(512.0, gt=0, description=(
+        "mean particle count per cell (2lpt: at most 4096; sets the Lagrangian grid)"))
+    lpt_order: Literal[1, 2] = Field(2, description=(
+        "field 2lpt only: 1 Zel'dovich, 2 second-order LPT"))
+    omega_m_range: tuple[float, float] = Field((0.25, 0.35), description=(
+        "range Omega_m is drawn from (uniform)"))
+    sigma_8_range: tuple[float, float] = Field((0.78, 0.95), description=(
+        "range sigma_8 is drawn from (uniform)"))
+    n_s_range: tuple[float, float] = Field((0.90, 1.00), description=(
+        "range n_s is drawn from (uniform)"))
+    h0_range_km_per_s_per_mpc: tuple[float, float] = Field((60.0, 80.0), description=(
+        "range H0 is drawn from (uniform)"))
+    omega_b: float = Field(0.049, gt=0, lt=0.25, description="baryon density, fixed (Planck 2018)")
+    phase_realizations: Optional[int] = Field(None, ge=1, description=(
+        "null: every sample has its own initial phases (as in the reference simulations); n: "
+        "samples cycle through n phase realisations shared by both splits (removes sample "
+        "variance from the targets, and makes the validation set depend on the training set's "
+        "phases)"))
+    workers: int = Field(0, ge=0, le=256, description="synthesis processes; 0: one per usable CPU")
 
     def particles_per_side(self) -> int:
         """N_p, the side of the particles' Lagrangian grid (at least one particle per cell side)."""

@@ -54,22 +54,34 @@ class OptimizerConfig(Section):
     Steps count optimizer updates (after gradient accumulation), as in the reference.
     """
 
-    name: Literal["Adam", "AdamW", "LAMB"] = "LAMB"
-    lr: float = Field(0.0055, gt=0.0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = Field(1e-6, gt=0.0)  # the closed rules require exactly 1e-6
-    weight_decay: float = Field(1e-2, ge=0.0)
-    scheduler: Literal["multistep", "cosine_annealing"] = "multistep"
-    milestones: list[int] = Field(default_factory=lambda: [800])  # steps
-    decay_rate: float = Field(0.1, gt=0.0, le=1.0)
-    t_max: int = Field(10000, ge=1)  # steps
-    eta_min: float = Field(0.0, ge=0.0)
-    warmup_steps: int = Field(400, ge=0)
-    warmup_factor: float = Field(1.0, ge=1.0)
+    name: Literal["Adam", "AdamW", "LAMB"] = Field("LAMB", description=(
+        "optimizer: LAMB (the reference), Adam or AdamW"))
+    lr: float = Field(0.0055, gt=0.0, description="peak learning rate (after warm-up)")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam/LAMB beta_1 and beta_2")
+    eps: float = Field(1e-6, gt=0.0, description=(
+        "the optimizer's epsilon (the closed rules require exactly 1e-6)"))
+    weight_decay: float = Field(1e-2, ge=0.0, description="weight decay")
+    scheduler: Literal["multistep", "cosine_annealing"] = Field("multistep", description=(
+        "learning-rate schedule after warm-up: multistep or cosine_annealing"))
+    milestones: list[int] = Field(default_factory=lambda: [800], description=(
+        "multistep: optimizer steps at which the learning rate is multiplied by decay_rate"))
+    decay_rate: float = Field(0.1, gt=0.0, le=1.0, description=(
+        "multistep: factor applied at each milestone"))
+    t_max: int = Field(10000, ge=1, description=(
+        "cosine_annealing: optimizer steps of one cosine half-period"))
+    eta_min: float = Field(0.0, ge=0.0, description="cosine_annealing: the lowest learning rate")
+    warmup_steps: int = Field(400, ge=0, description="optimizer steps of learning-rate warm-up")
+    warmup_factor: float = Field(1.0, ge=1.0, description=(
+        "learning rate at the end of warm-up relative to lr (1: warm up to lr)"))
     # LAMB only, fixed by the rules at APEX FusedLAMB's defaults
-    bias_correction: bool = True
-    grad_averaging: bool = True
-    max_grad_norm: float = Field(1.0, gt=0.0)
+    bias_correction: bool = Field(True, description=(
+        "LAMB only: Adam-style bias correction (fixed by the rules at APEX FusedLAMB's "
+        "default)"))
+    grad_averaging: bool = Field(True, description=(
+        "LAMB only: (1 - beta_1) scaling of the gradient in the first moment (APEX FusedLAMB's"
+        " default)"))
+    max_grad_norm: float = Field(1.0, gt=0.0, description=(
+        "LAMB only: global gradient-norm clip (APEX FusedLAMB's default)"))
 
     @model_validator(mode="after")
     def _check(self) -> "OptimizerConfig":

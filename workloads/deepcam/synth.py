@@ -62,22 +62,34 @@ class SynthConfig(Section):
     """The ``synth`` section of a DeepCAM config: what `synthesize` writes. Every field has a
     default; the grid default is the reference's 768 x 1152 (0.25 degree CAM5)."""
 
-    height: int = Field(768, ge=16)
-    width: int = Field(1152, ge=16)
-    train_samples: int = Field(256, ge=1)
-    validation_samples: int = Field(64, ge=1)
-    cyclones_per_sample: float = Field(1.0, ge=0.0)  # Poisson mean
-    rivers_per_sample: float = Field(1.0, ge=0.0)  # Poisson mean
-    tc_radius_km: float = Field(300.0, gt=0.0)  # e-folding radius of the pressure deficit
-    ar_width_km: float = Field(300.0, gt=0.0)  # e-folding half-width of a river's vapour
-    ar_length_km: float = Field(4500.0, gt=0.0)  # typical river length
-    noise_length_km: float = Field(1500.0, gt=0.0)  # correlation length of background weather
-    tc_psl_drop_pa: float = Field(1000.0, gt=0.0)
-    tc_wind_m_per_s: float = Field(17.0, gt=0.0)  # tropical-storm strength
-    tc_warm_core_k: float = Field(1.5, gt=0.0)
-    tc_tmq_anomaly_kg_per_m2: float = Field(10.0, gt=0.0)
-    ar_ivt_anomaly_kg_per_m_s: float = Field(250.0, gt=0.0)
-    ar_min_length_km: float = Field(2000.0, gt=0.0)
+    height: int = Field(768, ge=16, description=(
+        "grid rows (latitudes); the reference's 0.25 degree CAM5 grid has 768"))
+    width: int = Field(1152, ge=16, description="grid columns (longitudes); the reference has 1152")
+    train_samples: int = Field(256, ge=1, description="samples written to train/")
+    validation_samples: int = Field(64, ge=1, description="samples written to validation/")
+    cyclones_per_sample: float = Field(1.0, ge=0.0, description=(
+        "mean tropical cyclones per sample (Poisson)"))
+    rivers_per_sample: float = Field(1.0, ge=0.0, description=(
+        "mean atmospheric rivers per sample (Poisson)"))
+    tc_radius_km: float = Field(300.0, gt=0.0, description=(
+        "e-folding radius of a cyclone's pressure deficit"))
+    ar_width_km: float = Field(300.0, gt=0.0, description=(
+        "e-folding half-width of a river's vapour"))
+    ar_length_km: float = Field(4500.0, gt=0.0, description="typical river length")
+    noise_length_km: float = Field(1500.0, gt=0.0, description=(
+        "correlation length of the background weather"))
+    tc_psl_drop_pa: float = Field(1000.0, gt=0.0, description=(
+        "central sea-level pressure drop of a cyclone"))
+    tc_wind_m_per_s: float = Field(17.0, gt=0.0, description=(
+        "a cyclone's peak wind (tropical-storm strength)"))
+    tc_warm_core_k: float = Field(1.5, gt=0.0, description=(
+        "warm-core temperature anomaly of a cyclone"))
+    tc_tmq_anomaly_kg_per_m2: float = Field(10.0, gt=0.0, description=(
+        "total precipitable water anomaly at a cyclone's centre"))
+    ar_ivt_anomaly_kg_per_m_s: float = Field(250.0, gt=0.0, description=(
+        "integrated vapour transport anomaly along a river"))
+    ar_min_length_km: float = Field(2000.0, gt=0.0, description=(
+        "shortest river the label detector keeps"))
 
 
 def grid(height: int, width: int) -> tuple[np.ndarray, np.ndarray]:

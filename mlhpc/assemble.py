@@ -1,0 +1,228 @@
+"""The parts of one run, built once: the `Job` every stage reads, staging (staging_start ..
+staging_stop) and `build` (datasets, model, sampler, loaders, the training step), with the first
+read of a sample checked against the model (`check_sample`).
+
+`mlhpc.train` calls these in the order docs/architecture.md gives ("How a run flows").
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from mlhpc import checkpoint, perf, runtime
+from mlhpc.checkpoint import Resume
+from mlhpc.config import Config
+from mlhpc.data import loader
+from mlhpc.data import sampler as sampling
+from mlhpc.data import stage as staging
+from mlhpc.errors import DataError
+from mlhpc.mllog import ComplianceLog, constants
+from mlhpc.outcome import Stop
+from mlhpc.results import RunFiles
+from mlhpc.runtime import Runtime
+from mlhpc.step import Step, precision, wrap_model
+from mlhpc.workload import Workload
+
+ProgressFn = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class Job:
+    """What every stage of one instance's run reads: the config, the workload, the whole job
+    (``world``) and this instance's share of it (``rt``), the log, the checkpoint to resume
+    from and the progress callback."""
+
+    config: Config
+    workload: Workload
+    world: Runtime
+    rt: Runtime
+    log: ComplianceLog | None
+    resume: Resume | None
+    progress: ProgressFn
+    stop: "Stop | None" = None
+
+    @property
+    def seed(self) -> int:
+        return self.config.train.seed + (self.rt.instance or 0)
+
+    @property
+    def files(self) -> RunFiles | None:
+        return RunFiles.of_log(self.log.path) if self.log and self.log.path else None
+
+
+@dataclass
+class Parts:
+    """What `build` makes for the loop."""
+
+    model: torch.nn.Module  # the weights (evaluation, checkpoints)
+    step: Step  # the training step (compiled / DDP model, loss, optimizer, scheduler)
+    train_ds: Dataset
+    eval_ds: Dataset
+    train_sampler: Any
+    train_loader: DataLoader
+    eval_loader: DataLoader
+    local_batch_size: int
+    staged: staging.StagingResult | None
+    flops: perf.FlopCount
+    history: list[tuple[int, float]] = field(default_factory=list)
+    train_samples: int = 0  # the job's training-set size (every node's share summed), as logged
+    eval_samples: int = 0  # the job's validation-set size, as logged
+    padded_samples: int = 0  # repeats per epoch that keep every rank's step count equal
+
+    @property
+    def optimizer(self) -> Any:
+        return self.step.optimizer
+
+    @property
+    def scheduler(self) -> Any:
+        return self.step.scheduler
+
+
+def stage(job: Job) -> staging.StagingResult | None:
+    """staging_start .. staging_stop: every rank of the job stages (None: read in place).
+
+    ``staging_stop`` carries where staging sat (``placement``: ``init`` or ``run``), its
+    duration, the bytes and files the nodes hold, and the per-node figures of
+    `StagingResult.node_summary` (slowest node, mean, GB/s per node and aggregate, bytes per node).
+    """
+    placement = job.config.data.staging.placement
+    runtime.barrier(job.rt)  # every rank starts together: a node's time is its own staging
+    job.log.start(constants.STAGING_START, metadata={"placement": placement})
+    staged = staging.stage_dataset(job.config, job.world)
+    runtime.barrier(job.rt)
+    meta: dict[str, Any] = {"placement": placement,
+                            "staging_duration": staged.elapsed_s if staged else 0.0,
+                            "staged_bytes": staged.staged_bytes if staged else 0,
+                            "staged_files": staged.staged_files if staged else 0}
+    if staged is not None:
+        meta.update(staged.node_summary(), shard="node" if staged.shard else "none",
+                    offline=staged.offline)
+    job.log.end(constants.STAGING_STOP, metadata=meta)
+    return staged
+
+
+def sharded(staged: staging.StagingResult | None) -> bool:
+    """The data were staged with ``shard: node``: each node holds only its share."""
+    return staged is not None and staged.shard is not None
+
+
+def build_train_sampler(dataset: Dataset, rt: Runtime, config: Config,
+                        staged: staging.StagingResult | None) -> Sampler[int]:
+    """The training sampler (`mlhpc.data.sampler.train_sampler`): after a sharded stage the node's
+    samples over its local ranks, shuffled within the node; otherwise a seeded shuffle shared by
+    every rank, each taking its stride. Its ``global_samples`` is the job's training-set size and
+    ``padded_samples`` the repeats per epoch."""
+    return sampling.train_sampler(len(dataset), rt, config.train.seed + (rt.instance or 0),
+                                  sharded(staged))
+
+
+def build(job: Job, staged: staging.StagingResult | None, lbs: int) -> Parts:
+    """Datasets, model, optimizer, loaders and the training step; restored from a checkpoint."""
+    config, workload, rt = job.config, job.workload, job.rt
+    data_dir = Path(staged.dest) if staged is not None else Path(config.data.path)
+    train_ds, eval_ds = workload.build_datasets(config, rt, data_dir)
+    if len(train_ds) == 0 or len(eval_ds) == 0:
+        raise DataError(f"{data_dir}: no training or validation samples found")
+    seed_everything(job.seed)
+    model = workload.build_model(config.model)
+    flops = check_sample(job, model, train_ds, workload.build_loss(config), data_dir)
+    model = model.to(rt.device)
+    sampler = build_train_sampler(train_ds, rt, config, staged)
+    options = dict(num_workers=config.data.num_workers, device=rt.device)
+    train_loader = loader.make_loader(train_ds, lbs, sampler=sampler, **options)
+    eval_loader = loader.make_loader(
+        eval_ds, lbs, sampler=sampling.eval_sampler(len(eval_ds), rt, sharded(staged)), **options)
+    steps_per_epoch = math.ceil(len(train_loader) / config.train.gradient_accumulation_steps)
+    optimizer, scheduler = workload.build_optimizer(model, config, steps_per_epoch)
+    step = Step(wrap_model(model, rt, config.train.compile), workload.build_loss(config), optimizer,
+                scheduler, precision(config.train.amp, rt.device), rt.device,
+                config.train.gradient_accumulation_steps)
+    parts = Parts(model, step, train_ds, eval_ds, sampler, train_loader, eval_loader, lbs, staged,
+                  flops, train_samples=sampler.global_samples,
+                  eval_samples=sampling.global_count(len(eval_ds), rt, sharded(staged)),
+                  padded_samples=sampler.padded_samples)
+    if job.resume is not None:
+        checkpoint.restore(job.resume.state, model, optimizer, scheduler)
+        parts.history = list(job.resume.state.history)
+    return parts
+
+
+def check_sample(job: Job, model: torch.nn.Module, train_ds: Dataset, loss_fn: Any,
+                  data_dir: Path) -> perf.FlopCount:
+    """The first training sample fits the model (shape, dtype: one forward and backward on the
+    meta device); returns the FLOPs per sample of a training step counted on it
+    (`count_flops`).
+
+    This is the first read of a sample, so it runs after ``init_start`` and never before the
+    clock may start. MLPerf's training rules (training_rules.adoc, "Run Results"): "The clock
+    must start before any part of the system touches the dataset or when the maximum model
+    initialization time is exceeded." MLPerf HPC v3.0 lets data staging, and so this read,
+    sit inside the logged initialisation (``init_start`` .. ``init_stop``, within its limit):
+    with ``data.staging.placement: init`` the check follows staging there, and a mismatch sets
+    the attempt's log aside (`close_failed`). With ``placement: run`` the dataset is first
+    touched after ``run_start``: the check follows staging inside the timed run (it is not done
+    earlier, which would read the data before the clock starts), and a mismatch ends that run
+    with ``run_stop`` (aborted, naming the file).
+
+    Raises:
+        DataError: the sample does not fit; names the sample's source file (not a staged copy),
+            its shape and dtype, and the model settings.
+    """
+    try:
+        return count_flops(model, train_ds, loss_fn)
+    except DataError:
+        raise
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        x, _ = train_ds[0]
+        first = " ".join(str(exc).split())[:200]
+        raise DataError(f"{sample_name(train_ds, 0, data_dir, job.config)}: a training sample of "
+                        f"shape {tuple(getattr(x, 'shape', ()))} ({getattr(x, 'dtype', '?')}) "
+                        f"does not fit the model of the config's model section "
+                        f"({model_settings(job.config)}): {first}") from None
+
+
+def sample_name(dataset: Dataset, index: int, data_dir: Path, config: Config) -> str:
+    """``<file> sample <k>`` of sample ``index``, the file named in ``data.path`` when
+    ``data_dir`` is a staged copy (the copy named after it in brackets)."""
+    if hasattr(dataset, "locate"):
+        path, local = dataset.locate(index)
+        name = f"{path} sample {local}"
+    elif getattr(dataset, "files", None):
+        path, name = Path(dataset.files[index]), str(dataset.files[index])
+    else:
+        return f"{config.data.path} sample {index}"
+    source = Path(config.data.path)
+    try:
+        rel = Path(path).relative_to(data_dir)
+    except ValueError:
+        return name
+    if Path(data_dir).resolve() == source.resolve():
+        return name
+    return name.replace(str(path), str(source / rel), 1) + f" [read from the staged copy {path}]"
+
+
+def model_settings(config: Config) -> str:
+    fields = config.model.model_dump()
+    keys = [k for k in ("input_size", "in_channels", "n_channels", "conv_channels") if k in fields]
+    return ", ".join(f"model.{k}={fields[k]}" for k in keys) or "model.*"
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def count_flops(model: torch.nn.Module, dataset: Dataset, loss_fn: Any) -> perf.FlopCount:
+    """FLOPs per sample of one training step, counted on a meta-device copy (no compute)."""
+    x, y = loader.to_device(loader.first_batch(dataset), torch.device("cpu"),
+                            loader.device_transform(dataset))
+    return perf.count_flops_on_meta(model, x, loss_fn, y, loader.batch_len(dataset, x))

@@ -1,0 +1,86 @@
+"""After run_stop: the run's side files, written by the rank that holds the log (`finish`):
+``measured_N.json`` (what the log cannot hold), ``summary_N.json`` read back from the log
+(`mlhpc.results`), ``config_N.yaml`` and ``env_N.json``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlhpc import env as envinfo
+from mlhpc import perf, results
+from mlhpc.assemble import Job, Parts
+from mlhpc.outcome import Outcome
+from mlhpc.results import RunResult
+from mlhpc.step import compile_mode
+
+
+def finish(job: Job, parts: Parts, outcome: Outcome, synthesis_s: float) -> RunResult:
+    """Write the side file, then the summary read back from the log, the config and the env
+    (each once, exclusively: the set was claimed with the log)."""
+    result = RunResult(outcome.status, outcome.reason, signal=outcome.signal)
+    files = job.files
+    if files is None:
+        return result
+    results.write_json(files.measured, measured(job, parts, synthesis_s))
+    result.result_file = str(files.log)
+    result.summary = results.load(files.log)
+    results.write_json(files.summary, result.summary)
+    results.write_yaml(files.config, job.config.to_dict())
+    world = job.world
+    results.write_json(files.env, {**envinfo.collect(), "runtime": {
+        "launcher": world.launcher, "world_size": world.world_size, "num_nodes": world.num_nodes,
+        "local_world_size": world.local_world_size, "device": str(job.rt.device),
+        "instances": job.config.train.instances}})
+    return result
+
+
+def measured(job: Job, parts: Parts, synthesis_s: float) -> dict[str, Any]:
+    """What the log cannot hold: the contents of ``measured_N.json``."""
+    config, rt, model, files = job.config, job.rt, parts.model, job.files
+    staged = parts.staged.to_dict() if parts.staged is not None else {}
+    samples = parts.train_samples + parts.eval_samples  # the job's, as staged_bytes
+    peak, peak_source = perf.device_peak(rt.device, parts.step.precision)
+    return {
+        "workload": job.workload.name, "target": target_of(job), "synthesis_s": synthesis_s,
+        "world_size": rt.world_size, "num_nodes": rt.num_nodes, "instance": rt.instance,
+        "staging": staged, "padded_samples_per_epoch": parts.padded_samples,
+        "departs_from_reference": departures(job, parts),
+        "resumed_from": str(job.resume.source) if job.resume else None,
+        "checkpoint": str(files.checkpoint) if files.checkpoint.exists() else None,
+        "perf": {
+            "forward_flops_per_sample": parts.flops.forward_flops,
+            "train_flops_per_sample": parts.flops.train_flops,
+            "peak_flop_per_s_per_rank": peak, "peak_source": peak_source,
+            "precision": parts.step.precision, "parameters": sum(p.numel() for p in model.parameters()),
+            "allreduce_bytes_per_step": perf.allreduce_bytes_per_step(model) if rt.distributed else 0,
+            "dataset_bytes_per_sample": staged["staged_bytes"] / samples if staged else None,
+            "data_path": {"num_workers": parts.train_loader.num_workers,
+                          "pin_memory": parts.train_loader.pin_memory,
+                          "memory_mapped": getattr(parts.train_ds, "memory_mapped", False),
+                          "decode_on_device": hasattr(parts.train_ds, "device_transform"),
+                          "channels_last": bool(getattr(config.model, "channels_last", False)),
+                          "compile": compile_mode(config.train.compile)}},
+    }
+
+
+def target_of(job: Job) -> float:
+    target = job.config.train.target
+    return job.workload.metric.target if target is None else target
+
+
+def departures(job: Job, parts: Parts) -> list[str]:
+    """How this run departs from the reference: the workload's own list when it declares one,
+    else the model fields that differ from their defaults, sample counts and target."""
+    config, workload = job.config, job.workload
+    if workload.departures is not None:
+        return workload.departures(config)
+    ref_model = workload.model_config()
+    notes = [f"model.{key}={value} (reference {getattr(ref_model, key)})"
+             for key, value in config.model.model_dump().items() if getattr(ref_model, key) != value]
+    train_n, eval_n = parts.train_samples, parts.eval_samples
+    ref_train, ref_eval = workload.reference_samples
+    if ref_train and (train_n, eval_n) != (ref_train, ref_eval):
+        notes.append(f"samples {train_n}/{eval_n} (reference {ref_train}/{ref_eval})")
+    if config.train.target is not None and config.train.target != workload.metric.target:
+        notes.append(f"target {config.train.target} (reference {workload.metric.target})")
+    return notes

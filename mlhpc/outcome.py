@@ -1,0 +1,156 @@
+"""How a run ends: its outcome, the signals that stop it, a failed attempt set aside, and the
+ranks' agreement on the outcome before any of them exits.
+
+`agree` is the last collective of a run (`mlhpc.train.run`): rank 0 has written every file of
+the set (result, measured, summary, config, env) before it enters, and every rank leaves it
+with the same status and signal, so that under torchrun, srun or mpiexec no rank exits
+non-zero while rank 0 is still writing (a launcher stops the others when one rank fails).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlhpc import checkpoint, runtime
+from mlhpc.errors import MlhpcError
+from mlhpc.evaluate import all_reduce
+from mlhpc.mllog import constants
+from mlhpc.results import RunFiles, RunResult
+from mlhpc.runtime import Runtime
+
+Job = Any  # an `mlhpc.assemble.Job` (which holds a `Stop`: not imported here, no cycle)
+
+@dataclass
+class Outcome:
+    """How the timed run ended (the values logged in ``run_stop``)."""
+
+    status: str
+    reason: str | None
+    epoch: int
+    signal: str | None = None
+
+
+class RunInterrupted(MlhpcError):
+    """A signal (SIGTERM, SIGINT) stopped the run before ``run_start``; the CLI exits with
+    ``exit_status`` = 128 + the signal's number."""
+
+    def __init__(self, message: str, signum: int = signal.SIGTERM) -> None:
+        super().__init__(message)
+        self.signum = int(signum)
+        self.exit_status = 128 + self.signum
+
+
+def close_failed(job: Job, exc: BaseException) -> None:
+    """An attempt failed with ``exc`` after its log was opened. Before ``run_start``: its log
+    moves to ``<out>/failed/result_N.log`` (a resume claim is released) and a user error names
+    it; after: ``run_stop`` (aborted, the reason) ends the log. Errors of the library's own
+    (`MlhpcError`) get the new path in their one-line message; anything else keeps its type."""
+    log, files = job.log, job.files
+    if log.first(constants.RUN_START) is not None:
+        if log.first(constants.RUN_STOP) is None:
+            reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+            log.end(constants.RUN_STOP, metadata={"status": constants.ABORTED,
+                                                  "reason": f"{type(exc).__name__}: {reason}"})
+        return
+    if job.resume is not None and files is not None and job.resume.claim.is_file() and \
+            checkpoint._read_claim(job.resume.claim).get("resumed_by") == files.log.name:
+        checkpoint.release(job.resume)
+    if files is None:
+        return
+    log.close()
+    moved = set_aside(files)
+    if moved is not None and isinstance(exc, MlhpcError) and exc.args:
+        exc.args = (f"{exc.args[0]} (this attempt's log moved to {moved})", *exc.args[1:])
+
+
+def set_aside(files: RunFiles) -> Path | None:
+    """Move ``files.log`` to the first free ``failed/result_N[.K].log`` beside it (exclusive;
+    an empty log, claimed but never written, is removed). Returns the new path or None."""
+    src = files.log
+    if not src.exists() or src.stat().st_size == 0:
+        src.unlink(missing_ok=True)
+        return None
+    folder = files.out_dir / "failed"
+    folder.mkdir(exist_ok=True)
+    for k in itertools.count():
+        dest = folder / (f"result_{files.index}.log" if k == 0 else f"result_{files.index}.{k}.log")
+        try:
+            os.link(src, dest)
+        except FileExistsError:
+            continue
+        src.unlink()
+        return dest
+    return None
+
+
+class Stop:
+    """SIGTERM (what Slurm sends before a time limit) or SIGINT (Ctrl-C): before ``run_start`` it raises
+    `RunInterrupted` (the attempt's log is set aside); from ``run_start`` on it sets ``signal``,
+    checked between steps (a checkpoint is saved, run_stop logged). Installed for the ``with``
+    block when this is the main thread."""
+
+    def __init__(self, job: Job | None = None) -> None:
+        self.signal: str | None = None
+        self._previous: Any = None
+        self._job = job
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.signal = signal.Signals(signum).name
+        self.check()
+
+    def check(self) -> None:
+        """Raise `RunInterrupted` when a signal came and run_start is not logged yet (also called
+        just before run_start, in case library code caught the handler's exception)."""
+        log = self._job.log if self._job is not None else None
+        if self.signal and self._job is not None and (log is None or log.first(constants.RUN_START) is None):
+            raise RunInterrupted(f"{self.signal} before run_start: nothing trained, no checkpoint",
+                                 signal.Signals[self.signal])
+
+    def __enter__(self) -> "Stop":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self) for sig in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, previous in (self._previous or {}).items():
+            signal.signal(sig, previous)
+
+
+def exit_status(result: RunResult) -> int:
+    """The exit status a run's outcome stands for: 0 target reached, 1 not reached, 128 + N
+    stopped by signal N (a checkpoint was saved)."""
+    if result.signal:
+        return 128 + int(signal.Signals[result.signal])
+    return 0 if result.status == constants.SUCCESS else 1
+
+
+def agree(result: RunResult, world: Runtime) -> RunResult:
+    """Every rank of ``world`` leaves with the job's outcome: the highest exit status of any
+    rank's (or instance's) run, and the signal that stopped any of them. Call it once rank 0
+    has written every file of its run (`mlhpc.finish.finish`): it is the run's last collective,
+    so no rank exits before the files are there.
+
+    From here on a SIGTERM (what torchrun sends the other ranks when one exits non-zero, and
+    Slurm and mpiexec on a failed step) is ignored on a multi-rank job: the outcome is decided
+    and written, and the rank goes on to exit with it rather than being killed part-way through
+    printing. Returns ``result`` with ``exit_status`` (and ``signal``) set.
+    """
+    own = exit_status(result)
+    if not world.distributed:
+        result.exit_status = own
+        return result
+    signum = int(signal.Signals[result.signal]) if result.signal else 0
+    status, signum_max = all_reduce([float(own), float(signum)], world, op="max")
+    if signum_max and result.signal is None:
+        result.signal = signal.Signals(int(signum_max)).name
+    result.exit_status = int(status)
+    runtime.barrier(world)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return result
