@@ -15,10 +15,14 @@ One straight line (docs/architecture.md, "How a run flows"), one function per st
          run_stop)
       -> finish: measured_N.json, then summary_N.json from the log (`mlhpc.results`),
          config_N.yaml, env_N.json
+      -> agree: every rank leaves with the job's exit status, after rank 0 has written its files
 
-The pieces live in their own files: `mlhpc.step` (the one training step, shared with
-``mlhpc profile`` and benchmarks/throughput.py), `mlhpc.evaluate` (metric all-reduced over ranks),
-`mlhpc.checkpoint` (save, restore, resume), `mlhpc.results` (the result, read back from the log).
+The pieces live in their own files: `mlhpc.assemble` (the `Job`, staging, `build`),
+`mlhpc.runlog` (the log's records around the timed run), `mlhpc.finish` (the side files),
+`mlhpc.outcome` (signals, a failed attempt set aside, the ranks' agreement), `mlhpc.step` (the
+one training step, shared with ``mlhpc profile`` and benchmarks/throughput.py), `mlhpc.evaluate`
+(metric all-reduced over ranks), `mlhpc.checkpoint` (save, restore, resume), `mlhpc.results` (the
+result, read back from the log).
 
 Rank 0 writes every log line; the timing events are bracketed by barriers so that a once-only key
 appears once and measures the slowest rank. Data parallelism is DistributedDataParallel; which
