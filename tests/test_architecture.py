@@ -97,24 +97,71 @@ def _functions(tree: ast.Module):
             yield node
 
 
-def _has_reason(lines: list[str], node: ast.AST) -> bool:
-    """A comment on the ``def`` line(s) explains why the function is long or wide."""
-    header = lines[node.lineno - 1: node.body[0].lineno - 1]
-    return any("#" in line for line in header)
+#: Every function over the limits, with its reason: one list, not comments on the defs. Keys are
+#: ``path::function``. mlhpc/data/ has none (its test below allows none there).
+ALLOWED: dict[str, str] = {
+    "mlhpc/checkpoint.py::capture": "one parameter per field of the checkpoint state it builds",
+    "workloads/cosmoflow/convert.py::_copy_mapped": "the mapped array's source, offset, shape, "
+        "targets and destination: one copy in the kernel, no Python pass over the counts",
+    "workloads/deepcam/model.py::__init__": "the reference block's own constructor arguments",
+    "workloads/deepcam/optim.py::__init__": "LAMB's hyperparameters, as the reference names them",
+    "workloads/deepcam/synth.py::_add_cyclone": "a vortex's centre, radius, strength and fields",
+    "workloads/deepcam/synth.py::detect": "the TECA-style detector, one pass read top to bottom",
+    "benchmarks/baseline_deepcam.py::logistic_baseline": "the baseline's data and fit settings",
+    "benchmarks/run.py::bench_data": "one benchmark's set-up, run and report in order",
+    "benchmarks/throughput.py::measure": "one measurement's set-up, warm-up, timing and report",
+}
+SCANNED = ("mlhpc", "workloads", "benchmarks")
+MAX_FILE_LINES = 500
 
 
-@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
-def test_functions_are_short_and_narrow(path):
-    lines = path.read_text().splitlines()
+def _click_command(node: ast.AST) -> bool:
+    """A click command or group takes one parameter per option: its width is its interface."""
+    return any(".command" in ast.unparse(d) or ".group" in ast.unparse(d) or "click." in ast.unparse(d)
+               for d in getattr(node, "decorator_list", []))
+
+
+def _oversized(path: Path) -> list[tuple[str, str]]:
+    """``(path::name, what)`` for each function of ``path`` over the limits."""
+    found = []
     for node in _functions(ast.parse(path.read_text())):
         args = node.args
         params = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs
                   if a.arg not in ("self", "cls")]
         length = node.end_lineno - node.lineno + 1
-        where = f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"
-        if length > MAX_LINES or len(params) > MAX_PARAMS:
-            assert _has_reason(lines, node), (
-                f"{where}: {length} lines, {len(params)} parameters and no reason written beside it")
+        wide = len(params) > MAX_PARAMS and not _click_command(node)
+        if length > MAX_LINES or wide:
+            found.append((f"{path.relative_to(ROOT).as_posix()}::{node.name}",
+                          f"{length} lines, {len(params)} parameters"))
+    return found
+
+
+def _sources() -> list[Path]:
+    return [p for base in SCANNED for p in sorted((ROOT / base).rglob("*.py"))]
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_functions_are_short_and_narrow(path):
+    """At most 60 lines and 6 parameters (click commands aside), unless listed in ALLOWED."""
+    bad = [f"{key}: {what}" for key, what in _oversized(path) if key not in ALLOWED]
+    assert not bad, f"over the limits and not in ALLOWED (with a reason): {bad}"
+
+
+def test_the_data_layer_has_no_exception():
+    assert not [k for k in ALLOWED if k.startswith("mlhpc/data/")]
+    assert not [k for p in sorted((PACKAGE / "data").rglob("*.py")) for k, _ in _oversized(p)]
+
+
+def test_every_allowance_is_still_needed_and_has_a_reason():
+    over = {key for path in _sources() for key, _ in _oversized(path)}
+    stale = sorted(set(ALLOWED) - over)
+    assert not stale, f"ALLOWED lists functions now within the limits: {stale}"
+    assert all(len(reason) > 20 for reason in ALLOWED.values())
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_file_in_mlhpc_is_over_500_lines(path):
+    assert len(path.read_text().splitlines()) <= MAX_FILE_LINES, path
 
 
 def test_train_profile_and_throughput_share_one_step():
