@@ -59,20 +59,25 @@ _EMT_METALS = ("Al", "Cu", "Ag", "Au", "Ni", "Pd", "Pt")
 class SynthConfig(Section):
     """The ``synth`` section of an OC20 config: what `synthesize` writes (module docstring)."""
 
-    train_samples: int = Field(2000, ge=1)
-    validation_samples: int = Field(400, ge=1)
-    files_per_split: int = Field(2, ge=1)
-    metals: list[str] = Field(default_factory=lambda: list(_EMT_METALS), min_length=1)
-    adsorbates: list[str] = Field(default_factory=lambda: ["H", "C", "N", "O", "OH", "CO"], min_length=1)
-    facets: list[str] = Field(default_factory=lambda: ["111", "100"], min_length=1)
-    slab_size: tuple[int, int, int] = (2, 2, 4)  # atoms along a, b and layers
-    fixed_layers: int = Field(2, ge=0)
-    vacuum_A: float = Field(7.0, gt=0.0)
-    adsorbate_height_A: float = Field(1.6, gt=0.0)
-    relax_fmax_eV_per_A: float = Field(0.01, gt=0.0)
-    rattle_A: float = Field(0.010, ge=0.0)
-    get_edges: bool = False  # store edge_index / cell_offsets (radius 6 A, 50 neighbours)
-    workers: int = Field(2, ge=1)  # processes; the bytes do not depend on it
+    train_samples: int = Field(2000, ge=1, description="training structures")
+    validation_samples: int = Field(400, ge=1, description="validation structures")
+    files_per_split: int = Field(2, ge=1, description="*.lmdb files per split")
+    metals: list[str] = Field(default_factory=lambda: list(_EMT_METALS), min_length=1,
+                              description="slab metals (ASE EMT: Al, Cu, Ag, Au, Ni, Pd, Pt)")
+    adsorbates: list[str] = Field(default_factory=lambda: ["H", "C", "N", "O", "OH", "CO"], min_length=1,
+                                  description="adsorbates placed on a site of the slab")
+    facets: list[str] = Field(default_factory=lambda: ["111", "100"], min_length=1,
+                              description="fcc facets of the slabs")
+    slab_size: tuple[int, int, int] = Field((2, 2, 4), description="atoms along a, b and layers")
+    fixed_layers: int = Field(2, ge=0, description="bottom layers held fixed (tag 0)")
+    vacuum_A: float = Field(7.0, gt=0.0, description="vacuum above and below the slab, Angstrom")
+    adsorbate_height_A: float = Field(1.6, gt=0.0, description="adsorbate height over its site, Angstrom")
+    relax_fmax_eV_per_A: float = Field(0.01, gt=0.0, description="force tolerance of the EMT "
+                                       "relaxation of each base structure, eV/Angstrom")
+    rattle_A: float = Field(0.010, ge=0.0, description="standard deviation of the random "
+                            "displacement of free atoms, Angstrom")
+    get_edges: bool = Field(False, description="store edge_index / cell_offsets (radius 6 A, 50 neighbours)")
+    workers: int = Field(2, ge=1, description="processes; the bytes do not depend on it")
 
 
 def _check(cfg: SynthConfig) -> None:
