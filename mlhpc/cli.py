@@ -460,6 +460,7 @@ def _summary(verb: str, result: Any) -> str:
 from mlhpc.report.cli import report_command  # noqa: E402 (the report command lives with its package)
 
 main.add_command(report_command)
+main.add_command(__import__("mlhpc.store.cli", fromlist=["results_group"]).results_group)  # mlhpc results
 
 if __name__ == "__main__":  # pragma: no cover
     main()

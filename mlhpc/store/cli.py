@@ -1,0 +1,188 @@
+"""``mlhpc results``: the results store's commands. Each parses, calls one library function,
+prints; bad input is one line on stderr and exit status 2."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from mlhpc.store.queries import FORMATS
+
+STORE_HELP = ("Store URL (SQLAlchemy, e.g. postgresql+psycopg://user@host/db) or SQLite file; default "
+              "$MLHPC_STORE, else $XDG_DATA_HOME/mlhpc/results.db.")
+
+
+def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from mlhpc.errors import MlhpcError
+
+        try:
+            return fn(*args, **kwargs)
+        except MlhpcError as exc:
+            click.echo("mlhpc: error: " + " ".join(str(exc).splitlines()), err=True)
+            sys.exit(2)
+        except OSError as exc:
+            click.echo(f"mlhpc: error: {exc.filename or ''}: {exc.strerror or exc}", err=True)
+            sys.exit(2)
+
+    return wrapper
+
+
+def _open(url: str | None):
+    from mlhpc.store import open_store
+
+    store = open_store(url)
+    for warning in store.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    return store
+
+
+def _filter_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option("--benchmark", default=None, help="Only this benchmark (cosmoflow, deepcam, oc20, ...)."),
+        click.option("--system", default=None, help="Only this system name."),
+        click.option("--nodes", type=click.IntRange(min=1), default=None, help="Only runs on this many nodes."),
+        click.option("--status", default=None, help="Only runs with this status (success, aborted, incomplete)."),
+        click.option("--source", type=click.Choice(["own", "published"]), default=None, help="Own or published runs."),
+        click.option("--campaign", default=None, help="Only runs of this campaign id."),
+        click.option("--since", default=None, help="Runs started on or after this date (YYYY-MM-DD, UTC)."),
+        click.option("--until", default=None, help="Runs started before the end of this date (YYYY-MM-DD, UTC)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _filters(kw: dict[str, Any]):
+    from mlhpc.store.queries import Filters, parse_date_ms
+
+    since, until = kw.pop("since"), kw.pop("until")
+    return Filters(benchmark=kw.pop("benchmark"), system=kw.pop("system"), nodes=kw.pop("nodes"),
+                   status=kw.pop("status"), source=kw.pop("source"), campaign=kw.pop("campaign"),
+                   since_ms=parse_date_ms(since) if since else None,
+                   until_ms=parse_date_ms(until, end=True) if until else None)
+
+
+@click.group("results")
+def results_group() -> None:
+    """The results store: every run kept, compared over time, across node counts and with
+    MLCommons' published rounds (docs/store.md)."""
+
+
+@results_group.command("ingest")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--store", "url", default=None, help=STORE_HELP)
+@click.option("--campaign", default=None, help="Campaign id stored with each newly added run.")
+@_friendly
+def ingest_command(paths: tuple[Path, ...], url: str | None, campaign: str | None) -> None:
+    """Add the runs under PATHS: mlhpc run folders, MLCommons result trees, single logs.
+    A log already stored is not added again; a refused log is named (exit status 2)."""
+    from mlhpc.store import ingest_paths
+
+    store = _open(url)
+    result = ingest_paths(store, list(paths), campaign)
+    for line in result.refused:
+        click.echo(f"mlhpc: refused: {line}", err=True)
+    click.echo(f"{len(result.added)} run(s) added, {result.already} already stored, "
+               f"{len(result.refused)} refused ({store.url})")
+    if result.refused:
+        sys.exit(2)
+
+
+@results_group.command("list")
+@_filter_options
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option("--store", "url", default=None, help=STORE_HELP)
+@_friendly
+def list_command(fmt: str, url: str | None, **kw: Any) -> None:
+    """List stored runs (filters combine with AND)."""
+    from mlhpc.store.queries import list_runs, render_rows
+
+    output = render_rows(list_runs(_open(url), _filters(kw)), fmt)
+    click.echo(output, nl=not output.endswith("\n"))
+
+
+@results_group.command("show")
+@click.argument("run")
+@click.option("--log", "with_log", is_flag=True, help="Print the stored log itself.")
+@click.option("--store", "url", default=None, help=STORE_HELP)
+@_friendly
+def show_command(run: str, with_log: bool, url: str | None) -> None:
+    """Show one run: RUN is its run id or a prefix (8+ hex digits) of its log's SHA-256."""
+    from mlhpc.store.queries import get_run, show_text
+
+    row = get_run(_open(url), run)
+    click.echo(row["log"] if with_log else show_text(row), nl=not (with_log and row["log"].endswith("\n")))
+
+
+@results_group.command("compare")
+@click.argument("a")
+@click.argument("b")
+@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.05,
+              show_default=True, help="Significance level of the test.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--store", "url", default=None, help=STORE_HELP)
+@_friendly
+def compare_command(a: str, b: str, alpha: float, fmt: str, url: str | None) -> None:
+    """Compare two selections of successful runs, A (before) and B (after): each a campaign id or
+    'key=value,...' (benchmark, system, nodes, source, campaign, since, until)."""
+    from mlhpc.store.api import compare_selections
+    from mlhpc.store.compare import TEST_NAME, render
+
+    result = compare_selections(_open(url), a, b, alpha)
+    if fmt == "json":
+        click.echo(json.dumps({"a": {"selection": a, "times_s": result.a.times_s, "olympic_s": result.a.olympic_s},
+                               "b": {"selection": b, "times_s": result.b.times_s, "olympic_s": result.b.olympic_s},
+                               "test": TEST_NAME, "p_value": result.p_value, "ci_low_s": result.ci_low_s,
+                               "ci_high_s": result.ci_high_s, "verdict": result.verdict}, indent=2))
+    else:
+        click.echo(render(result))
+
+
+@results_group.command("scaling")
+@_filter_options
+@click.option("--mode", type=click.Choice(["strong", "weak"]), default="strong", show_default=True,
+              help="strong: E = T(n0) n0 / (T(n) n); weak: E = T(n0) / T(n).")
+@click.option("--plot", "png", type=click.Path(path_type=Path), default=None, help="Write the PNG here.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option("--store", "url", default=None, help=STORE_HELP)
+@_friendly
+def scaling_command(mode: str, png: Path | None, fmt: str, url: str | None, **kw: Any) -> None:
+    """Time to train and parallel efficiency against nodes for one --benchmark, own runs beside
+    published systems."""
+    from mlhpc.store.api import scaling_report
+    from mlhpc.store.queries import render_rows
+
+    rows, written = scaling_report(_open(url), _filters(kw), mode, png)
+    columns = ("series", "source", "nodes", "runs", "time_to_train_min", "how", "efficiency", "global_batch_size")
+    output = render_rows(rows, fmt, columns).replace(" run(s)", " point(s)")
+    click.echo(output, nl=not output.endswith("\n"))
+    if written is not None:
+        click.echo(f"wrote {written}", err=True)
+
+
+@results_group.command("check")
+@click.option("--references", "references", type=click.Path(path_type=Path), required=True,
+              help="YAML: system -> benchmark -> figure: [value, lower, upper, unit] (ReFrame's form).")
+@click.option("--window", type=int, default=5, show_default=True, help="Judge the last N successful runs.")
+@click.option("--since", default=None, help="Only runs started on or after this date (YYYY-MM-DD, UTC).")
+@click.option("--store", "url", default=None, help=STORE_HELP)
+@_friendly
+def check_command(references: Path, window: int, since: str | None, url: str | None) -> None:
+    """Check stored runs against references; exit status 1 on a regression, 0 otherwise."""
+    from mlhpc.store.api import check_references
+    from mlhpc.store.check import render
+    from mlhpc.store.queries import Filters, parse_date_ms
+
+    filters = Filters(since_ms=parse_date_ms(since) if since else None)
+    verdicts = check_references(_open(url), references, window, filters)
+    click.echo(render(verdicts))
+    if any(v.verdict == "regression" for v in verdicts):
+        sys.exit(1)

@@ -1,0 +1,235 @@
+"""Where the store lives and how it is opened: the URL, the engine, write transactions.
+
+The URL is ``--store URL``, else ``$MLHPC_STORE``, else SQLite at
+``$XDG_DATA_HOME/mlhpc/results.db`` (``~/.local/share/mlhpc/results.db`` without it). Any
+SQLAlchemy URL works; ``postgresql+psycopg://user@host/db`` is the site-wide store. A bare path
+is a SQLite file. ``MLHPC_STORE=none`` turns recording off (`disabled`).
+
+SQLite is opened in WAL mode with a busy timeout, and every write transaction begins
+``IMMEDIATE`` (the write lock is taken at the start, so two writers never deadlock upgrading a
+read lock) and is retried when the database stays locked: many jobs finishing at once lose
+nothing. SQLite on a network file system (NFS, Lustre, GPFS, ...) is said in `Store.warnings`:
+its locks are not reliable there; PostgreSQL is the answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+
+from mlhpc.errors import MlhpcError
+from mlhpc.store import schema
+
+ENV = "MLHPC_STORE"
+#: File systems whose locking SQLite cannot trust (types as /proc/mounts names them).
+NETWORK_FS = frozenset({"nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "beegfs", "ceph",
+                        "glusterfs", "fuse.glusterfs", "fuse.sshfs", "afs", "9p", "panfs", "wekafs"})
+BUSY_TIMEOUT_S = 30.0
+#: Total seconds a write transaction is retried while the database is locked.
+RETRY_FOR_S = 120.0
+
+
+class StoreError(MlhpcError):
+    """The results store cannot be opened, read or written (names the store URL and why)."""
+
+
+def default_path() -> Path:
+    """``$XDG_DATA_HOME/mlhpc/results.db``, else ``~/.local/share/mlhpc/results.db``."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "mlhpc" / "results.db"
+
+
+def disabled(url: str | None = None) -> bool:
+    """Recording is switched off: ``url`` (or ``$MLHPC_STORE``) is ``none``/``off``/``0``."""
+    value = url if url is not None else os.environ.get(ENV, "")
+    return value.strip().lower() in {"none", "off", "0", "false"}
+
+
+def resolve_url(url: str | None = None) -> str:
+    """The store URL: ``url``, else ``$MLHPC_STORE``, else the default SQLite file.
+
+    Raises:
+        StoreError: the store is switched off (``none``) or the URL cannot be parsed.
+    """
+    value = url or os.environ.get(ENV) or ""
+    if disabled(value):
+        raise StoreError(f"the results store is switched off ({ENV}={value}); give --store URL")
+    if not value:
+        return f"sqlite:///{default_path()}"
+    if "://" not in value:  # a bare path is a SQLite file
+        return f"sqlite:///{Path(value).expanduser().resolve()}"
+    try:
+        make_url(value)
+    except ArgumentError as exc:
+        raise StoreError(f"store URL {value!r}: {exc}") from None
+    return value
+
+
+def mount_type(path: Path, mounts: str = "/proc/mounts") -> str | None:
+    """The file-system type (``/proc/mounts`` field 3) of the mount holding ``path``, or None."""
+    try:
+        lines = Path(mounts).read_text().splitlines()
+    except OSError:
+        return None
+    best, fstype = "", None
+    target = str(path.resolve())
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, fstype = point, fields[2]
+    return fstype
+
+
+def network_fs_warning(path: Path, mounts: str = "/proc/mounts") -> str | None:
+    """A warning when the SQLite file ``path`` sits on a network file system, else None."""
+    fstype = mount_type(path.parent if path.parent.exists() else Path("/"), mounts)
+    if fstype is None or (fstype not in NETWORK_FS and not fstype.startswith("nfs")):
+        return None
+    return (f"the SQLite results store {path} is on a {fstype} file system, whose locks SQLite "
+            f"cannot trust with many writers: use PostgreSQL (--store postgresql+psycopg://...)")
+
+
+@dataclass
+class Store:
+    """An open store: its URL (password hidden), engine, and warnings to show the user."""
+
+    url: str
+    engine: Engine
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _sqlite_engine(url: str) -> tuple[Engine, list[str]]:
+    database = make_url(url).database or ""
+    warnings: list[str] = []
+    if database and database != ":memory:":
+        path = Path(database)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"{path.parent}: cannot create the store's folder ({exc.strerror})") from None
+        warning = network_fs_warning(path)
+        if warning:
+            warnings.append(warning)
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S})
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection, _record) -> None:
+        dbapi_connection.isolation_level = None  # SQLAlchemy emits BEGIN itself (below)
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("write") else "BEGIN")
+
+    return engine, warnings
+
+
+def open_store(url: str | None = None, *, migrate: bool = True) -> Store:
+    """Open (and create or migrate) the store at ``url`` (see `resolve_url`).
+
+    Raises:
+        StoreError: switched off, a bad URL, a missing driver, or the database cannot be reached.
+    """
+    resolved = resolve_url(url)
+    shown = make_url(resolved).render_as_string(hide_password=True)
+    try:
+        if resolved.startswith("sqlite"):
+            engine, warnings = _sqlite_engine(resolved)
+        else:
+            engine, warnings = create_engine(resolved, pool_pre_ping=True), []
+    except (ImportError, ArgumentError) as exc:
+        raise StoreError(f"store {shown}: {exc}") from None
+    store = Store(url=shown, engine=engine, warnings=warnings)
+    if migrate:
+        retrying(store, schema.migrate)
+    return store
+
+
+def _locked(exc: BaseException) -> bool:
+    message = str(getattr(exc, "orig", exc)).lower()
+    return "locked" in message or "busy" in message or "deadlock" in message \
+        or "could not serialize" in message
+
+
+@contextlib.contextmanager
+def write(store: Store) -> Iterator[Connection]:
+    """One write transaction (SQLite: ``BEGIN IMMEDIATE``); committed on leaving, rolled back on
+    an error. A lock held too long by another writer is the caller's to retry (`retrying`).
+
+    Raises:
+        StoreError: the database cannot be reached or refuses the write.
+    """
+    try:
+        with store.engine.connect() as conn:
+            conn = conn.execution_options(write=True)
+            with conn.begin():
+                yield conn
+    except OperationalError as exc:
+        if _locked(exc):
+            raise
+        raise StoreError(f"store {store.url}: {_reason(exc)}") from None
+    except DBAPIError as exc:
+        raise StoreError(f"store {store.url}: {_reason(exc)}") from None
+
+
+def _reason(exc: DBAPIError) -> str:
+    return " ".join(str(exc.orig).split())[:300]
+
+
+def retrying(store: Store, work, *args):
+    """``work(conn, *args)`` in one write transaction, retried with a random back-off while the
+    database stays locked (for up to `RETRY_FOR_S` seconds). Returns what ``work`` returns.
+
+    Raises:
+        StoreError: still locked after `RETRY_FOR_S` seconds, or any other database error.
+    """
+    deadline = time.monotonic() + RETRY_FOR_S
+    delay = 0.05
+    while True:
+        try:
+            with write(store) as conn:
+                return work(conn, *args)
+        except OperationalError as exc:
+            if time.monotonic() > deadline:
+                raise StoreError(f"store {store.url}: still locked after {RETRY_FOR_S:.0f} s "
+                                 f"({_reason(exc)})") from None
+            time.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, 2.0)
+
+
+@contextlib.contextmanager
+def read(store: Store) -> Iterator[Connection]:
+    """A read-only connection (a plain transaction, rolled back on leaving).
+
+    Raises:
+        StoreError: the database cannot be reached.
+    """
+    try:
+        with store.engine.connect() as conn:
+            yield conn
+    except DBAPIError as exc:
+        raise StoreError(f"store {store.url}: {_reason(exc)}") from None

@@ -1,0 +1,232 @@
+"""Filling the store: run folders and MLCommons result trees -> one row per log.
+
+The figures come from `mlhpc.report` (`score_folder`, which parses each log with `parse_log`
+and summarises it with `summarize_run`, energy included), never from a second reading of the
+log; the folder's place in the MLCommons layout gives round, submitter, system and its
+description. Each log is screened first and refused, with one line naming it, when it is a
+link, not a regular file, larger than `MAX_LOG_BYTES`, holds no MLLOG record, has a malformed
+record line, or names no benchmark; the other logs are ingested. A folder's rows go in one
+transaction: a kill leaves the folder wholly in or wholly out. A log already present (same
+SHA-256 of its bytes) is not added again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, select
+
+from mlhpc.errors import LogFormatError
+from mlhpc.report.parse import ParsedLog, file_kind, parse_text
+from mlhpc.report.runs import RunSummary
+from mlhpc.report.score import FolderResult, find_result_folders, score_folder, sidecars
+from mlhpc.store import schema
+from mlhpc.store.engine import Store, retrying
+
+#: The largest log ingested (bytes); published logs are at most a few MB.
+MAX_LOG_BYTES = 256 << 20
+
+
+@dataclass
+class IngestResult:
+    """What an ingest did: new run ids, logs already stored, and refusals (one line each)."""
+
+    added: list[int] = field(default_factory=list)
+    already: int = 0
+    refused: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Log:
+    data: bytes
+    parsed: ParsedLog
+
+
+def screen(path: Path) -> _Log | str:
+    """Read and parse one log, or say in one line why it is refused (see the module docstring)."""
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        return f"{path}: cannot read ({exc.strerror})"
+    if stat.S_ISLNK(info.st_mode):
+        return f"{path}: a symbolic link, not followed"
+    if not stat.S_ISREG(info.st_mode):
+        return f"{path}: {file_kind(path)}"
+    if info.st_size > MAX_LOG_BYTES:
+        return f"{path}: {info.st_size} bytes, over the {MAX_LOG_BYTES} a result log may have"
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_LOG_BYTES + 1)
+    except OSError as exc:
+        return f"{path}: cannot read ({exc.strerror})"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("latin-1")
+    parsed = parse_text(text, str(path))
+    parsed.sha256 = hashlib.sha256(data).hexdigest()
+    if parsed.malformed:
+        return f"{parsed.malformed[0].message} (malformed record line)"
+    if not parsed.events:
+        return f"{path}: no MLLOG records"
+    return _Log(data, parsed)
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _software(log: Path) -> dict[str, Any]:
+    """Software versions from ``env_N.json`` beside an mlhpc log (None where absent)."""
+    env = next((_json(p) for p in sidecars(log, "env", ".json")), {})
+    versions = env.get("versions") if isinstance(env.get("versions"), dict) else {}
+    commit = env.get("git_commit")
+    return {"mlhpc_version": versions.get("mlhpc"), "mlhpc_commit": commit if isinstance(commit, str) else None,
+            "torch_version": versions.get("torch"), "cuda_version": env.get("cuda"),
+            "driver_version": env.get("driver") or env.get("driver_version"),
+            "mlperf_logging_version": versions.get("mlperf-logging"),
+            "_host": {k: env[k] for k in ("hostname", "cpu_model", "gpu_names") if k in env}}
+
+
+def _config_hash(log: Path) -> str | None:
+    for path in sidecars(log, "config", ".yaml"):
+        try:
+            return hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            continue
+    return None
+
+
+def _seed(parsed: ParsedLog) -> int | None:
+    event = parsed.first("seed")
+    value = event.value if event is not None else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _text(value: Any, limit: int = 256) -> str | None:
+    return None if value is None else str(value)[:limit]
+
+
+def run_row(folder: FolderResult, run: RunSummary, log: _Log, campaign_id: str | None) -> dict[str, Any]:
+    """The ``runs`` row of one summarised log (see `mlhpc.store.schema.runs`)."""
+    path = Path(run.path)
+    own = folder.kind == "runs"
+    software = _software(path) if own else {}
+    host = software.pop("_host", {})
+    nodes = run.number_of_nodes
+    description = folder.system_desc if not own else host
+    return {
+        "log_sha256": log.parsed.sha256, "source": "own" if own else "published",
+        "benchmark": _text(folder.benchmark or run.benchmark, 64), "division": _text(run.division or folder.division, 16),
+        "system": _text(folder.system), "system_description": json.dumps(description, sort_keys=True) if description else None,
+        "submitter": _text(folder.submitter), "round": _text(folder.round, 64), "scaling": folder.kind,
+        "folder": str(path.parent), "log_name": path.name,
+        "nodes": nodes, "accelerators_per_node": run.accelerators_per_node,
+        "accelerators": nodes * max(run.accelerators_per_node or 0, 1) if nodes else None,
+        "global_batch_size": run.global_batch_size, "seed": _seed(log.parsed),
+        "config_hash": _config_hash(path) if own else None,
+        **{k: _text(v, 64) for k, v in software.items()},
+        "status": run.status, "dropped_reason": folder.dropped.get(run.path),
+        "run_start_ms": run.run_start_ms, "run_stop_ms": run.run_stop_ms,
+        "time_to_train_s": run.time_to_train_s, "staging_s": run.staging_s, "init_s": run.init_s,
+        "epochs_to_target": run.epochs_to_target, "metric_key": run.metric_key,
+        "final_metric": run.metric_series[-1][1] if run.metric_series else None,
+        "samples_per_s": run.samples_per_s, "energy_to_train_j": run.energy_to_train_j,
+        "campaign_id": campaign_id, "ingested_at": schema.now_utc(),
+        "log_bytes": len(log.data), "log_zlib": zlib.compress(log.data, 6),
+    }
+
+
+def _insert(conn: Connection, rows: list[dict[str, Any]]) -> tuple[list[int], int]:
+    """Insert the rows whose log is not stored yet; (new run ids, rows already present)."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    added, already = [], 0
+    for row in rows:
+        statement = insert(schema.runs).values(**row).on_conflict_do_nothing(index_elements=["log_sha256"])
+        run_id = conn.execute(statement.returning(schema.runs.c.run_id)).scalar()
+        if run_id is None:
+            already += 1
+        else:
+            added.append(int(run_id))
+    return added, already
+
+
+def _stored(store: Store, hashes: list[str]) -> set[str]:
+    with store.engine.connect() as conn:
+        found = conn.execute(select(schema.runs.c.log_sha256).where(schema.runs.c.log_sha256.in_(hashes)))
+        return {h for (h,) in found}
+
+
+def ingest_folder(store: Store, folder: Path, files: list[Path], campaign_id: str | None) -> IngestResult:
+    """Screen, score and store one result folder's logs in one transaction (see the module).
+
+    Raises:
+        StoreError: the store cannot be written.
+    """
+    result = IngestResult()
+    logs: dict[str, _Log] = {}
+    for path in files:
+        screened = screen(path)
+        if isinstance(screened, str):
+            result.refused.append(screened)
+        else:
+            logs[str(path)] = screened
+    if not logs:
+        return result
+    present = _stored(store, [log.parsed.sha256 for log in logs.values()])
+    try:
+        scored = score_folder(folder, [Path(p) for p in logs], compliance=False)
+    except LogFormatError as exc:
+        result.refused.append(f"{folder}: {exc}")
+        return result
+    rows = []
+    for run in scored.runs:
+        log = logs[run.path]
+        if log.parsed.sha256 in present:
+            result.already += 1
+        elif not (scored.benchmark or run.benchmark):
+            result.refused.append(f"{run.path}: names no benchmark (no submission_benchmark record)")
+        else:
+            rows.append(run_row(scored, run, log, campaign_id))
+    if rows:
+        added, already = retrying(store, _insert, rows)
+        result.added += added
+        result.already += already
+    return result
+
+
+def ingest_paths(store: Store, paths: list[Path], campaign_id: str | None = None) -> IngestResult:
+    """Ingest every result folder under ``paths`` (mlhpc run folders, MLCommons trees, logs).
+
+    A path that holds no ``result_*.txt`` is refused (one line); the rest go on.
+
+    Raises:
+        StoreError: the store cannot be written.
+    """
+    total = IngestResult()
+    for path in paths:
+        try:
+            folders = find_result_folders([path])
+        except LogFormatError as exc:
+            total.refused.append(str(exc))
+            continue
+        for folder, files in folders:
+            part = ingest_folder(store, folder, files, campaign_id)
+            total.added += part.added
+            total.already += part.already
+            total.refused += part.refused
+    return total

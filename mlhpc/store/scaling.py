@@ -1,0 +1,127 @@
+"""Time to train and parallel efficiency against node count, own runs beside published ones.
+
+Runs of one benchmark that succeeded are grouped into series: own runs by system name, published
+runs by submitter and round (MLCommons names a system per size, e.g. ``..._n128_...``). MLPerf's
+weak-scaling folders (many concurrent models, a throughput score) are left out: their time to
+train is not one model's. At each node count the time to train is the olympic mean of the runs
+(MLCommons' rule) when there are at least 3, else their mean, said in the ``how`` column.
+
+Parallel efficiency is relative to the series' smallest node count n0:
+
+- strong scaling (the same global problem on more nodes): E(n) = T(n0) n0 / (T(n) n);
+- weak scaling (the problem grows with the nodes, e.g. a fixed local batch): E(n) = T(n0) / T(n).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlhpc.report.score import compute_olympic_average
+
+MODES = ("strong", "weak")
+
+
+@dataclass
+class Point:
+    """One node count of a series: times to train (s) and the batch sizes seen."""
+
+    nodes: int
+    times_s: list[float] = field(default_factory=list)
+    batch_sizes: set[int] = field(default_factory=set)
+    efficiency: float | None = None
+
+    @property
+    def time_s(self) -> float:
+        if len(self.times_s) >= 3:
+            return compute_olympic_average(self.times_s, 0)  # type: ignore[return-value]
+        return statistics.fmean(self.times_s)
+
+    @property
+    def how(self) -> str:
+        return "olympic mean" if len(self.times_s) >= 3 else "mean"
+
+
+@dataclass
+class Series:
+    label: str
+    source: str
+    points: dict[int, Point] = field(default_factory=dict)
+
+
+def _label(row: dict[str, Any]) -> str:
+    if row["source"] == "own":
+        return f"{row['system'] or '?'} (own)"
+    return f"{row['submitter'] or '?'} {row['round'] or ''} (published)".replace("  ", " ")
+
+
+def build_series(rows: list[dict[str, Any]], mode: str = "strong") -> list[Series]:
+    """Rows of `mlhpc.store.queries.select_runs` -> series with efficiencies (see the module).
+
+    Raises:
+        ValueError: an unknown ``mode``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"scaling mode {mode!r}: one of {', '.join(MODES)}")
+    series: dict[str, Series] = {}
+    for row in rows:
+        if row["status"] != "success" or row["time_to_train_s"] is None or not row["nodes"] \
+                or row["scaling"] == "weak":
+            continue
+        s = series.setdefault(_label(row), Series(_label(row), row["source"]))
+        point = s.points.setdefault(int(row["nodes"]), Point(int(row["nodes"])))
+        point.times_s.append(float(row["time_to_train_s"]))
+        if row["global_batch_size"]:
+            point.batch_sizes.add(int(row["global_batch_size"]))
+    for s in series.values():
+        base = s.points[min(s.points)]
+        for point in s.points.values():
+            ratio = base.time_s / point.time_s
+            point.efficiency = ratio * base.nodes / point.nodes if mode == "strong" else ratio
+    return sorted(series.values(), key=lambda s: (s.source != "own", s.label))
+
+
+def table_rows(series: list[Series]) -> list[dict[str, Any]]:
+    """One dict per point: series, source, nodes, runs, time_to_train_min, how, efficiency,
+    global_batch_size."""
+    return [{"series": s.label, "source": s.source, "nodes": p.nodes, "runs": len(p.times_s),
+             "time_to_train_min": p.time_s / 60.0, "how": p.how, "efficiency": p.efficiency,
+             "global_batch_size": ",".join(str(b) for b in sorted(p.batch_sizes)) or None}
+            for s in series for p in (s.points[n] for n in sorted(s.points))]
+
+
+def plot(series: list[Series], path: Path, title: str, mode: str = "strong") -> Path:
+    """Draw time to train (min, log-log) and parallel efficiency against nodes into ``path``
+    (PNG): own runs as solid lines with circles, published ones dashed with squares.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for s in series:
+        nodes = sorted(s.points)
+        style = {"marker": "o", "linestyle": "-"} if s.source == "own" else {"marker": "s", "linestyle": "--"}
+        ax_t.plot(nodes, [s.points[n].time_s / 60.0 for n in nodes], label=s.label, **style)
+        ax_e.plot(nodes, [s.points[n].efficiency for n in nodes], label=s.label, **style)
+    for ax in (ax_t, ax_e):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("nodes")
+        ax.grid(True, which="both", alpha=0.3)
+    ax_t.set_yscale("log")
+    ax_t.set_ylabel("time to train (min)")
+    ax_e.set_ylabel(f"{mode}-scaling parallel efficiency (1 = ideal)")
+    ax_e.axhline(1.0, color="grey", linewidth=0.8)
+    ax_t.legend(fontsize="small")
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
