@@ -31,6 +31,8 @@ def finish(job: Job, parts: Parts, outcome: Outcome, synthesis_s: float) -> RunR
         "launcher": world.launcher, "world_size": world.world_size, "num_nodes": world.num_nodes,
         "local_world_size": world.local_world_size, "device": str(job.rt.device),
         "instances": job.config.train.instances}})
+    from mlhpc.store import record_run  # the results store (MLHPC_STORE=none: off); a warning, never a raise
+    record_run(files.log.parent, files.log, lambda m: job.progress({"kind": "warning", "message": m}))
     return result
 
 

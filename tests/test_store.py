@@ -312,3 +312,24 @@ def test_default_location_and_network_fs_warning(tmp_path, monkeypatch):
 def test_results_command_registered(mlhpc_cmd):
     out = subprocess.run(mlhpc_cmd + ["results", "--help"], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0 and "compare" in out.stdout and "scaling" in out.stdout
+
+
+@pytest.mark.slow
+def test_mlhpc_run_records_each_run(tmp_path, mlhpc_cmd):
+    """Two tiny mini-config runs appear in the store, times equal to their logs' run_stop - run_start."""
+    env = {**os.environ, "MLHPC_STORE": str(tmp_path / "store.db"), "MLHPC_CAMPAIGN": "two-runs"}
+    tiny = ["--set", "synth.cube_size=16", "--set", "synth.train_samples=64", "--set", "synth.eval_samples=32",
+            "--set", "model.input_size=16", "--set", "model.conv_channels=4", "--set", "model.n_conv_layers=3",
+            "--set", "train.global_batch_size=8", "--set", "train.max_epochs=2", "--set", "train.threads=1",
+            "--set", f"data.path={tmp_path / 'data'}", "--set", f"output.dir={tmp_path / 'out'}",
+            "--set", "data.staging.enabled=false"]
+    for _ in range(2):
+        proc = subprocess.run(mlhpc_cmd + ["run", str(REPO / "configs" / "cosmoflow-mini.yaml"), *tiny], env=env,
+                              capture_output=True, text=True, timeout=600, check=False, cwd=tmp_path)
+        assert proc.returncode in (0, 1), proc.stderr
+    runs = json.loads(invoke("list", "--store", str(tmp_path / "store.db"), "--format", "json").output)
+    assert len(runs) == 2 and {r["campaign_id"] for r in runs} == {"two-runs"}
+    for run, log in zip(runs, sorted((tmp_path / "out").glob("result_*.txt"))):
+        stamps = {json.loads(line.split(":::MLLOG ", 1)[1])["key"]: json.loads(line.split(":::MLLOG ", 1)[1])["time_ms"]
+                  for line in log.read_text().splitlines() if '"run_start"' in line or '"run_stop"' in line}
+        assert run["time_to_train_s"] == pytest.approx((stamps["run_stop"] - stamps["run_start"]) / 1000.0)
