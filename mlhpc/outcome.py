@@ -99,8 +99,13 @@ class Stop:
         self.signal: str | None = None
         self._previous: Any = None
         self._job = job
+        self._pid = os.getpid()
 
     def __call__(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self._pid:  # a forked worker (a pool making data) inherited the handler:
+            signal.signal(signum, signal.SIG_DFL)  # it ends as the signal says, quietly
+            os.kill(os.getpid(), signum)
+            return
         self.signal = signal.Signals(signum).name
         self.check()
 

@@ -121,19 +121,21 @@ def _tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def memory_breakdown(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sample: torch.Tensor,
-                     loss_fn: Any, target: torch.Tensor) -> MemoryBreakdown:
+def memory_breakdown(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sample: Any,
+                     loss_fn: Any, target: Any) -> MemoryBreakdown:
     """Bytes of parameters, gradients, optimizer state and saved activations for one step on
-    ``sample``. Takes one real optimizer step, so call it on a throw-away copy of the model."""
+    ``sample`` (a tensor or a dict of tensors). Takes one real optimizer step, so call it on a
+    throw-away copy of the model."""
     saved = 0
+    device = next(model.parameters()).device
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         nonlocal saved
         saved += _tensor_bytes(t)
         return t
 
-    if sample.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(sample.device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = loss_fn(model(sample), target)
     loss.backward()
@@ -142,7 +144,7 @@ def memory_breakdown(model: torch.nn.Module, optimizer: torch.optim.Optimizer, s
     grads = sum(_tensor_bytes(p.grad) for p in model.parameters() if p.grad is not None)
     state = sum(_tensor_bytes(v) for s in optimizer.state.values() for v in s.values()
                 if isinstance(v, torch.Tensor))
-    peak = torch.cuda.max_memory_allocated(sample.device) if sample.device.type == "cuda" else None
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     optimizer.zero_grad(set_to_none=True)
     return MemoryBreakdown(params, grads, state, saved, peak)
 

@@ -42,8 +42,9 @@ class RunProgress:
             self._line(f"  step {event['step']}/{event['steps']} (epoch {event['epoch']}) "
                        f"loss {event['loss']:.4f}")
         elif kind == "synthesis":
-            size = (f"{event['train_samples']} training + {event['eval_samples']} validation "
-                    "samples" if event.get("train_samples") else "its synth section's samples")
+            counts = event.get("samples") or {}
+            size = (", ".join(f"{n} {k.removesuffix('_samples')}" for k, n in counts.items())
+                    + " samples" if counts else "its synth section's samples")
             self._line(f"synthesising the embedded {event['workload']} dataset ({size}) into "
                        f"{event['path']} (folder {event['state']}); made once, reused by later runs")
         elif kind == "synthesised":

@@ -187,8 +187,8 @@ def _ensure_source(job: Job) -> float:
         synth = config.synth
         job.progress({"kind": "synthesis", "path": str(config.data.path), "state": state,
                       "workload": job.workload.name,
-                      "train_samples": getattr(synth, "train_samples", None),
-                      "eval_samples": getattr(synth, "eval_samples", None)})
+                      "samples": {k: v for k, v in (synth.model_dump() if synth is not None else {}).items()
+                                  if k.endswith("_samples")}})
     seconds = embedded.ensure_data(config, job.workload, world)
     if world.is_main and seconds > 0:
         job.progress({"kind": "synthesised", "path": str(config.data.path), "seconds": seconds})

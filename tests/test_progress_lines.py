@@ -19,7 +19,7 @@ def test_piped_run_shows_synthesis_and_step_lines(tmp_path, repo):
     assert proc.returncode == 0, proc.stderr + proc.stdout
     lines = proc.stdout.splitlines()
     synth = [line for line in lines if line.startswith("synthesising")]
-    assert len(synth) == 1 and "64 training + 32 validation samples" in synth[0], proc.stdout
+    assert len(synth) == 1 and "64 train, 32 eval samples" in synth[0], proc.stdout
     assert str(data) in synth[0]
     assert any(re.fullmatch(rf"synthesised {re.escape(str(data))} in \d+\.\d s", line)
                for line in lines), proc.stdout
