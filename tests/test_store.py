@@ -333,3 +333,16 @@ def test_mlhpc_run_records_each_run(tmp_path, mlhpc_cmd):
         stamps = {json.loads(line.split(":::MLLOG ", 1)[1])["key"]: json.loads(line.split(":::MLLOG ", 1)[1])["time_ms"]
                   for line in log.read_text().splitlines() if '"run_start"' in line or '"run_stop"' in line}
         assert run["time_to_train_s"] == pytest.approx((stamps["run_stop"] - stamps["run_start"]) / 1000.0)
+
+
+def test_sweep_points():
+    from mlhpc.errors import ConfigError
+    from mlhpc.store.campaign import sweep_points
+
+    sweep = sweep_points(["nodes=1,2,4", "train.global_batch_size=64,128"], campaign_id="c1")
+    assert sweep.campaign_id == "c1" and len(sweep.points) == 6
+    assert sweep.points[0] == ["nodes=1", "train.global_batch_size=64"]
+    assert len(sweep_points(["nodes=1"]).campaign_id) == 22
+    for bad in (["nodes"], ["nodes="], ["nodes=1,,2"], ["nodes=1", "nodes=2"]):
+        with pytest.raises(ConfigError):
+            sweep_points(bad)
