@@ -49,3 +49,6 @@ def mlhpc_cmd() -> list[str]:
 def _few_threads(monkeypatch):
     # Two cores on CI: keep subprocesses from oversubscribing.
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "2"))
+    # Runs made by tests are not recorded in the user's results store (tests that test the
+    # store set their own MLHPC_STORE).
+    monkeypatch.setenv("MLHPC_STORE", "none")
