@@ -140,3 +140,13 @@ def test_the_mini_run_reaches_the_target_and_passes_the_checker(repo, tmp_path):
                               "--ruleset", "3.0.0", str(out / "result_0.txt")],
                              capture_output=True, text=True, cwd=tmp_path)
     assert "SUCCESS" in checker.stdout + checker.stderr
+
+
+def test_a_batch_counts_structures(mini_data):
+    from mlhpc.data.loader import batch_len
+
+    train, _ = get("oc20").build_datasets(cfg.load(Path(__file__).resolve().parents[1] / "configs" /
+                                                    "opencatalyst-mini.yaml", (f"data.path={mini_data}",)),
+                                          None, mini_data)
+    x, _ = train.collate_fn([train[i] for i in range(5)])
+    assert batch_len(train, x) == 5 and x["pos"].shape[0] > 5

@@ -94,6 +94,12 @@ class Oc20Dataset(Dataset):
         """`collate`."""
         return collate(samples)
 
+    @staticmethod
+    def batch_len(x: dict[str, torch.Tensor]) -> int:
+        """Structures in a collated batch input (its ``natoms`` entries): the harness's samples,
+        so samples/s are structures/s."""
+        return int(x["natoms"].numel())
+
 
 def collate(samples: list[dict[str, torch.Tensor]]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Batch B structures (N atoms, E edges in all) into one disjoint graph.
