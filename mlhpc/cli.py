@@ -36,8 +36,8 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})  # inherited by every command
 @click.version_option(package_name="mlhpc")
 def main() -> None:
-    """mlhpc: MLPerf HPC-style benchmarks (CosmoFlow, DeepCAM): time to train, split into
-    staging, convergence and compute."""
+    """mlhpc: MLPerf HPC-style benchmarks (the workloads `mlhpc list` shows): time to train,
+    split into staging, convergence and compute."""
 
 
 @main.command("list")
