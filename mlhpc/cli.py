@@ -178,33 +178,39 @@ def _print_staging(staged: dict[str, Any]) -> None:
 @click.option("--exclusive", is_flag=True, help="Nodes not shared with other jobs.")
 @click.option("--job-name", default="mlhpc", show_default=True)
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
-@click.option("--dry-run", is_flag=True, help="Print the sbatch script; submit nothing.")
+@click.option("--sweep", "sweeps", multiple=True, metavar="KEY=V1,V2,...",
+              help="A campaign: one job per point (the cartesian product of several --sweep), each "
+                   "exporting MLHPC_CAMPAIGN=<id> and writing <output.dir>/<id>/<point>. KEY is a "
+                   "submit option (nodes, gpus-per-node, tasks-per-node, time, ...) or a config key.")
+@click.option("--dry-run", is_flag=True, help="Print the sbatch script(s); submit nothing.")
 @_friendly
 def submit_command(config_path: Path, nodes: int, gpus_per_node: int, tasks_per_node: int | None,
                    cpus_per_task: int | None, runs: int, instances: int, time_limit: str | None,
                    time_per_run: str, partition: str | None, account: str | None, qos: str | None,
                    constraint: str | None, exclusive: bool, job_name: str,
-                   overrides: tuple[str, ...], dry_run: bool) -> None:  # one parameter per option
-    """Render an sbatch script running CONFIG R times under srun, and submit it."""
-    from mlhpc import config as cfg
-    from mlhpc import slurm
+                   overrides: tuple[str, ...], sweeps: tuple[str, ...], dry_run: bool) -> None:  # one parameter per option
+    """Render an sbatch script running CONFIG R times under srun, and submit it (--sweep: one
+    script per point of a campaign)."""
+    from mlhpc.store.campaign import render_jobs, submit_jobs
 
-    config = cfg.load(config_path, overrides)  # validate everything before anything is queued
-    estimated = time_limit is None
-    if estimated:
-        time_limit = slurm.job_time(runs, time_per_run)
-    script = slurm.render_sbatch(
-        config_path, nodes=nodes, gpus_per_node=gpus_per_node, tasks_per_node=tasks_per_node,
-        cpus_per_task=cpus_per_task, runs=runs, time=time_limit, partition=partition,
-        account=account, qos=qos, constraint=constraint, exclusive=exclusive, job_name=job_name,
-        output_dir=Path(config.output.dir).resolve(), overrides=overrides, instances=instances)
-    if estimated:
-        click.echo(f"mlhpc: --time not given: {runs} run(s) x {time_per_run} per run "
-                   f"(--time-per-run) = {time_limit}", err=True)
-    if dry_run:
-        click.echo(script, nl=False)
-        return
-    for job_id in slurm.submit(script, dry_run=False):
+    options = {"nodes": nodes, "gpus_per_node": gpus_per_node, "tasks_per_node": tasks_per_node,
+               "cpus_per_task": cpus_per_task, "runs": runs, "instances": instances,
+               "time_limit": time_limit, "time_per_run": time_per_run, "partition": partition,
+               "account": account, "qos": qos, "constraint": constraint, "exclusive": exclusive,
+               "job_name": job_name}
+    # every job's config and script checked before anything is queued
+    campaign, jobs = render_jobs(config_path, options, list(overrides), list(sweeps))
+    for note in dict.fromkeys(note for job in jobs for note in job.notes):
+        click.echo(note, err=True)
+    if campaign is not None:
+        click.echo(f"mlhpc: campaign {campaign}: {len(jobs)} job(s), MLHPC_CAMPAIGN={campaign}, "
+                   f"read with: mlhpc results scaling --campaign {campaign} --benchmark ...", err=True)
+    for job in jobs:
+        if campaign is not None:
+            click.echo(f"mlhpc: job {' '.join(job.point)} -> {job.output_dir}", err=True)
+        if dry_run:
+            click.echo(job.script, nl=False)
+    for job_id in submit_jobs(campaign, jobs, dry_run=dry_run):
         click.echo(job_id)
 
 
@@ -296,11 +302,20 @@ def synth_command(workload_name: str, out_dir: Path, config_path: Path | None, s
     tree["workload"] = workload_name
     config = cfg.from_dict(tree, source=str(config_path or "<defaults>"), overrides=overrides)
     from mlhpc.data import embedded
+    from mlhpc.progress import SynthLines
     from mlhpc.workload import get
 
-    # atomic: a hidden sibling folder renamed into place, marked complete (mlhpc.data.embedded)
-    if embedded.synthesize(out_dir, get(workload_name), config.synth, seed):
-        click.echo(f"wrote {workload_name} data to {out_dir}")
+    workload = get(workload_name)
+    if config_path is None:  # the synth section's defaults are a workload's full-size data
+        click.echo(f"mlhpc: no --config: {workload_name}'s synth defaults (its full-size samples)",
+                   err=True)
+    lines = SynthLines(sys.stderr)  # what, how big, where before writing; then progress
+    try:  # atomic: a hidden sibling folder renamed into place, marked complete (mlhpc.data.embedded)
+        wrote = embedded.synthesize(out_dir, workload, config.synth, seed, on_progress=lines)
+    finally:
+        lines.close()
+    if wrote:
+        click.echo(f"wrote {workload_name} data to {out_dir.resolve()}")
     else:
         click.echo(f"{out_dir}: already a complete {workload_name} dataset with these settings")
 

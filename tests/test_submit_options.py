@@ -69,3 +69,97 @@ def test_bad_values_are_one_line_exit_2(repo, tmp_path):
         assert len(result.stderr.strip().splitlines()) <= 2 and "mlhpc: error:" in result.stderr
     with pytest.raises(ConfigError):
         slurm.job_time(3, "UNLIMITED")
+
+
+# ------------------------------------------------------------------------------------------
+# campaigns: --sweep
+
+
+def _scripts(stdout: str) -> list[str]:
+    return ["#!/bin/bash" + part for part in stdout.split("#!/bin/bash")[1:]]
+
+
+def _exported(script: str, name: str) -> str:
+    import re
+    import shlex
+
+    return shlex.split(re.search(rf"^export {name}=(.*)$", script, re.M).group(1))[0]
+
+
+def test_sweep_renders_one_script_per_point_with_one_campaign(repo, tmp_path):
+    result = _submit(repo, tmp_path, "--nodes", "4", "--sweep", "nodes=1,2", "--sweep",
+                     "train.max_epochs=3,4", "--sweep", "time=10,20")
+    assert result.exit_code == 0, result.output
+    scripts = _scripts(result.stdout)
+    assert len(scripts) == 8
+    campaigns = {_exported(s, "MLHPC_CAMPAIGN") for s in scripts}
+    assert len(campaigns) == 1
+    campaign = campaigns.pop()
+    assert f"mlhpc: campaign {campaign}: 8 job(s)" in result.stderr
+    expected = [(n, e, t) for n in (1, 2) for e in (3, 4) for t in ("10", "20")]
+    folders = set()
+    for script, (nodes, epochs, minutes) in zip(scripts, expected):
+        directives = _directives(script)
+        assert f"#SBATCH --nodes={nodes}" in directives and f"#SBATCH --time={minutes}" in directives
+        [step] = [line for line in script.splitlines() if " srun " in line]
+        assert f"--nodes={nodes} --ntasks={nodes} " in step
+        assert step.count("--set train.max_epochs=") == 1 and f"--set train.max_epochs={epochs} " in step
+        assert "--set nodes=" not in step and "--set time=" not in step  # submit options, not config keys
+        out = tmp_path / "out" / campaign / f"nodes-{nodes}_train.max_epochs-{epochs}_time-{minutes}"
+        assert f"--set output.dir={out} " in step and step.count("output.dir=") == 1
+        folders.add(out)
+    assert len(folders) == 8
+    assert "--time not given" not in result.stderr  # the swept time holds
+
+
+def test_sweep_gpus_and_tasks_are_submit_options(repo, tmp_path):
+    result = _submit(repo, tmp_path, "--sweep", "gpus_per_node=2,4", "--sweep", "ntasks-per-node=1")
+    assert result.exit_code != 0 and "one task per GPU means 2, got 1" in result.stderr
+    result = _submit(repo, tmp_path, "--sweep", "gpus-per-node=2,4", "--runs", "2")
+    assert result.exit_code == 0, result.output
+    gpus = [[d for d in _directives(s) if d.startswith(("#SBATCH --gpus", "#SBATCH --ntasks"))]
+            for s in _scripts(result.stdout)]
+    assert gpus == [["#SBATCH --ntasks-per-node=2", "#SBATCH --gpus-per-node=2"],
+                    ["#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4"]]
+    assert result.stderr.splitlines()[0] == ("mlhpc: --time not given: 2 run(s) x 01:00:00 per run "
+                                             "(--time-per-run) = 0-02:00:00")  # said once
+
+
+@pytest.mark.parametrize("sweep, hint", [("node=1,2", "did you mean nodes?"),
+                                         ("gpus-per-nod=1", "did you mean gpus-per-node?"),
+                                         ("train.max_epoch=1,2", "did you mean train.max_epochs?"),
+                                         ("nodes=1,two", "--sweep nodes=two: expected a whole number"),
+                                         ("nodes=1,,2", "no empty value")])
+def test_sweep_unknown_key_is_one_line_with_a_hint_exit_2(repo, tmp_path, sweep, hint):
+    result = _submit(repo, tmp_path, "--sweep", sweep)
+    assert result.exit_code == 2 and result.stdout == ""
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("mlhpc: error: --sweep ") and hint in line, line
+
+
+def test_sweep_submits_every_point_and_says_what_was_queued(repo, tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"
+    # accepts two jobs (ids 101, 102), refuses the third
+    sbatch.write_text("#!/bin/bash\nn=$(ls \"$SBATCH_DIR\" | wc -l)\ncat > \"$SBATCH_DIR/job$n.sh\"\n"
+                      "[ $n -lt 2 ] || { echo 'sbatch: error: QOSMaxSubmitJobPerUserLimit' >&2; exit 1; }\n"
+                      "echo $((101 + n))\n")
+    sbatch.chmod(0o755)
+    (tmp_path / "jobs").mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    monkeypatch.setenv("SBATCH_DIR", str(tmp_path / "jobs"))
+    args = ["submit", str(repo / "configs" / "cosmoflow-mini.yaml"), "--set", f"output.dir={tmp_path / 'out'}",
+            "--sweep", "nodes=1,2"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.split() == ["101", "102"]
+    sent = [(tmp_path / "jobs" / f"job{i}.sh").read_text() for i in range(2)]
+    assert len({_exported(s, "MLHPC_CAMPAIGN") for s in sent}) == 1
+    assert ["#SBATCH --nodes=1" in _directives(sent[0]), "#SBATCH --nodes=2" in _directives(sent[1])] == [True] * 2
+    for job in (tmp_path / "jobs").iterdir():
+        job.unlink()
+    result = CliRunner().invoke(main, args + ["--sweep", "train.max_epochs=1,2"])
+    assert result.exit_code == 2 and result.stdout.split() == []
+    [line] = result.stderr.strip().splitlines()[-1:]
+    assert "QOSMaxSubmitJobPerUserLimit" in line and "2 of 4 job(s) already queued: 101, 102" in line, line

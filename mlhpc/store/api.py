@@ -35,13 +35,20 @@ def scaling_report(store: Store, filters: Filters, mode: str = "strong",
     """Scaling of ``filters.benchmark`` (required): table rows (`mlhpc.store.scaling.table_rows`)
     and, when ``png`` is given, the plot written there.
 
+    ``filters.campaign`` selects the own runs of that campaign only: published runs carry no
+    campaign, and the published systems of the benchmark stay beside the campaign's runs
+    (``filters.source="own"`` leaves them out).
+
     Raises:
         ConfigError: no benchmark given, or no successful run with a node count selected.
         StoreError: the store cannot be read. OSError: the PNG cannot be written.
     """
     if not filters.benchmark:
         raise ConfigError("scaling: give --benchmark (one benchmark per plot)")
-    series = scaling_mod.build_series(select_runs(store, filters), mode)
+    rows = select_runs(store, replace(filters, campaign=None))
+    if filters.campaign is not None:
+        rows = [r for r in rows if r["source"] != "own" or r["campaign_id"] == filters.campaign]
+    series = scaling_mod.build_series(rows, mode)
     if not series:
         raise ConfigError(f"scaling: no successful {filters.benchmark} run with a node count in the store")
     written = None

@@ -1,19 +1,29 @@
 """Campaigns: ``mlhpc submit --sweep KEY=V1,V2,...`` -> one job per point, one shared campaign id.
 
-`sweep_points` expands the sweep specifications into the ``--set`` overrides of each job (the
-cartesian product when several keys are swept) and a campaign id; the submit command renders
-one job per point with ``MLHPC_CAMPAIGN=<id>`` in its environment, so that `record_run` stores
-each run under the campaign and ``mlhpc results scaling --campaign ID`` reads it.
+`sweep_points` expands the sweep specifications into one ``KEY=VALUE`` list per job (the
+cartesian product when several keys are swept) and a campaign id. `render_jobs` (the submit
+command's one call, with or without a sweep) renders one sbatch script per point: a key that is
+an ``mlhpc submit`` option (`SUBMIT_KEYS`: nodes, gpus-per-node, tasks-per-node, time, ...) sets
+that option for the point, any other key is a config ``--set`` override; every point's config and
+script are checked before anything is queued. Each job exports ``MLHPC_CAMPAIGN=<id>``, so that
+`record_run` stores each run under the campaign and ``mlhpc results scaling --campaign ID``
+reads it, and writes its runs into ``<output.dir>/<id>/<point label>`` (one MLCommons-style
+results folder per point). `submit_jobs` queues them.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import itertools
+import re
 import secrets
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from mlhpc.errors import ConfigError
+from mlhpc.hints import did_you_mean
+from mlhpc.store.record import CAMPAIGN_ENV
 
 
 @dataclass(frozen=True)
@@ -50,3 +60,151 @@ def sweep_points(specs: list[str], campaign_id: str | None = None) -> Sweep:
         values.append(choices)
     points = [[f"{k}={v}" for k, v in zip(keys, combo)] for combo in itertools.product(*values)]
     return Sweep(campaign_id or new_campaign_id(), points)
+
+
+#: ``mlhpc submit`` options a sweep may vary per job, by option name (``--sweep nodes=1,2``;
+#: underscores read as dashes) -> (the submit command's parameter, the value's type). Any other
+#: key is a config key, passed as ``--set KEY=VALUE``.
+SUBMIT_KEYS: dict[str, tuple[str, type]] = {
+    "nodes": ("nodes", int), "gpus-per-node": ("gpus_per_node", int),
+    "tasks-per-node": ("tasks_per_node", int), "ntasks-per-node": ("tasks_per_node", int),
+    "cpus-per-task": ("cpus_per_task", int), "runs": ("runs", int), "instances": ("instances", int),
+    "time": ("time_limit", str), "time-per-run": ("time_per_run", str), "partition": ("partition", str),
+    "account": ("account", str), "qos": ("qos", str), "constraint": ("constraint", str),
+    "job-name": ("job_name", str)}
+_TOP_LEVEL_CONFIG_KEYS = ("workload",)
+_UNSAFE_LABEL = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One rendered job: its sweep point (``KEY=VALUE`` as swept; empty without a sweep), the
+    folder its runs write, its sbatch script, and lines for the user (stderr)."""
+
+    point: list[str]
+    output_dir: Path
+    script: str
+    notes: list[str]
+
+
+def _split_point(point: list[str], options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A point's submit options (``options`` updated) and its config overrides.
+
+    Raises:
+        ConfigError: a key that is neither a submit option nor a config key (with the closest
+            submit option), or a submit option's value of the wrong type.
+    """
+    options, sets = dict(options), []
+    for text in point:
+        key, _, value = text.partition("=")
+        if "." in key or key in _TOP_LEVEL_CONFIG_KEYS:
+            sets.append(text)
+            continue
+        known = SUBMIT_KEYS.get(key.replace("_", "-"))
+        if known is None:
+            hint = did_you_mean(key.replace("_", "-"), list(SUBMIT_KEYS) + list(_TOP_LEVEL_CONFIG_KEYS))
+            raise ConfigError(f"--sweep {key}: neither an mlhpc submit option ({', '.join(SUBMIT_KEYS)}) "
+                              f"nor a config key (section.key){hint}")
+        name, kind = known
+        try:
+            options[name] = kind(value)
+        except ValueError:
+            raise ConfigError(f"--sweep {key}={value}: expected a whole number") from None
+    return options, sets
+
+
+def _label(point: list[str], taken: set[str]) -> str:
+    """A folder name for a point (``nodes-2_train.global_batch_size-64``), unique in ``taken``."""
+    label = "_".join(_UNSAFE_LABEL.sub("_", text.replace("=", "-", 1)) for text in point)[:120] or "point"
+    unique, n = label, 2
+    while unique in taken:
+        unique, n = f"{label}_{n}", n + 1
+    taken.add(unique)
+    return unique
+
+
+def _load(config_path: Path, sets: list[str], swept: set[str]):
+    """The point's config (validated), a swept key's error said as ``--sweep KEY``."""
+    from mlhpc import config as cfg
+
+    try:
+        return cfg.load(config_path, tuple(sets))
+    except ConfigError as exc:
+        text = str(exc)
+        key = text[len("--set "):].split(":", 1)[0] if text.startswith("--set ") else None
+        if key in swept:
+            raise ConfigError("--sweep " + text[len("--set "):]) from None
+        raise
+
+
+def render_jobs(config_path: Path, options: dict[str, Any], overrides: list[str],
+                specs: list[str] = (), campaign_id: str | None = None) -> tuple[str | None, list[Job]]:
+    """The jobs ``mlhpc submit CONFIG [--sweep ...]`` submits, every one rendered (so checked)
+    before any is queued.
+
+    Args:
+        config_path: the run config.
+        options: the submit command's options by parameter name (``nodes``, ``gpus_per_node``,
+            ``tasks_per_node``, ``cpus_per_task``, ``runs``, ``instances``, ``time_limit`` (None:
+            ``runs`` x ``time_per_run``), ``time_per_run``, ``partition``, ``account``, ``qos``,
+            ``constraint``, ``exclusive``, ``job_name``).
+        overrides: ``--set`` overrides of every job.
+        specs: ``--sweep KEY=V1,V2,...`` (`sweep_points`); none: one job, no campaign.
+        campaign_id: the sweep's id (default: a new one).
+
+    Returns:
+        ``(campaign id or None, jobs)``. A sweep's jobs export ``MLHPC_CAMPAIGN=<id>`` and write
+        ``<output.dir>/<id>/<point label>`` unless ``output.dir`` is swept.
+
+    Raises:
+        ConfigError: a bad sweep, key, config or Slurm request (one line, naming it).
+    """
+    sweep = sweep_points(list(specs), campaign_id) if specs else None
+    taken: set[str] = set()
+    jobs = []
+    for point in (sweep.points if sweep else [[]]):
+        point_options, sets = _split_point(point, options)
+        swept = {text.partition("=")[0] for text in point}
+        out = Path(_load(config_path, list(overrides) + sets, swept).output.dir).resolve()
+        base = list(overrides)
+        if sweep and "output.dir" not in swept:  # the script's own --set output.dir= holds
+            out = out / sweep.campaign_id / _label(point, taken)
+            base = [text for text in base if text.partition("=")[0].strip() != "output.dir"]
+        env = {CAMPAIGN_ENV: sweep.campaign_id} if sweep else None
+        jobs.append(_render(config_path, point_options, base + sets, env, point, out))
+    return (sweep.campaign_id if sweep else None), jobs
+
+
+def _render(config_path: Path, options: dict[str, Any], sets: list[str], env: dict[str, str] | None,
+            point: list[str], out: Path) -> Job:
+    from mlhpc import slurm
+
+    opts = dict(options)
+    runs, per_run, limit = opts["runs"], opts.pop("time_per_run"), opts.pop("time_limit")
+    notes = []
+    if limit is None:
+        limit = slurm.job_time(runs, per_run)
+        notes.append(f"mlhpc: --time not given: {runs} run(s) x {per_run} per run (--time-per-run) = {limit}")
+    script = slurm.render_sbatch(config_path, **opts, time=limit, output_dir=out, overrides=sets, env=env)
+    return Job(point, out, script, notes)
+
+
+def submit_jobs(campaign_id: str | None, jobs: list[Job], dry_run: bool = False) -> list[str]:
+    """Submit each job's script (`mlhpc.slurm.submit`); the job ids, in order.
+
+    Raises:
+        SubmitError: sbatch is missing or refused a job; the message says which jobs of the
+            campaign were already queued (they stay queued).
+    """
+    from mlhpc.slurm import SubmitError, submit
+
+    ids: list[str] = []
+    for job in jobs:
+        try:
+            ids += submit(job.script, dry_run=dry_run)
+        except SubmitError as exc:
+            if not ids:
+                raise
+            raise SubmitError(f"{exc} (campaign {campaign_id}: {len(ids)} of {len(jobs)} job(s) already "
+                              f"queued: {', '.join(ids)})") from None
+    return ids

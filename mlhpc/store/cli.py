@@ -51,7 +51,8 @@ def _filter_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--nodes", type=click.IntRange(min=1), default=None, help="Only runs on this many nodes."),
         click.option("--status", default=None, help="Only runs with this status (success, aborted, incomplete)."),
         click.option("--source", type=click.Choice(["own", "published"]), default=None, help="Own or published runs."),
-        click.option("--campaign", default=None, help="Only runs of this campaign id."),
+        click.option("--campaign", default=None, help="Only runs of this campaign id (scaling: the "
+                     "campaign's own runs, beside the published systems)."),
         click.option("--since", default=None, help="Runs started on or after this date (YYYY-MM-DD, UTC)."),
         click.option("--until", default=None, help="Runs started before the end of this date (YYYY-MM-DD, UTC)."),
     ]

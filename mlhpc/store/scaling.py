@@ -92,39 +92,71 @@ def table_rows(series: list[Series]) -> list[dict[str, Any]]:
             for s in series for p in (s.points[n] for n in sorted(s.points))]
 
 
-def plot(series: list[Series], path: Path, title: str, mode: str = "strong") -> Path:
-    """Draw time to train (min, log-log) and parallel efficiency against nodes into ``path``
-    (PNG): own runs as solid lines with circles, published ones dashed with squares.
+#: One colour and one marker per series, in order (matplotlib's tab10, then markers that
+#: stay apart in print): series i gets colour i mod 10 and marker i mod 11, so no two of the
+#: first 10 series share either, and no two of the first 110 share both.
+COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
+           "tab:gray", "tab:olive", "tab:cyan")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "*")
 
-    Raises:
-        OSError: the file cannot be written.
-    """
+
+def series_style(index: int, source: str) -> dict[str, Any]:
+    """matplotlib line keywords of the ``index``-th series: own runs solid with filled markers,
+    published ones dashed with hollow markers (white face), both in the series' own colour."""
+    colour = COLOURS[index % len(COLOURS)]
+    own = source == "own"
+    return {"color": colour, "marker": MARKERS[index % len(MARKERS)], "markersize": 7,
+            "linestyle": "-" if own else "--", "linewidth": 2.0 if own else 1.2,
+            "markerfacecolor": colour if own else "white", "markeredgecolor": colour,
+            "markeredgewidth": 1.5}
+
+
+def figure(series: list[Series], title: str, mode: str = "strong") -> Any:
+    """The scaling figure (a matplotlib ``Figure``, Agg backend): time to train (min, log-log)
+    and parallel efficiency (dimensionless) against nodes, one line per series styled by
+    `series_style`, one legend below the panels naming each series "(own)" or "(published)"."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for s in series:
+    for i, s in enumerate(series):
         nodes = sorted(s.points)
-        style = {"marker": "o", "linestyle": "-"} if s.source == "own" else {"marker": "s", "linestyle": "--"}
+        style = series_style(i, s.source)
         ax_t.plot(nodes, [s.points[n].time_s / 60.0 for n in nodes], label=s.label, **style)
         ax_e.plot(nodes, [s.points[n].efficiency for n in nodes], label=s.label, **style)
     for ax in (ax_t, ax_e):
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("nodes")
+        ax.set_xlabel("nodes (count, log2 scale)")
         ax.grid(True, which="both", alpha=0.3)
     ax_t.set_yscale("log")
-    ax_t.set_ylabel("time to train (min)")
-    ax_e.set_ylabel(f"{mode}-scaling parallel efficiency (1 = ideal)")
+    ax_t.set_ylabel("time to train (min, log scale)")
+    ax_e.set_ylabel(f"{mode}-scaling parallel efficiency (ratio, 1 = ideal)")
     ax_e.axhline(1.0, color="grey", linewidth=0.8)
     handles, labels = ax_t.get_legend_handles_labels()
     rows = (len(labels) + 2) // 3
     fig.set_size_inches(11, 4.5 + 0.25 * rows)
-    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize="small", frameon=False)
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize="small", frameon=False,
+               title="solid, filled: own runs; dashed, hollow: published (MLCommons)",
+               title_fontsize="small")
     fig.suptitle(title)
-    fig.tight_layout(rect=(0, (0.3 * rows + 0.2) / (4.5 + 0.25 * rows), 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig.tight_layout(rect=(0, (0.3 * rows + 0.45) / (4.5 + 0.25 * rows), 1, 1))
+    return fig
+
+
+def plot(series: list[Series], path: Path, title: str, mode: str = "strong") -> Path:
+    """Draw `figure` into ``path`` (PNG, 110 dpi).
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    import matplotlib.pyplot as plt
+
+    fig = figure(series, title, mode)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
     return path
