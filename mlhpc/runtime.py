@@ -43,6 +43,9 @@ class Runtime:
         launcher: ``"torchrun"``, ``"slurm"``, ``"mpi"`` or ``"single"``.
         master_addr / master_port: torch.distributed rendezvous.
         device: ``torch.device`` this rank computes on.
+        group / instance: the instance's process group and id in throughput mode (else None).
+        instances_per_node: instances whose ranks share this rank's node (throughput mode with
+            instances smaller than a node; 1 otherwise): each samples the node's power.
     """
 
     rank: int = 0
@@ -57,6 +60,7 @@ class Runtime:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     group: Any = None  # torch.distributed process group of this instance (None: the world)
     instance: int | None = None  # instance id in throughput mode
+    instances_per_node: int = 1  # instances sharing this rank's node (throughput mode, small instances)
 
     @property
     def is_main(self) -> bool:
@@ -215,7 +219,8 @@ def split_instances(rt: Runtime, instances: int) -> Runtime:
     return Runtime(**{**rt.__dict__, "rank": rt.rank % size, "world_size": size,
                       "local_world_size": local, "num_nodes": max(1, -(-size // max(local, 1))),
                       "node_rank": (rt.rank % size) // max(local, 1),
-                      "group": groups[instance], "instance": instance})
+                      "group": groups[instance], "instance": instance,
+                      "instances_per_node": max(1, rt.local_world_size // size)})
 
 
 def destroy_process_group() -> None:

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from mlhpc.power.sampler import Clock, Sampler
 from mlhpc.power.sources import NodeMeter, SourceError, close_nvml, find_nvml, find_rapl
 
-__all__ = ["PowerConfig", "Sampler", "find_sources", "node_file", "sampling"]
+__all__ = ["PowerConfig", "Sampler", "find_sources", "node_file", "samples_node", "sampling"]
 
 POWER_DIR = "power"
 
@@ -85,6 +85,15 @@ def _result_name(log_path: Path | None, rt: Any) -> str | None:
     return name
 
 
+def samples_node(rt: Any) -> bool:
+    """Whether this rank samples its node for its run: the node's local rank 0, and, in
+    throughput mode with instances smaller than a node (`mlhpc.runtime.split_instances`), each
+    instance's rank 0 too, so that every instance's ``result_N`` has the node's file. The node's
+    power cannot be split between instances that share it by measurement: each such file holds
+    the whole node's readings over that instance's run (``instances_on_node`` in its metadata)."""
+    return rt.local_rank == 0 or (getattr(rt, "instances_per_node", 1) > 1 and rt.rank == 0)
+
+
 @contextlib.contextmanager
 def sampling(config: PowerConfig, rt: Any, log_path: Path | None, out_dir: Path,
              clock: Clock = time.time, notify: Callable[[str], None] | None = None) -> Iterator[Sampler | None]:
@@ -108,7 +117,7 @@ def sampling(config: PowerConfig, rt: Any, log_path: Path | None, out_dir: Path,
         yield None
         return
     name = _result_name(log_path, rt)
-    sampler, nvml = _start(config, rt, name, out_dir, clock, say) if name and rt.local_rank == 0 else (None, None)
+    sampler, nvml = _start(config, rt, name, out_dir, clock, say) if name and samples_node(rt) else (None, None)
     try:
         yield sampler
     finally:
@@ -135,6 +144,13 @@ def _start(config: PowerConfig, rt: Any, name: str, out_dir: Path, clock: Clock,
     final = node_file(out_dir, name, rt.node_rank)
     meta = {"node": rt.node_rank, "sources": [f"{s.name} ({s.kind})" for s in sources],
             "not_read": problems}
+    shared = getattr(rt, "instances_per_node", 1)
+    if shared > 1:
+        meta["instances_on_node"] = shared
+        if rt.local_rank == 0:
+            say(f"power: node {rt.node_rank} is shared by {shared} instances: each instance's "
+                f"power/result_N/node_{rt.node_rank}.txt holds the whole node's readings over its own "
+                "run (not its share; the instances' energies overlap and do not add up)")
     sampler = Sampler(sources, config.interval_s, part_path(final.parent.parent / f"{name}.{final.name}"),
                       final, clock, meta)
     try:
