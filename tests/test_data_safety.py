@@ -135,7 +135,7 @@ def test_a_destination_others_can_write_is_refused_naming_owner_and_mode(source:
     dest = tmp_path / "scratch"
     dest.mkdir()
     dest.chmod(0o777)  # as another user would pre-create a predictable name
-    with pytest.raises(StagingError, match=r"scratch: staging destination folder is owned by \S+ with mode 0777"):
+    with pytest.raises(StagingError, match=r"scratch: staging destination folder is owned by \S+ \(uid \d+\) with mode 0777"):
         stage(source, dest, Runtime())
     assert os.listdir(dest) == []
 

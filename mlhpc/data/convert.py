@@ -30,7 +30,12 @@ from mlhpc.data.files import (
     atomic_output,
     check_no_links,
     checksum,
+    common_mode,
+    copy_mode,
     is_under,
+    make_private_dir,
+    narrow_mode,
+    output_mode,
     reason,
     refuse_overlap,
     resolved,
@@ -78,24 +83,29 @@ class _Writing:
     prepare_size: int = 0
 
 
-def _describe(path: Path, root: Path, samples: int, source: str | None) -> dict[str, Any]:
-    """The manifest entry of an output just written. Raises DataError when it lies outside."""
+def _describe(path: Path, root: Path, samples: int, source: str | None, mode: int) -> dict[str, Any]:
+    """The manifest entry of an output just written, its permission bits narrowed to ``mode``
+    (`mlhpc.data.files.narrow_mode`). Raises DataError when it lies outside ``root``; OSError."""
     path = Path(path)
     if not is_under(resolved(path), resolved(root)):
         raise DataError(f"{path}: the converter of {source} wrote outside the output folder {root}")
+    narrow_mode(path, mode)
     return {"path": path.relative_to(root).as_posix(), "bytes": path.stat().st_size,
             "xxh3_128": checksum(path), "samples": samples, "from": source}
 
 
 def _convert_one(writing: _Writing, rel: str, source: Path, out_dir: Path) -> dict[str, Any]:
-    """Convert one source file; its journal entry. OSErrors become DataError naming the file."""
+    """Convert one source file; its journal entry. Its outputs get the source's permission bits
+    at most (`mlhpc.data.files.output_mode`). OSErrors become DataError naming the file."""
     try:
         check_no_links(writing.dest, out_dir)
-        if writing.prepare_size:
-            outputs = writing.tools.prepare_file(source, out_dir, writing.to, writing.prepare_size)
-        else:
-            outputs = writing.tools.convert_file(source, writing.fmt, out_dir, writing.to)
-        described = [_describe(p, writing.dest, n, rel) for p, n in outputs]
+        mode = copy_mode(source.stat().st_mode)
+        with output_mode(mode):
+            if writing.prepare_size:
+                outputs = writing.tools.prepare_file(source, out_dir, writing.to, writing.prepare_size)
+            else:
+                outputs = writing.tools.convert_file(source, writing.fmt, out_dir, writing.to)
+        described = [_describe(p, writing.dest, n, rel, mode) for p, n in outputs]
         return {"source": rel, "source_bytes": source.stat().st_size, "outputs": described,
                 "kind": writing.what, "to": writing.to}
     except OSError as exc:
@@ -165,16 +175,19 @@ def _drive(writing: _Writing, jobs: list[tuple[str, Path, Path]], workers: int,
 
 def _close(writing: _Writing, jobs: list[tuple[str, Path, Path]],
            done: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The split files (``finish_split``) and the manifest, written last; the journals dropped."""
+    """The split files (``finish_split``) and the manifest, written last; the journals dropped.
+    Each gets the permission bits all the sources it speaks for share (`common_mode`)."""
     dest = writing.dest
     try:
-        extra = []
-        for split in sorted({out for _, _, out in jobs}):
-            extra += writing.tools.finish_split(split, writing.to)
         files = [o for entry in done.values() for o in entry["outputs"]]
-        files += [_describe(p, dest, 0, None) for p in extra]
-        doc = manifest.write(dest, writing.what, files, to=writing.to, source_files=len(jobs),
-                             **{"from": writing.fmt})
+        for split in sorted({out for _, _, out in jobs}):
+            mode = common_mode([src for _, src, out in jobs if out == split])
+            with output_mode(mode):
+                extra = writing.tools.finish_split(split, writing.to)
+            files += [_describe(p, dest, 0, None, mode) for p in extra]
+        with output_mode(common_mode([src for _, src, _ in jobs])):
+            doc = manifest.write(dest, writing.what, files, to=writing.to, source_files=len(jobs),
+                                 **{"from": writing.fmt})
     except OSError as exc:
         raise DataError(f"{exc.filename or dest}: cannot finish the output folder ({reason(exc)}); "
                         "the folder stays unfinished: run the command again to resume") from None
@@ -183,23 +196,16 @@ def _close(writing: _Writing, jobs: list[tuple[str, Path, Path]],
 
 
 def _output_root(src: Path, dst: Path, what: str) -> None:
-    """Check ``dst`` for a convert or prepare from ``src`` and create it.
+    """Check ``dst`` for a convert or prepare from ``src`` and create it (``0700``), with the
+    destination check every command shares (`mlhpc.data.files.make_private_dir`).
 
     Raises:
         DataError: ``dst`` and ``src`` contain each other; ``dst`` is a link, a file, owned by
-            another user or writable by everyone; it cannot be created.
+            another user or writable by group or others (naming owner and mode); it cannot be
+            created.
     """
     refuse_overlap(src, dst, what, DataError)
-    if dst.is_symlink():
-        raise DataError(f"{dst}: {what} output folder is a symbolic link; give the real folder")
-    try:
-        dst.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DataError(f"{dst}: cannot create the {what} output folder ({reason(exc)})") from None
-    st = dst.stat()
-    if st.st_uid != os.geteuid() or st.st_mode & 0o002:
-        raise DataError(f"{dst}: {what} output folder is owned by uid {st.st_uid} with mode "
-                        f"{st.st_mode & 0o7777:04o}; it must be yours and not writable by everyone")
+    make_private_dir(dst, DataError, f"{what} output")
 
 
 def _make_split(dst: Path, split: str) -> Path:
@@ -262,7 +268,7 @@ def convert(workload: Any, src: Path, dst: Path, to: str, **options: Any) -> Con
     for name in tools.root_files:
         if (src / name).is_file() and not (src / name).is_symlink():
             try:
-                with atomic_output(dst / name) as tmp:
+                with atomic_output(dst / name, copy_mode((src / name).stat().st_mode)) as tmp:
                     shutil.copyfile(src / name, tmp)
             except OSError as exc:
                 raise DataError(f"{dst / name}: cannot write ({reason(exc)})") from None

@@ -17,7 +17,8 @@ One rule for each thing a data command does to a file system:
   through.
 - **Ownership and modes.** A destination folder must belong to the invoking user and be writable
   by nobody else (`check_private_dir`); new destinations are created ``0700``
-  (`make_private_dir`); a copied file never gets more permission bits than its source.
+  (`make_private_dir`); a copied or converted file never gets more permission bits than its
+  source (`copy_mode`, `output_mode`), and a file with no one source is created ``0600``.
 - **Overlap.** A source and a destination may not contain each other (`refuse_overlap`).
 
 mlhpc runs on shared cluster nodes, often as an administrator: these rules are what keeps its data
@@ -35,6 +36,7 @@ import socket
 import stat
 import threading
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -47,6 +49,11 @@ PART_SUFFIX = ".mlhpc-part"
 LOCK_NAME = ".mlhpc-lock"
 BUFFER_BYTES = 1 << 20  # 1 MiB per read: large enough for xxhash to drop the GIL, fits in L2
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+PRIVATE_FILE_MODE = 0o600
+# The permission bits `atomic_output` gives a new file (before the umask) where its caller names
+# none: set by a driver around a workload's writer (`output_mode`), private otherwise.
+_OUTPUT_MODE: ContextVar[int] = ContextVar("mlhpc_output_mode", default=PRIVATE_FILE_MODE)
 
 
 def safe_name(text: str) -> str:
@@ -68,13 +75,27 @@ def is_part_file(name: str) -> bool:
 
 
 @contextmanager
-def atomic_output(final: Path) -> Iterator[Path]:
+def output_mode(mode: int) -> Iterator[None]:
+    """Within the block (this thread or process), `atomic_output` creates files with permission
+    bits ``mode & 0o666`` (before the umask) instead of ``0600``: a driver wraps a workload's
+    writer in it with `copy_mode` of the source being converted."""
+    token = _OUTPUT_MODE.set(stat.S_IMODE(mode) & 0o666)
+    try:
+        yield
+    finally:
+        _OUTPUT_MODE.reset(token)
+
+
+@contextmanager
+def atomic_output(final: Path, mode: Optional[int] = None) -> Iterator[Path]:
     """A temporary path beside ``final`` to write (`part_path`); renamed to ``final`` when the
     block succeeds, removed when it fails, so a half-written file never carries the final name.
 
     The temporary file is created here with ``O_EXCL | O_NOFOLLOW`` (a link planted at that
-    name is not followed: the creation fails), then handed to the writer, which may reopen it by
-    path (h5py, numpy). ``final``'s folder must not be a link.
+    name is not followed: the creation fails) and permission bits ``mode`` (default: those of
+    the enclosing `output_mode`, else ``0600``; the umask may take more away), then handed to
+    the writer, which may reopen it by path (h5py, numpy: the file keeps its bits).
+    ``final``'s folder must not be a link.
 
     Raises:
         OSError: the folder is missing, is a link, or cannot be written.
@@ -85,7 +106,7 @@ def atomic_output(final: Path) -> Iterator[Path]:
     if parent.is_symlink():
         raise OSError(errno.ELOOP, "folder is a symbolic link", str(parent))
     unlink_quietly(tmp)  # a leftover of this very process id (a recycled pid)
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
+    os.close(os.open(tmp, _NEW_FILE_FLAGS, _OUTPUT_MODE.get() if mode is None else mode & 0o666))
     try:
         yield tmp
         os.replace(tmp, final)
@@ -135,15 +156,6 @@ def checksum(path: Path) -> str:
         while n := fin.readinto(buf):
             digest.update(view[:n])
     return digest.hexdigest()
-
-
-def file_checksum(path: Path) -> str:
-    """``"xxh3_128:<hex>"`` of a file's bytes (`checksum` with the algorithm named).
-
-    Raises:
-        OSError: the file cannot be read.
-    """
-    return f"{CHECKSUM}:{checksum(path)}"
 
 
 def reason(exc: OSError) -> str:
@@ -235,8 +247,9 @@ def refuse_overlap(source: Path, dest: Path, what: str, error: type[MlhpcError])
 
 
 def _owner(uid: int) -> str:
+    """``"name (uid N)"``, or ``"uid N"`` for a uid with no account."""
     try:
-        return pwd.getpwuid(uid).pw_name
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
         return f"uid {uid}"
 
@@ -259,29 +272,39 @@ def check_private_dir(path: Path, error: type[MlhpcError], what: str) -> None:
     mode = stat.S_IMODE(st.st_mode)
     if st.st_uid != os.geteuid() or mode & 0o022:
         raise error(f"{path}: {what} folder is owned by {_owner(st.st_uid)} with mode {mode:04o}; "
-                    f"it must be yours ({_owner(os.geteuid())}) and writable by nobody else "
+                    f"it must be owned by you, {_owner(os.geteuid())}, and writable by nobody else "
                     "(remove it, or choose another folder)")
 
 
-def make_private_dir(path: Path, error: type[MlhpcError], what: str) -> None:
+def make_private_dir(path: Path, error: type[MlhpcError], what: str,
+                     failure: Optional[str] = None) -> None:
     """Create ``path`` (and missing parents) with the last component ``0700``, or check an
-    existing one with `check_private_dir`.
+    existing one with `check_private_dir`: the one destination check of every command that
+    writes a folder (stage, data convert and prepare, report --package).
+
+    Args:
+        what: the folder's role, for messages (``"staging destination"``, ...).
+        failure: the message's words when it cannot be created (default
+            ``"cannot create the WHAT folder"``).
 
     Raises:
-        error: ``path`` exists and is not private, or it cannot be created (named, with the cause).
+        error: ``path`` is a link or a file, exists and is not private (naming its owner and
+            mode), or cannot be created (named, with the cause).
     """
     path = Path(path)
+    failure = failure or f"cannot create the {what} folder"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         cause = "a file is in the way" if isinstance(exc, FileExistsError) else reason(exc)
-        raise error(f"{path}: cannot write staged file: cannot create {what} folder ({cause})") from None
+        raise error(f"{path}: {failure} ({cause})") from None
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
-        pass
+        if not path.is_symlink() and not path.is_dir():
+            raise error(f"{path}: {failure} (a file is in the way)") from None
     except OSError as exc:
-        raise error(f"{path}: cannot write staged file: cannot create {what} folder ({reason(exc)})") from None
+        raise error(f"{path}: {failure} ({reason(exc)})") from None
     check_private_dir(path, error, what)
 
 
@@ -289,6 +312,87 @@ def copy_mode(source_mode: int) -> int:
     """Permission bits for a new copy of a file of mode ``source_mode``: its own read/write bits,
     never more (the process umask may take more away)."""
     return stat.S_IMODE(source_mode) & 0o666
+
+
+def common_mode(paths: list[Path]) -> int:
+    """The read/write bits every file of ``paths`` has (`copy_mode` of each, and-ed): the most
+    a file made from all of them (a file list, a manifest) may get; ``0600`` for none.
+
+    Raises:
+        OSError: a file cannot be inspected.
+    """
+    mode = 0o666 if paths else PRIVATE_FILE_MODE
+    for path in paths:
+        mode &= copy_mode(os.stat(path).st_mode)
+    return mode
+
+
+def narrow_mode(path: Path, allowed: int) -> None:
+    """Take from the file ``path`` every permission bit outside ``allowed`` (a writer that makes
+    its own files, e.g. LMDB, ignores `output_mode`); never adds one, never follows a link.
+    Raises OSError (ELOOP for a link)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        if mode & ~allowed:
+            os.fchmod(fd, mode & allowed)
+    finally:
+        os.close(fd)
+
+
+def write_under(root: Path, rel: Path, data: bytes, mode: int = PRIVATE_FILE_MODE) -> Path:
+    """Write ``data`` to ``root/rel`` atomically and never through a link: each folder below
+    ``root`` opened with ``O_NOFOLLOW`` and created ``0700`` where missing (`open_dir`), the
+    file created under its temporary name with ``O_EXCL | O_NOFOLLOW`` and permission bits
+    ``mode`` (before the umask), then renamed within that folder. Returns ``root/rel``.
+
+    Raises:
+        OSError: ``root`` or a folder below it is a link (ELOOP) or not a folder; the file cannot
+            be written (full disk, read-only file system), with ``filename`` set to the path.
+    """
+    rel = Path(rel)
+    final = Path(root) / rel
+    tmp = part_path(final).name
+    try:
+        root_fd = open_root(root)
+        try:
+            dir_fd = open_dir(root_fd, rel.parts[:-1], create=True)
+        finally:
+            os.close(root_fd)
+    except OSError as exc:
+        raise _blocker(Path(root), rel.parts[:-1], exc) from None
+    try:
+        with os.fdopen(os.open(tmp, _NEW_FILE_FLAGS, mode & 0o666, dir_fd=dir_fd), "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, rel.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except OSError as exc:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise OSError(exc.errno, exc.strerror, str(final)) from None
+    finally:
+        os.close(dir_fd)
+    return final
+
+
+def _blocker(root: Path, parts: tuple[str, ...], exc: OSError) -> OSError:
+    """``exc`` naming the first of ``root`` and the folders ``parts`` below it that is a link
+    (ELOOP) or not a folder (ENOTDIR), else the deepest folder."""
+    path = root
+    for part in ("",) + tuple(parts):
+        path = path / part if part else path
+        try:
+            st = os.lstat(path)
+        except OSError:
+            break
+        if stat.S_ISLNK(st.st_mode):
+            return OSError(errno.ELOOP, "a symbolic link where none may be", str(path))
+        if not stat.S_ISDIR(st.st_mode):
+            return OSError(errno.ENOTDIR, "not a folder", str(path))
+    return OSError(exc.errno, exc.strerror, str(path))
 
 
 # ---- walking a source, opening under a destination ------------------------------------------------
@@ -337,12 +441,12 @@ def _check_link(path: Path, top: Path, error: type[MlhpcError], follow: bool) ->
     if not follow:
         raise error(f"{path}: symbolic link in the source (to {os.readlink(path)}); links are not "
                     "followed (copy the file, or allow links to files inside the source with "
-                    "--follow-links)")
+                    "--set data.staging.follow_links=true)")
     if not is_under(target, top) or target == top:
         raise error(f"{path}: symbolic link points outside the source tree (to {target}); refused")
     if target.is_dir():
         raise error(f"{path}: symbolic link to a folder ({target}); a linked folder would be read "
-                    "twice, so it is refused even with --follow-links")
+                    "twice, so it is refused even with data.staging.follow_links=true")
 
 
 def open_dir(root_fd: int, rel_parts: tuple[str, ...], create: bool) -> int:

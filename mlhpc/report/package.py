@@ -16,6 +16,11 @@ ran (the mlhpc harness, the workload's package and the runs' configs): result_su
 an ordinary run of a submission). Where the logs' ``submission_org``/``submission_platform``
 differ from ``--org``/``--system`` the result says so.
 
+The destination is checked as every data command checks its own
+(`mlhpc.data.files.make_private_dir`): created ``0700``, or an existing folder of the invoking
+user that nobody else can write; everything is written through folders opened without
+following links (`mlhpc.data.files.write_under`), copies no wider than their sources.
+
 `check_package` runs ``python -m mlperf_logging.package_checker ORG hpc 3.0.0`` on a scratch copy
 (the checker writes ``scaling.json`` into what it checks), as a submitter would: without
 ``--rcp-bypass`` unless asked, and the result records which.
@@ -24,6 +29,7 @@ differ from ``--org``/``--system`` the result says so.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -35,6 +41,15 @@ from typing import Any
 
 import yaml
 
+from mlhpc.data.files import (
+    PRIVATE_FILE_MODE,
+    copy_mode,
+    make_private_dir,
+    reason,
+    refuse_overlap,
+    walk_files,
+    write_under,
+)
 from mlhpc.errors import ConfigError, LogFormatError
 from mlhpc.report.mlperf_adapter import package_checker_command
 from mlhpc.report.parse import parse_log
@@ -243,26 +258,37 @@ def package_runs(run_dirs: list[Path | str], out: Path | str, org: str | None = 
         a `PackageResult` (not yet checked: see `check_package`).
 
     Raises:
-        ConfigError: ``out`` and a run folder contain each other; no run found, a name that is
-            not a safe folder name, runs disagreeing on
-            org/division or node count, or a destination benchmark folder that already holds results.
+        ConfigError: ``out`` and a run folder contain each other; ``out`` is a link, a file, not
+            the invoking user's or writable by others (naming owner and mode); no run found, a
+            name that is not a safe folder name, runs disagreeing on org/division or node count,
+            a destination benchmark folder that already holds results, a link planted below
+            ``out``, or a file that cannot be written (named, with the cause).
         LogFormatError: a log cannot be read.
     """
-    from mlhpc.data.files import refuse_overlap
-
     for run_dir in run_dirs:  # a package inside a run folder would be read back as its runs
         folder = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
         refuse_overlap(folder, Path(out), "--package", ConfigError)
     runs = _read_unbroken_runs(_find_logs(run_dirs))
     sub = _identify(runs, org, system)
     _check_alike(runs, sub)
+    make_private_dir(Path(out), ConfigError, "--package destination")
     result = PackageResult(root=Path(out) / sub.org, warnings=_name_warnings(sub))
     try:
         _copy_results(result, runs, sub.system)
         _write_system(result, sub)
     except OSError as exc:
-        raise ConfigError(f"--package: cannot write into {out} ({exc.strerror or type(exc).__name__})") from None
+        raise ConfigError(f"{exc.filename or out}: --package cannot write the package "
+                          f"({reason(exc)})") from None
     return result
+
+
+def _copy_into(root: Path, rel: Path, source: Path) -> Path:
+    """``source`` copied to ``root/rel`` (`write_under`: no link followed), its permission bits
+    at most. Raises OSError."""
+    with open(source, "rb") as handle:
+        data = handle.read()
+        mode = copy_mode(os.fstat(handle.fileno()).st_mode)
+    return write_under(root, rel, data, mode)
 
 
 def _copy_sources(root: Path, benchmark: str, config_files: list[Path]) -> None:
@@ -271,19 +297,22 @@ def _copy_sources(root: Path, benchmark: str, config_files: list[Path]) -> None:
 
     import mlhpc
 
-    dest = root / "benchmarks" / benchmark / "implementations" / "mlhpc"
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(Path(mlhpc.__file__).parent, dest / "mlhpc", ignore=ignore, dirs_exist_ok=True)
+    out = root.parent
+    dest = Path(root.name) / "benchmarks" / benchmark / "implementations" / "mlhpc"
+    trees = [(Path(mlhpc.__file__).parent, dest / "mlhpc")]
     for name in ("mlhpc_workloads", "workloads"):  # located, never imported
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.submodule_search_locations:
             source = Path(list(spec.submodule_search_locations)[0]) / benchmark
             if source.is_dir():
-                shutil.copytree(source, dest / "workloads" / benchmark, ignore=ignore, dirs_exist_ok=True)
+                trees.append((source, dest / "workloads" / benchmark))
             break
+    for source, target in trees:
+        for rel, _ in walk_files(source, ConfigError):
+            if "__pycache__" not in rel.split("/") and not rel.endswith(".pyc"):
+                _copy_into(out, target / rel, source / rel)
     for config in config_files:
-        (dest / "configs").mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(config, dest / "configs" / f"{config.parent.name}-{config.name}")
+        _copy_into(out, dest / "configs" / f"{config.parent.name}-{config.name}", config)
 
 
 def _copy_results(result: PackageResult, runs: list[tuple[Path, RunSummary]], system: str) -> None:
@@ -295,14 +324,12 @@ def _copy_results(result: PackageResult, runs: list[tuple[Path, RunSummary]], sy
         benchmark = str(run.benchmark)
         folder = root / "results" / system / "strong" / benchmark
         if benchmark not in counters:
-            if folder.exists() and any(folder.iterdir()):
+            if folder.is_dir() and not folder.is_symlink() and any(folder.iterdir()):
                 raise ConfigError(f"--package: {folder} already holds results; choose an empty OUT")
-            folder.mkdir(parents=True, exist_ok=True)
             counters[benchmark] = 0
-        dest = folder / f"result_{counters[benchmark]}.txt"
+        rel = folder.relative_to(root.parent) / f"result_{counters[benchmark]}.txt"
         counters[benchmark] += 1
-        shutil.copyfile(log, dest)
-        result.result_files.append(dest)
+        result.result_files.append(_copy_into(root.parent, rel, log))
     for benchmark in counters:
         configs = [c for log, run in runs if run.benchmark == benchmark
                    for c in [_sidecar(log, "config", ".yaml")] if c is not None]
@@ -318,9 +345,9 @@ def _write_system(result: PackageResult, sub: _Submission) -> None:
         submission = {**submission, "status": first.status_submission}
     desc = system_description(sub.org, sub.system, sub.env, {**sub.config, "submission": submission},
                               first.number_of_nodes, first.accelerators_per_node)
-    (result.root / "systems").mkdir(parents=True, exist_ok=True)
-    result.system_file = result.root / "systems" / f"{sub.system}.json"
-    result.system_file.write_text(json.dumps(desc, indent=4) + "\n")
+    rel = Path(result.root.name) / "systems" / f"{sub.system}.json"
+    result.system_file = write_under(result.root.parent, rel, (json.dumps(desc, indent=4) + "\n").encode(),
+                                     PRIVATE_FILE_MODE)
 
 
 def check_package(result: PackageResult, ruleset: str = "3.0.0", timeout_s: float = 300.0,

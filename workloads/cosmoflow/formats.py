@@ -67,6 +67,17 @@ def _identity(path: Path) -> tuple[int, int, int]:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
+def check_extent(path: Path, size_bytes: int, offset: int, nbytes: int, what: str,
+                 exact: bool = False) -> None:
+    """Raise DataError when a file of ``size_bytes`` cannot hold the ``nbytes`` its header
+    announces at ``offset`` (truncated; with ``exact``, also when it holds more): the cheap
+    check of a quick ``data check``, a comparison of header and file size, no data read."""
+    end = offset + nbytes
+    if size_bytes < end or (exact and size_bytes != end):
+        kind = "truncated" if size_bytes < end else "longer than its header says"
+        raise DataError(f"{path}: {kind}: {what} ends at byte {end}, the file has {size_bytes} bytes")
+
+
 def stem(name: str) -> str:
     """A sample file's name without its format's suffix (the sort key shared by every form)."""
     for suffix in (NPY_DATA, NPY_LABEL) + TFRECORD_SUFFIXES + HDF5_SUFFIXES:
@@ -209,7 +220,11 @@ class Hdf5Format:
             except OSError as exc:
                 raise DataError(f"{path}: dataset {keys[1]!r} cannot be read ({_short(exc)})") from None
             check_targets(path, targets)
-            return FileInfo(n_samples, cube, targets, identity, _byte_offset(handle[keys[0]]), keys)
+            offset = _byte_offset(handle[keys[0]])
+            if offset is not None:  # contiguous counts: their extent must lie inside the file
+                check_extent(path, identity[1], offset, handle[keys[0]].nbytes,
+                             f"dataset {keys[0]!r}")
+            return FileInfo(n_samples, cube, targets, identity, offset, keys)
 
     def _layout(self, path: Path, handle: h5py.File) -> tuple[tuple[str, str], int, int]:
         keys = HDF5_KEYS[1] if "x" in handle and "full" not in handle else HDF5_KEYS[0]
@@ -489,8 +504,11 @@ class NpyFormat:
             raise DataError(f"{path}: a raw {shape[0]}^3 universe, not a training sample; split it "
                             f"first: mlhpc data prepare cosmoflow RAW_DIR DST")
         n = 1 if len(shape) == 4 else int(shape[0])
+        identity = _try_identity(path)
+        check_extent(path, identity[1], offset, int(np.prod(shape)) * dtype.itemsize,
+                     f"the header's {shape} {dtype} array", exact=True)
         targets = self._labels(path, n) if full else None
-        return FileInfo(n, int(shape[-2]), targets, _try_identity(path), offset)
+        return FileInfo(n, int(shape[-2]), targets, identity, offset)
 
     def _labels(self, path: Path, n: int) -> np.ndarray:
         labels = label_path(path)

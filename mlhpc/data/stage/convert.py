@@ -11,7 +11,16 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from mlhpc.data.files import checksum, dest_error, reason, resolved
+from mlhpc.data.files import (
+    checksum,
+    common_mode,
+    copy_mode,
+    dest_error,
+    narrow_mode,
+    output_mode,
+    reason,
+    resolved,
+)
 from mlhpc.data.manifest import (
     MANIFEST_NAME,
     Journal,
@@ -44,14 +53,16 @@ def _outputs_good(dest: Path, item: Planned, entry: dict[str, Any], verify: bool
     return bool(entry["outputs"])
 
 
-def _describe_output(dest: Path, path: Path, samples: int, src: Path) -> dict[str, Any]:
-    """``{path (relative to dest), bytes, xxh3_128, samples}`` of a file just written."""
+def _describe_output(dest: Path, path: Path, samples: int, src: Path, mode: int) -> dict[str, Any]:
+    """``{path (relative to dest), bytes, xxh3_128, samples}`` of a file just written, its
+    permission bits narrowed to ``mode`` (`mlhpc.data.files.narrow_mode`)."""
     try:
         rel = Path(path).relative_to(dest).as_posix()
     except ValueError:
         raise StagingError(f"{path}: the converter of {src} wrote outside the staging "
                            f"destination {dest}") from None
     try:
+        narrow_mode(Path(path), mode)
         return {"path": rel, "bytes": os.stat(path).st_size, "xxh3_128": checksum(path),
                 "samples": samples}
     except OSError as exc:
@@ -82,10 +93,12 @@ def convert_share(job: Copy, share: list[Planned], known: dict[str, dict[str, An
         if item.convert:
             out_dir = (job.dest / item.rel).parent
             try:
-                written = conv.tools.convert_file(src, conv.fmt, out_dir, conv.to)
+                mode = copy_mode(os.stat(src).st_mode)  # outputs never wider than their source
+                with output_mode(mode):
+                    written = conv.tools.convert_file(src, conv.fmt, out_dir, conv.to)
             except OSError as exc:
                 raise dest_error(out_dir, exc, src) from None
-            outputs = [_describe_output(job.dest, Path(path), int(n), src) for path, n in written]
+            outputs = [_describe_output(job.dest, Path(path), int(n), src, mode) for path, n in written]
             if not outputs:
                 raise StagingError(f"{src}: converting to {conv.to} wrote no file")
         else:
@@ -134,11 +147,14 @@ def record_converted(job: Copy, plan: list[Planned], counts: Counts) -> None:
     counts.pruned_files = prune_to(job.dest, keep | old_lists)
     finished = []
     for folder in sorted({(job.dest / p.rel).parent for p in plan if p.convert}):
-        try:
-            written = conv.tools.finish_split(folder, conv.to)
+        try:  # a split's file list: the bits its converted files share (their sources' at most)
+            mode = common_mode([job.dest / o["path"] for o in outputs
+                                if (job.dest / o["path"]).parent == folder])
+            with output_mode(mode):
+                written = conv.tools.finish_split(folder, conv.to)
         except OSError as exc:
             raise dest_error(folder, exc) from None
-        finished += [{**_describe_output(job.dest, Path(path), 0, job.source), "from": None}
+        finished += [{**_describe_output(job.dest, Path(path), 0, job.source, mode), "from": None}
                      for path in written]
     keep |= {f["path"] for f in finished}
     counts.pruned_files += prune_to(job.dest, keep)  # file lists of a split that left the plan

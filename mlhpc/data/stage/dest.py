@@ -40,7 +40,8 @@ def claim_dest(dest: Path) -> None:
     """
     if dest.exists() and not dest.is_symlink() and not dest.is_dir():
         raise StagingError(f"{dest}: staging destination is a file, not a folder")
-    make_private_dir(dest, StagingError, "staging destination")
+    make_private_dir(dest, StagingError, "staging destination",
+                     failure="cannot write staged file: cannot create the staging destination folder")
     if not os.access(dest, os.W_OK | os.X_OK):
         raise StagingError(f"{dest}: staging destination not writable (permission denied)")
     if not any((dest / name).exists() for name in (MARKER_NAME, MANIFEST_NAME, LOCK_NAME)):
