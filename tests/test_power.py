@@ -351,3 +351,39 @@ def test_sigterm_publishes_a_complete_file_and_sigkill_leaves_none(tmp_path):
     child.wait(timeout=60)
     assert not (killed / "power" / "result_0").exists()  # nothing claims to be complete
     assert [p.name for p in (killed / "power").iterdir() if p.name.endswith(".mlhpc-part")]
+
+
+def test_prices_from_the_system_description_the_command_line_wins_bad_ones_refused(mlperf_results, tmp_path):
+    folder = _submission(mlperf_results, tmp_path / "sub" / "NVIDIA")
+    desc_file = folder.parents[3] / "systems" / f"{EOS_SYSTEM}.json"
+    desc = json.loads(desc_file.read_text())
+    desc_file.write_text(json.dumps({**desc, "price_per_node_hour": "2.5", "price_per_kwh": 0.3}))
+
+    def folder_json(**prices):  # type: ignore[no-untyped-def]
+        data = json.loads(run_report([folder], ReportOptions(fmt="json", compliance=False, **prices)).output)
+        table = run_report([folder], ReportOptions(fmt="csv", level="folders", compliance=False, **prices))
+        row = {k: float(v) for k, v in next(csv.DictReader(table.output.splitlines())).items()
+               if k in ("cost_to_train", "olympic_min", "energy_olympic_j")}
+        return data, row
+
+    data, row = folder_json()
+    nodes = int(desc["number_of_nodes"])
+    assert (data["price_per_node_hour"], data["price_per_kwh"]) == (2.5, 0.3)
+    assert row["energy_olympic_j"] > 0 and row["cost_to_train"] == pytest.approx(
+        nodes * row["olympic_min"] / 60 * 2.5 + row["energy_olympic_j"] / 3.6e6 * 0.3, rel=1e-12)
+    data, row = folder_json(price_per_kwh=0.1)  # the command line wins, price by price
+    assert (data["price_per_node_hour"], data["price_per_kwh"]) == (2.5, 0.1)
+    assert row["cost_to_train"] == pytest.approx(
+        nodes * row["olympic_min"] / 60 * 2.5 + row["energy_olympic_j"] / 3.6e6 * 0.1, rel=1e-12)
+    desc_file.write_text(json.dumps({**desc, "price_per_kwh": "cheap"}))
+    result = CliRunner().invoke(report_command, [str(folder), "--no-compliance", "--format", "json"])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert f"{EOS_SYSTEM}.json" in result.output and "price_per_kwh 'cheap'" in result.output
+    assert CliRunner().invoke(report_command, [str(folder), "--no-compliance", "--format", "json",
+                                               "--price-per-kwh", "0.2"]).exit_code == 0
+    other = _submission(mlperf_results, tmp_path / "other" / "NVIDIA")
+    other_desc = other.parents[3] / "systems" / f"{EOS_SYSTEM}.json"
+    other_desc.write_text(json.dumps({**desc, "price_per_kwh": 0.4}))
+    desc_file.write_text(json.dumps({**desc, "price_per_kwh": 0.3}))
+    result = CliRunner().invoke(report_command, [str(folder), str(other), "--no-compliance"])
+    assert result.exit_code == 2 and "gives 0.3" in result.output and "gives 0.4" in result.output

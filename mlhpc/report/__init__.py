@@ -34,6 +34,9 @@ __all__ = [
 ]
 
 
+PRICE_KEYS = ("price_per_node_hour", "price_per_kwh")  # the command line's options, systems/*.json keys
+
+
 @dataclass(frozen=True)
 class PackageOptions:
     """Lay the runs out as a submission: `package_runs` into ``out`` under ``org``/``system``
@@ -58,7 +61,8 @@ class ReportOptions:
         ruleset: force an hpc ruleset.
         plots_dir: write the PNGs of `mlhpc.report.plots` here.
         package: lay the runs out as a submission (the paths must then be mlhpc run folders).
-        price_per_node_hour / price_per_kwh: prices for the cost to train (None: not shown).
+        price_per_node_hour / price_per_kwh: prices for the cost to train; None: the system
+            descriptions' (`_price`), else not shown.
     """
 
     fmt: str = "table"
@@ -95,15 +99,16 @@ def run_report(paths: list[Path], options: ReportOptions | None = None) -> Outco
 
     Raises:
         LogFormatError: a path is missing, holds no logs, or a log is unreadable.
-        ConfigError: a bad option value, or package names/contents that cannot be laid out.
+        ConfigError: a bad option value, a bad or ambiguous price in a system description
+            (`_price`), or package names/contents that cannot be laid out.
     """
     options = options or ReportOptions()
-    for name in ("price_per_node_hour", "price_per_kwh"):
+    for name in PRICE_KEYS:
         value = getattr(options, name)
         if value is not None and not (0 <= value < float("inf")):
             raise ConfigError(f"--{name.replace('_', '-')} {value}: expected a finite price >= 0")
     report = build_report(paths, compliance=options.compliance, ruleset=options.ruleset)
-    report.price_per_node_hour, report.price_per_kwh = options.price_per_node_hour, options.price_per_kwh
+    report.price_per_node_hour, report.price_per_kwh = (_price(report, options, name) for name in PRICE_KEYS)
     output = tables(report, options.level) if options.fmt == "table" else render(report, options.fmt, options.level)
     outcome = Outcome(report=report, output=output)
     if options.plots_dir is not None:
@@ -113,6 +118,38 @@ def run_report(paths: list[Path], options: ReportOptions | None = None) -> Outco
     if options.package is not None:
         outcome.package = _package(report, paths, options.package)
     return outcome
+
+
+def _price(report: Report, options: ReportOptions, name: str) -> float | None:
+    """The price ``name`` (``price_per_node_hour`` or ``price_per_kwh``) for the cost to train:
+    the command line's when given; else the one the scored folders' system descriptions
+    (``systems/<system>.json``, key ``name``, a number or a numeric string) give, when every
+    description that names a price gives the same; else None (no cost shown).
+
+    Raises:
+        ConfigError: a description's price is not a finite number >= 0, or two descriptions
+            give different prices (one report has one price: give it on the command line).
+    """
+    if getattr(options, name) is not None:
+        return getattr(options, name)
+    found: dict[float, str] = {}
+    for folder in report.folders:
+        raw = folder.system_desc.get(name)
+        if raw is None or raw == "":
+            continue
+        where = f"system description {folder.system}.json of {folder.path}"
+        try:
+            value = float(raw) if not isinstance(raw, bool) else float("nan")
+        except (TypeError, ValueError):
+            value = float("nan")
+        if not 0 <= value < float("inf"):
+            raise ConfigError(f"{where}: {name} {raw!r}: expected a finite price >= 0")
+        found.setdefault(value, where)
+    if len(found) > 1:
+        (a, first), (b, second) = list(found.items())[:2]
+        raise ConfigError(f"{name}: {first} gives {a:g}, {second} gives {b:g}; report the systems "
+                          f"apart or give --{name.replace('_', '-')}")
+    return next(iter(found), None)
 
 
 def _package(report: Report, paths: list[Path], options: PackageOptions) -> PackageResult:
