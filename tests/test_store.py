@@ -150,16 +150,35 @@ def _ingest_script(url: str, folders: list[Path]) -> list[str]:
     return [sys.executable, "-c", code, url, *map(str, folders)]
 
 
-def concurrent_writers(url: str, tmp_path: Path, processes: int = 8) -> None:
-    """``processes`` processes ingest at once (each its own folder plus one shared): none lost."""
+def _record_script(url: str, campaign: str, logs: list[Path]) -> tuple[list[str], dict[str, str]]:
+    """A process recording ``logs`` one after the other as ``mlhpc run`` does (`record_run`);
+    exit status 1 when any warning was given (a run not recorded)."""
+    code = ("import sys; from pathlib import Path; from mlhpc.store import record_run; w = []; "
+            "[record_run(Path(p).parent, Path(p), w.append) for p in sys.argv[1:]]; "
+            "print(*w, sep='\\n', file=sys.stderr); sys.exit(1 if w else 0)")
+    return [sys.executable, "-c", code, *map(str, logs)], {**os.environ, "MLHPC_STORE": url,
+                                                            "MLHPC_CAMPAIGN": campaign}
+
+
+def concurrent_writers(url: str, tmp_path: Path, processes: int = 8, recorders: int = 4) -> None:
+    """``processes`` processes ingest (each its own folder plus one shared) while ``recorders``
+    processes record runs as ``mlhpc run`` does (each 3 run folders of its own plus the shared
+    folder's first log), all at once: no run lost, none stored twice."""
     shared = make_runs(tmp_path / "shared", [5.0, 6.0])
     folders = [make_runs(tmp_path / f"p{i}", [10.0 + i, 20.0 + i, 30.0 + i], offset_ms=i * 7)
                for i in range(processes)]
+    recorded = [[write_log(tmp_path / f"r{i}" / f"run{k}" / "result_0.txt", 40.0 + i + k / 8, seed=100 + 3 * i + k,
+                           system="recorder") for k in range(3)] for i in range(recorders)]
     procs = [subprocess.Popen(_ingest_script(url, [folder, shared])) for folder in folders]
-    assert [p.wait(timeout=300) for p in procs] == [0] * processes
+    for i, logs in enumerate(recorded):
+        cmd, env = _record_script(url, f"rec-{i}", logs + [shared / "result_0.txt"])
+        procs.insert(2 * i + 1, subprocess.Popen(cmd, env=env))  # interleaved with the ingesters
+    assert [p.wait(timeout=300) for p in procs] == [0] * (processes + recorders)
     runs = json.loads(invoke("list", "--store", url, "--format", "json").output)
-    assert len(runs) == 3 * processes + 2
+    assert len(runs) == 3 * processes + 3 * recorders + 2
     assert len({r["log_sha256"] for r in runs}) == len(runs)
+    by_campaign = [r["campaign_id"] for r in runs if r["system"] == "recorder"]
+    assert sorted(by_campaign) == sorted(f"rec-{i}" for i in range(recorders) for _ in range(3))
 
 
 def test_concurrent_writers_lose_nothing(url, tmp_path):
@@ -346,3 +365,109 @@ def test_sweep_points():
     for bad in (["nodes"], ["nodes="], ["nodes=1,,2"], ["nodes=1", "nodes=2"]):
         with pytest.raises(ConfigError):
             sweep_points(bad)
+
+
+def test_scaling_campaign_keeps_published_systems_beside(url, tmp_path, mlperf_results):
+    for nodes, seconds in ((1, 300.0), (2, 160.0)):
+        make_runs(tmp_path / "camp" / f"n{nodes}", [seconds], nodes=nodes, benchmark="deepcam", system="ours",
+                  offset_ms=nodes)
+        make_runs(tmp_path / "other" / f"n{nodes}", [seconds * 3], nodes=nodes, benchmark="deepcam",
+                  system="older", offset_ms=10 + nodes)
+    cscs = mlperf_results / "hpc_results_v1.0" / "CSCS" / "results" / "piz_daint_gpu_n128_pt1.9.0"
+    invoke("ingest", "--store", url, "--campaign", "sweep-7", str(tmp_path / "camp"))
+    invoke("ingest", "--store", url, str(tmp_path / "other"), str(cscs))
+    rows = json.loads(invoke("scaling", "--store", url, "--benchmark", "deepcam", "--campaign", "sweep-7",
+                             "--format", "json").output)
+    assert {r["series"] for r in rows if r["source"] == "own"} == {"ours (own)"}  # the campaign's only
+    assert [r["nodes"] for r in rows if r["source"] == "own"] == [1, 2]
+    assert [r["nodes"] for r in rows if r["source"] == "published"] == [128]  # kept beside it
+    own_only = json.loads(invoke("scaling", "--store", url, "--benchmark", "deepcam", "--campaign", "sweep-7",
+                                 "--source", "own", "--format", "json").output)
+    assert {r["source"] for r in own_only} == {"own"}
+    everything = json.loads(invoke("scaling", "--store", url, "--benchmark", "deepcam", "--format", "json").output)
+    assert {r["series"] for r in everything if r["source"] == "own"} == {"ours (own)", "older (own)"}
+    none = CliRunner().invoke(results_group, ["scaling", "--store", url, "--benchmark", "deepcam",
+                                              "--campaign", "nope", "--source", "own"])
+    assert none.exit_code == 2 and "no successful deepcam run" in none.output
+
+
+def test_scaling_figure_tells_series_and_sources_apart(url, tmp_path, mlperf_results):
+    from matplotlib.colors import to_rgba
+
+    from mlhpc.store import scaling
+    from mlhpc.store.queries import Filters, select_runs
+
+    for system in ("alpha", "beta"):
+        for nodes in (1, 2, 4):
+            make_runs(tmp_path / system / f"n{nodes}", [100.0 / nodes + len(system)], nodes=nodes,
+                      benchmark="deepcam", system=system, offset_ms=nodes + len(system))
+    cscs = mlperf_results / "hpc_results_v1.0" / "CSCS" / "results"
+    v3 = mlperf_results / "hpc_results_v3.0"
+    invoke("ingest", "--store", url, str(tmp_path / "alpha"), str(tmp_path / "beta"),
+           str(cscs / "piz_daint_gpu_n128_pt1.9.0"), str(cscs / "piz_daint_gpu_n1024_pt1.9.0"),
+           str(v3 / "Dell" / "results" / "32xXE8545x4A100-SXM4-40GB" / "strong" / "deepcam"),
+           str(v3 / "Clemson" / "results" / "18xR750-2xA100-PCIe-80GB" / "strong" / "deepcam"))
+    series = scaling.build_series(select_runs(open_store(url), Filters(benchmark="deepcam")))
+    assert [s.source for s in series] == ["own", "own", "published", "published", "published"]
+    fig = scaling.figure(series, "deepcam: strong scaling")
+    ax_t, ax_e = fig.axes[:2]
+    lines = [line for line in ax_t.get_lines()]
+    assert [line.get_label() for line in lines] == [s.label for s in series]
+    colours = [to_rgba(line.get_color()) for line in lines]
+    markers = [line.get_marker() for line in lines]
+    first = min(len(series), 10)
+    assert len(set(colours[:first])) == first and len(set(markers[:first])) == first
+    assert len({(c, m) for c, m in zip(colours, markers)}) == len(lines)
+    for s, line in zip(series, lines):
+        face = to_rgba(line.get_markerfacecolor())
+        if s.source == "own":
+            assert line.get_linestyle() == "-" and face == to_rgba(line.get_color()), s.label
+        else:
+            assert line.get_linestyle() == "--" and face == to_rgba("white"), s.label
+    legend = fig.legends[0]
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert texts == [s.label for s in series]
+    assert sum(t.endswith("(own)") for t in texts) == 2 and all(t.endswith(("(own)", "(published)")) for t in texts)
+    assert "own" in legend.get_title().get_text() and "published" in legend.get_title().get_text()
+    assert ax_t.get_ylabel() == "time to train (min, log scale)" and "nodes" in ax_t.get_xlabel()
+    assert "efficiency" in ax_e.get_ylabel() and "ratio" in ax_e.get_ylabel()
+    assert len(ax_e.get_lines()) == len(series) + 1  # and the ideal line at 1
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def _stamps(text: str) -> dict[str, float]:
+    return {json.loads(line.split(":::MLLOG ", 1)[1])["key"]: json.loads(line.split(":::MLLOG ", 1)[1])["time_ms"]
+            for line in text.splitlines() if '"run_start"' in line or '"run_stop"' in line}
+
+
+def test_two_tiny_mlhpc_runs_and_a_published_folder_are_listed(tmp_path, mlhpc_cmd, mlperf_results):
+    """The issue's first 'done when' in seconds: two real (tiny) runs of the mini config recorded
+    by ``mlhpc run`` and a published folder ingested appear in ``results list``, each time to
+    train equal to its log's run_stop - run_start (the target may be missed: 'aborted')."""
+    import hashlib
+
+    store = str(tmp_path / "store.db")
+    env = {**os.environ, "MLHPC_STORE": store, "OMP_NUM_THREADS": "1"}
+    tiny = ["synth.cube_size=16", "synth.train_samples=16", "synth.eval_samples=8", "model.input_size=16",
+            "model.conv_channels=2", "model.n_conv_layers=3", "train.global_batch_size=8", "train.max_epochs=1",
+            "train.threads=1", f"data.path={tmp_path / 'data'}", f"output.dir={tmp_path / 'out'}",
+            "data.staging.enabled=false"]
+    for _ in range(2):
+        proc = subprocess.run(mlhpc_cmd + ["run", str(REPO / "configs" / "cosmoflow-mini.yaml")]
+                              + [a for t in tiny for a in ("--set", t)], env=env,
+                              capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path)
+        assert proc.returncode in (0, 1), proc.stderr
+    published = mlperf_results / "hpc_results_v1.0" / "CSCS" / "results" / "piz_daint_gpu_n128_pt1.9.0"
+    assert invoke("ingest", "--store", store, str(published)).exit_code == 0
+    runs = json.loads(invoke("list", "--store", store, "--format", "json").output)
+    logs = sorted((tmp_path / "out").glob("result_*.txt")) + sorted(published.rglob("result_*.txt"))
+    assert len(logs) == 2 + 5 and len(runs) == len(logs)
+    by_hash = {r["log_sha256"]: r for r in runs}
+    for log in logs:
+        run = by_hash[hashlib.sha256(log.read_bytes()).hexdigest()]
+        stamps = _stamps(log.read_text())
+        assert run["time_to_train_s"] == pytest.approx((stamps["run_stop"] - stamps["run_start"]) / 1000.0,
+                                                       rel=1e-12), log
+        assert run["source"] == ("own" if log.parent == tmp_path / "out" else "published")
