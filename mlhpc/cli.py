@@ -78,7 +78,15 @@ def list_command(as_json: bool) -> None:
 @_friendly
 def run_command(config_path: Path | None, overrides: tuple[str, ...], instances: int | None,
                 resume_dir: Path | None) -> None:
-    """Train CONFIG's workload to its quality target and write a compliant result log."""
+    """Train CONFIG's workload to its quality target and write a compliant result log.
+
+    Power: from run_start to run_stop one thread per node reads, each power.interval_s (1 s),
+    the node meter (power.node_meter_command, watts) or else every GPU by NVML and the CPU
+    package and DRAM RAPL zones under power.powercap_root, into power/result_N/node_K.txt,
+    which `mlhpc report` and mlperf_logging's result_summarizer turn into energy to train.
+    Without a node meter, fans, power supplies, NICs and disks are not measured; network switches
+    never are (an estimate may be added as power/result_N/sw_K.txt). No readable counter: the
+    run says so and claims no energy. power.enabled=false turns sampling off. See docs/power.md."""
     from mlhpc import config as cfg
     from mlhpc import train
     from mlhpc.progress import RunProgress, print_summary
@@ -221,7 +229,7 @@ def submit_command(config_path: Path, nodes: int, gpus_per_node: int, tasks_per_
 @click.option("--warmup", type=int, default=2, show_default=True,
               help="Untimed steps first (0 .. 100000).")
 @click.option("--trace", "trace_path", type=click.Path(path_type=Path), default=None,
-              help="Chrome/Perfetto trace file (default: profile-<workload>.json).")
+              help="Chrome/Perfetto trace file (default: <output.dir>/profile/<workload>-trace.json).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
 @_friendly
 def profile_command(config_path: Path, steps: int, warmup: int, trace_path: Path | None,
@@ -255,7 +263,8 @@ def profile_command(config_path: Path, steps: int, warmup: int, trace_path: Path
     console.print(mem)
     console.print(f"FLOPs per sample: forward {result.flops['forward_flops'] / 1e9:.3f} GFLOP, "
                   f"forward+backward {result.flops['train_flops'] / 1e9:.3f} GFLOP", highlight=False)
-    console.print(f"trace: {result.trace} (open in chrome://tracing or ui.perfetto.dev)", highlight=False)
+    console.print(f"trace: {result.trace} (open in chrome://tracing or ui.perfetto.dev)", highlight=False,
+                  soft_wrap=True)  # the path in one piece, to be copied
 
 
 @main.group("config")
@@ -306,10 +315,11 @@ def synth_command(workload_name: str, out_dir: Path, config_path: Path | None, s
     from mlhpc.workload import get
 
     workload = get(workload_name)
-    if config_path is None:  # the synth section's defaults are a workload's full-size data
-        click.echo(f"mlhpc: no --config: {workload_name}'s synth defaults (its full-size samples)",
-                   err=True)
-    lines = SynthLines(sys.stderr)  # what, how big, where before writing; then progress
+    # what, how big, where before writing; then progress. The synth section's defaults are a
+    # workload's full-size data: said, when no --config gave other sizes.
+    lines = SynthLines(sys.stderr, note=None if config_path else (
+        f"no --config: {workload_name}'s synth defaults (full-size samples)"
+        f"{' and the --set values' if overrides else ''}"))
     try:  # atomic: a hidden sibling folder renamed into place, marked complete (mlhpc.data.embedded)
         wrote = embedded.synthesize(out_dir, workload, config.synth, seed, on_progress=lines)
     finally:

@@ -387,3 +387,15 @@ def test_prices_from_the_system_description_the_command_line_wins_bad_ones_refus
     desc_file.write_text(json.dumps({**desc, "price_per_kwh": 0.3}))
     result = CliRunner().invoke(report_command, [str(folder), str(other), "--no-compliance"])
     assert result.exit_code == 2 and "gives 0.3" in result.output and "gives 0.4" in result.output
+
+
+def test_run_help_says_what_is_measured_and_names_real_power_keys():
+    import re
+
+    from mlhpc.cli import main
+
+    text = " ".join(CliRunner().invoke(main, ["run", "--help"]).output.split())
+    assert "NVML" in text and "RAPL" in text and "docs/power.md" in text and "switches" in text
+    keys = set(re.findall(r"(?<![/\w])power\.([a-z_]+)", text))  # not docs/power.md
+    assert {"interval_s", "node_meter_command", "powercap_root", "enabled"} <= keys
+    assert keys <= set(power.PowerConfig.model_fields)
