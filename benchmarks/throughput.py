@@ -2,8 +2,9 @@
 
 One real batch of the workload's own data (synthesised first when missing, as `mlhpc run` does)
 is decoded once and kept on the device; the timed loop calls `mlhpc.step.train_step`, the step
-`mlhpc run` trains with (forward, loss, backward, optimizer and scheduler step), with the config's
-model, optimizer, ``train.compile`` mode and ``model.channels_last`` switch; ``--precision bf16``
+`mlhpc run` trains with (forward, loss, backward, optimizer and scheduler step), on the parts
+`mlhpc run` trains (`mlhpc.assemble.build`: the config's model, optimizer, ``train.compile`` mode
+and ``model.channels_last`` switch); ``--precision bf16``
 runs it under bf16 autocast on any device. This is the compute ceiling the data path has to keep fed
 (`benchmarks/run.py` measures the data path). FLOPs per sample are counted with
 torch.utils.flop_counter.FlopCounterMode (`mlhpc.perf.count_flops_on_meta`); the peak comes from
@@ -36,10 +37,10 @@ sys.path.insert(0, str(REPO))
 
 from mlhpc import workload as workloads  # noqa: E402
 from mlhpc import config as cfg  # noqa: E402
-from mlhpc import perf, runtime  # noqa: E402
+from mlhpc import assemble, perf, runtime  # noqa: E402
 from mlhpc.data import loader  # noqa: E402
 from mlhpc.errors import MlhpcError  # noqa: E402
-from mlhpc.step import Step, compile_mode, train_step, wrap_model  # noqa: E402
+from mlhpc.step import compile_mode, train_step  # noqa: E402
 from mlhpc.data.embedded import ensure_data  # noqa: E402
 
 
@@ -54,26 +55,20 @@ def measure(config: cfg.Config, batch_size: int, steps: int, warmup: int, precis
     """
     from mlhpc.errors import DataError
 
-    workload = workloads.get(config.workload)
     rt = runtime.detect(device=device)
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
-    ensure_data(config, workload, rt)
-    train_ds, _ = workload.build_datasets(config, rt, Path(config.data.path))
-    if len(train_ds) < batch_size:
-        raise DataError(f"{config.data.path}: {len(train_ds)} training samples, fewer than the "
-                        f"batch of {batch_size}")
-    first = next(iter(loader.make_loader(train_ds, batch_size, drop_last=True, device=rt.device)))
-    x, y = loader.to_device(first, rt.device, loader.device_transform(train_ds))
-
-    torch.manual_seed(config.train.seed)
-    model = workload.build_model(config.model).to(rt.device)
-    loss_fn = workload.build_loss(config)
-    flops = perf.count_flops_on_meta(model, x, loss_fn, y)
-    optimizer, scheduler = workload.build_optimizer(model, config, 1)
+    job = assemble.tool_job(config, workloads.get(config.workload), rt)
+    ensure_data(config, job.workload, rt)
+    # the run's parts (model, optimizer, compiled step), at this local batch and precision
+    parts = assemble.build(job, None, batch_size, precision_name=precision)
+    if len(parts.train_ds) < batch_size:
+        raise DataError(f"{config.data.path}: {len(parts.train_ds)} training samples, fewer than "
+                        f"the batch of {batch_size}")
+    x, y = loader.to_device(next(iter(parts.train_loader)), rt.device,
+                            loader.device_transform(parts.train_ds))
+    workload, model, flops, train = job.workload, parts.model, parts.flops, parts.step
     mode = compile_mode(config.train.compile)
-    train = Step(wrap_model(model, rt, config.train.compile), loss_fn, optimizer, scheduler,
-                 precision, rt.device)
     cuda = rt.device.type == "cuda"
 
     def sync() -> None:

@@ -1,12 +1,17 @@
 """The parts of one run, built once: the `Job` every stage reads, staging (staging_start ..
-staging_stop) and `build` (datasets, model, sampler, loaders, the training step), with the first
-read of a sample checked against the model (`check_sample`).
+staging_stop) and `build` (datasets, model, sampler, loaders, optimizer, the training step), with
+the first read of a sample checked against the model (`check_sample`).
+
+`build` is the one place a run's parts are assembled: `mlhpc.train`, `mlhpc.profile` and
+benchmarks/throughput.py call it (through `tool_job` for the last two), so what is profiled and
+benchmarked is what is trained.
 
 `mlhpc.train` calls these in the order docs/architecture.md gives ("How a run flows").
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from dataclasses import dataclass, field
@@ -124,8 +129,27 @@ def build_train_sampler(dataset: Dataset, rt: Runtime, config: Config,
                                   sharded(staged))
 
 
-def build(job: Job, staged: staging.StagingResult | None, lbs: int) -> Parts:
-    """Datasets, model, optimizer, loaders and the training step; restored from a checkpoint."""
+def tool_job(config: Config, workload: Workload, rt: Runtime) -> Job:
+    """The `Job` of a tool that builds a run's parts without running it (``mlhpc profile``,
+    benchmarks/throughput.py): no log, nothing to resume, progress dropped."""
+    return Job(config, workload, rt, rt, None, None, lambda event: None)
+
+
+def build(job: Job, staged: staging.StagingResult | None, lbs: int, *,
+          precision_name: str | None = None) -> Parts:
+    """Datasets, model, optimizer, loaders and the training step (compiled and wrapped once,
+    `mlhpc.step.wrap_model`); restored from a checkpoint. The one assembly of a run's parts:
+    `mlhpc.train`, `mlhpc.profile` and benchmarks/throughput.py all call it.
+
+    Args:
+        lbs: the local batch size (samples per rank per micro-step).
+        precision_name: ``"fp32"`` or ``"bf16"`` to override the precision ``train.amp`` gives
+            (`mlhpc.step.precision`); the throughput benchmark measures bf16 on any device.
+
+    Raises:
+        DataError: no training or validation samples, or the first sample does not fit the
+            model (`check_sample`).
+    """
     config, workload, rt = job.config, job.workload, job.rt
     data_dir = Path(staged.dest) if staged is not None else Path(config.data.path)
     train_ds, eval_ds = workload.build_datasets(config, rt, data_dir)
@@ -143,7 +167,7 @@ def build(job: Job, staged: staging.StagingResult | None, lbs: int) -> Parts:
     steps_per_epoch = math.ceil(len(train_loader) / config.train.gradient_accumulation_steps)
     optimizer, scheduler = workload.build_optimizer(model, config, steps_per_epoch)
     step = Step(wrap_model(model, rt, config.train.compile), workload.build_loss(config), optimizer,
-                scheduler, precision(config.train.amp, rt.device), rt.device,
+                scheduler, precision_name or precision(config.train.amp, rt.device), rt.device,
                 config.train.gradient_accumulation_steps)
     parts = Parts(model, step, train_ds, eval_ds, sampler, train_loader, eval_loader, lbs, staged,
                   flops, train_samples=sampler.global_samples,
@@ -153,6 +177,15 @@ def build(job: Job, staged: staging.StagingResult | None, lbs: int) -> Parts:
         checkpoint.restore(job.resume.state, model, optimizer, scheduler)
         parts.history = list(job.resume.state.history)
     return parts
+
+
+def scratch_copy(job: Job, model: torch.nn.Module) -> tuple[torch.nn.Module, Any]:
+    """A throw-away deep copy of ``model`` and an optimizer of the config's for it (one step per
+    epoch), for measurements that take a real optimizer step (`mlhpc.perf.memory_breakdown`)
+    without touching the run's weights or optimizer state."""
+    scratch = copy.deepcopy(model)
+    optimizer, _ = job.workload.build_optimizer(scratch, job.config, 1)
+    return scratch, optimizer
 
 
 def check_sample(job: Job, model: torch.nn.Module, train_ds: Dataset, loss_fn: Any,

@@ -7,12 +7,12 @@ a process group: ``torchrun --nproc-per-node 1`` gives a one-rank group), under 
 forward, backward, optimizer; DDP's communication shows up in the operator table as
 ``gloo``/``nccl`` kernels), the memory breakdown (parameters, gradients, optimizer state,
 activations saved for backward; `mlhpc.perf`), and writes a Chrome trace that chrome://tracing
-and Perfetto open.
+and Perfetto open (by default ``<output.dir>/profile/<workload>-trace.json``, `default_trace`).
+The model, loaders, optimizer and step are those of a run: `mlhpc.assemble.build` makes them.
 """
 
 from __future__ import annotations
 
-import copy
 import os
 import time
 from contextlib import contextmanager
@@ -24,13 +24,13 @@ import torch
 from torch.profiler import ProfilerActivity, record_function
 from torch.utils.data import DataLoader
 
-from mlhpc import outdir, perf, runtime
+from mlhpc import assemble, outdir, perf, runtime
 from mlhpc.config import Config
 from mlhpc.errors import ConfigError, OutputError
 from mlhpc.data.embedded import ensure_data
-from mlhpc.data.loader import batch_len, device_transform, make_loader, to_device
+from mlhpc.data.loader import device_transform, to_device
 from mlhpc.runtime import Runtime
-from mlhpc.step import Step, compile_mode, precision, train_step, wrap_model
+from mlhpc.step import Step, compile_mode, train_step
 from mlhpc.train import local_batch_size
 from mlhpc.workload import get as get_workload
 
@@ -72,15 +72,19 @@ def profile(config: Config, steps: int = 5, warmup: int = 2, trace_path: Path | 
         DataError: as `mlhpc.train.run`.
         OutputError: the trace file's folder cannot be written (checked before any step runs)
             or the trace cannot be written (no partial file is left).
+
+    The Chrome trace goes to ``trace_path``, by default `default_trace` (under the config's
+    ``output.dir``); `ProfileResult.trace` names the file written.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
         raise ConfigError(f"profile --steps {steps}: must be an integer from 1 to {MAX_STEPS}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or not 0 <= warmup <= MAX_STEPS:
         raise ConfigError(f"profile --warmup {warmup}: must be an integer from 0 to {MAX_STEPS}")
-    trace = Path(trace_path or f"profile-{config.workload}.json")
+    trace = Path(trace_path) if trace_path is not None else default_trace(config)
     if trace.is_dir():
         raise OutputError(f"--trace {trace}: is a folder; give a file name")
-    outdir.check_output_dir(trace.parent if str(trace.parent) else Path("."), key="--trace folder")
+    outdir.check_output_dir(trace.parent if str(trace.parent) else Path("."),
+                            key="--trace folder" if trace_path is not None else "output.dir")
     rt = runtime.detect(device=config.train.device)
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
@@ -88,23 +92,23 @@ def profile(config: Config, steps: int = 5, warmup: int = 2, trace_path: Path | 
         return _profile(config, rt, steps, warmup, trace, top)
 
 
+def default_trace(config: Config) -> Path:
+    """Where the trace goes without ``--trace``: ``<output.dir>/profile/<workload>-trace.json``,
+    beside the config's runs, never the current folder."""
+    return Path(config.output.dir) / "profile" / f"{config.workload}-trace.json"
+
+
 def _profile(config: Config, rt: Runtime, steps: int, warmup: int, trace_path: Path | None,
              top: int) -> ProfileResult:  # 6: profile's arguments and the runtime
-    workload = get_workload(config.workload)
-    ensure_data(config, workload, rt)
+    job = assemble.tool_job(config, get_workload(config.workload), rt)
+    ensure_data(config, job.workload, rt)
     lbs = local_batch_size(config, rt)
-    train_ds, _ = workload.build_datasets(config, rt, Path(config.data.path))
-    torch.manual_seed(config.train.seed)
-    model = workload.build_model(config.model).to(rt.device)
-    loader = make_loader(train_ds, lbs, shuffle=True, drop_last=True,
-                         num_workers=config.data.num_workers, device=rt.device)
-    decode = device_transform(train_ds)
-    optimizer, scheduler = workload.build_optimizer(model, config, max(1, len(loader)))
-    step = Step(wrap_model(model, rt, config.train.compile), workload.build_loss(config), optimizer,
-                scheduler, precision(config.train.amp, rt.device), rt.device)
+    parts = assemble.build(job, None, lbs)  # the run's parts: model, loaders, optimizer, step
+    step, loader = parts.step, parts.train_loader
+    decode = device_transform(parts.train_ds)
     x0, y0 = to_device(next(iter(loader)), rt.device, decode)
-    flops = perf.count_flops_on_meta(model, x0, step.loss_fn, y0, batch_len(train_ds, x0))
-    memory = _memory(workload, config, model, x0, y0, step.loss_fn)
+    scratch, scratch_opt = assemble.scratch_copy(job, parts.model)
+    memory = perf.memory_breakdown(scratch, scratch_opt, x0, step.loss_fn, y0)
 
     timer = _PhaseTimer(rt.device)
     step.model.train()
@@ -122,7 +126,7 @@ def _profile(config: Config, rt: Runtime, steps: int, warmup: int, trace_path: P
         steps=steps, local_batch_size=lbs,
         phase_ms={k: v * 1e3 / steps for k, v in timer.seconds.items()},
         operators=_operators(prof, steps, rt.device, top), memory=memory.to_dict(),
-        flops=flops.to_dict(), trace=str(trace), samples_per_s=steps * lbs / wall if wall else 0.0,
+        flops=parts.flops.to_dict(), trace=str(trace), samples_per_s=steps * lbs / wall if wall else 0.0,
         distributed=rt.distributed, precision=step.precision,
         compile=compile_mode(config.train.compile),
         notes=["phase times include profiler overhead; the operator table is per step"])
@@ -141,14 +145,6 @@ def _write_trace(prof: Any, trace: Path) -> Path:
         tmp.unlink(missing_ok=True)
         raise OutputError(f"--trace {trace}: cannot write the trace ({exc.strerror or exc})") from None
     return trace
-
-
-def _memory(workload: Any, config: Config, model: torch.nn.Module, x: torch.Tensor,
-            y: torch.Tensor, loss_fn: Any) -> perf.MemoryBreakdown:  # 6: what the breakdown reads
-    """`perf.memory_breakdown` on a copy of the model with its own optimizer."""
-    scratch = copy.deepcopy(model)
-    scratch_opt, _ = workload.build_optimizer(scratch, config, 1)
-    return perf.memory_breakdown(scratch, scratch_opt, x, loss_fn, y)
 
 
 class _PhaseTimer:

@@ -7,6 +7,7 @@ import pytest
 
 import torch
 
+from mlhpc import assemble
 from mlhpc import config as cfg
 from mlhpc import profile as profile_module
 from mlhpc import runtime
@@ -44,7 +45,7 @@ def test_profile_runs_the_training_step_with_ddp_and_amp(tmp_path, repo, tiny_da
         return real_step(step, x, y, last_micro, phase)
 
     monkeypatch.setattr(profile_module, "train_step", spy)
-    monkeypatch.setattr(profile_module, "precision", lambda amp, device: "bf16" if amp else "fp32")
+    monkeypatch.setattr(assemble, "precision", lambda amp, device: "bf16" if amp else "fp32")
     monkeypatch.setattr(runtime.Runtime, "distributed", property(lambda self: True))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -79,3 +80,26 @@ def test_profile_bad_arguments_are_one_line(tmp_path, repo, args, fragment):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in proc.stderr
     assert "trace:" not in proc.stdout and not (tmp_path / "data").exists()
+
+
+def test_profile_writes_its_trace_under_the_results_folder_unless_told(tmp_path, repo, tiny_data):
+    """Without --trace the Chrome trace goes to <output.dir>/profile/<workload>-trace.json, never
+    the current folder, and the command says where; --trace PATH puts it at PATH."""
+    sets = [a for o in tuple(v for v in TINY if v != "--set") + (
+        f"data.path={tiny_data}", f"output.dir={tmp_path / 'results'}",
+        "data.synthesize_if_missing=false") for a in ("--set", o)]
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    cmd = [sys.executable, "-m", "mlhpc", "profile", str(repo / "configs" / "cosmoflow-mini.yaml"),
+           "--steps", "1", "--warmup", "0", *sets]
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    default = tmp_path / "results" / "profile" / "cosmoflow-trace.json"
+    assert json.loads(default.read_text())["traceEvents"]
+    assert not list(cwd.iterdir()), list(cwd.iterdir())  # nothing in the current folder
+    assert f"trace: {default} " in " ".join(proc.stdout.split())
+    chosen = tmp_path / "elsewhere" / "t.json"
+    proc = subprocess.run(cmd + ["--trace", str(chosen)], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(chosen.read_text())["traceEvents"] and f"trace: {chosen} " in " ".join(proc.stdout.split())
