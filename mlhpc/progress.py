@@ -10,7 +10,99 @@ a file (a Slurm log), at the same cadence (a ``step N/M`` line every ``train.log
 from __future__ import annotations
 
 import sys
-from typing import Any
+import time
+from typing import IO, Any
+
+#: The longest a log file (not a terminal) goes without a synthesis line, in seconds.
+LOG_INTERVAL_S = 5.0
+
+
+def size_text(n_bytes: float) -> str:
+    """``n_bytes`` for people: ``"4.83 GB"``, ``"12.4 MB"``, ``"56 kB"`` (powers of 1000)."""
+    if n_bytes >= 1e9:
+        return f"{n_bytes / 1e9:.2f} GB"
+    if n_bytes >= 1e6:
+        return f"{n_bytes / 1e6:.1f} MB"
+    return f"{n_bytes / 1e3:.0f} kB"
+
+
+class SynthLines:
+    """The synthesis events of `mlhpc.data.embedded.SynthWatch` for people: before the first
+    sample, one line with the samples, the estimated bytes and the folder (and, for a gigabyte
+    or more, that it writes gigabytes); then a rich bar on a terminal, or in a log file a
+    ``synth N/M samples, bytes, elapsed, left`` line every `LOG_INTERVAL_S` seconds or tenth of
+    the samples, whichever comes first, and one at the end. ``note``, if given, is printed
+    before the first line."""
+
+    def __init__(self, stream: IO[str], note: str | None = None) -> None:
+        self.stream, self.note = stream, note
+        self.tty = stream.isatty()
+        self.bar: Any = None
+        self.task: Any = None
+        self.last_line = 0.0
+        self.last_done = 0
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if event["kind"] == "synth_plan":
+            self.plan(event)
+        elif event["kind"] == "synth_progress":
+            self.progress(event)
+
+    def plan(self, event: dict[str, Any]) -> None:
+        size = (f"about {size_text(event['bytes'])}" if event.get("bytes") is not None
+                else "size known once written")
+        if self.note:  # said once writing starts, never before an error
+            self._print(self.note)
+        what = f"{event['samples']} samples" if event.get("samples") is not None else "the dataset"
+        self._print(f"writing {what} ({size}) into {event['path']}")
+        if (event.get("bytes") or 0) >= 1e9:
+            self._print(f"note: this writes {size_text(event['bytes'])}; check that the file "
+                        "system holds it (interrupted, it resumes where it stopped)")
+        self.last_line = time.monotonic()
+        if self.tty:
+            from rich.console import Console
+            from rich.progress import Progress
+
+            self.bar = Progress(transient=True, console=Console(file=self.stream))
+            self.bar.start()
+            self.task = self.bar.add_task("synthesising", total=event["samples"] or None)
+
+    def progress(self, event: dict[str, Any]) -> None:
+        done, total = event.get("done"), event.get("samples")
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done or 0,
+                            description=f"synthesising ({size_text(event['bytes'])})")
+            return
+        now = time.monotonic()
+        tenth = max(1, -(-(total or 0) // 10))
+        final = total is not None and done == total and self.last_done != total
+        if not (final or now - self.last_line >= LOG_INTERVAL_S
+                or (done is not None and done - self.last_done >= tenth)):
+            return
+        self.last_line, self.last_done = now, done or 0
+        self._print(self.line(event))
+
+    @staticmethod
+    def line(event: dict[str, Any]) -> str:
+        """``  synth 12/80 samples, 0.72 GB of about 4.83 GB, 36 s, about 204 s left``."""
+        parts = [f"  synth {event['done']}/{event['samples']} samples"] if event.get("samples") \
+            else ["  synth"]
+        planned = event.get("planned_bytes")
+        if planned or event["bytes"]:  # nothing for a workload writing elsewhere first
+            parts.append(size_text(event["bytes"]) + (f" of about {size_text(planned)}"
+                                                       if planned else " written"))
+        parts.append(f"{event['elapsed_s']:.0f} s")
+        if event.get("eta_s") is not None:
+            parts.append(f"about {event['eta_s']:.0f} s left")
+        return ", ".join(parts)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
 
 
 class RunProgress:
@@ -21,6 +113,7 @@ class RunProgress:
 
         self.console = Console(stderr=False)
         self.tty = sys.stdout.isatty()
+        self.synth = SynthLines(sys.stdout)
 
     def __call__(self, event: dict[str, Any]) -> None:
         kind = event["kind"]
@@ -47,7 +140,10 @@ class RunProgress:
                     + " samples" if counts else "its synth section's samples")
             self._line(f"synthesising the embedded {event['workload']} dataset ({size}) into "
                        f"{event['path']} (folder {event['state']}); made once, reused by later runs")
+        elif kind in ("synth_plan", "synth_progress"):
+            self.synth(event)
         elif kind == "synthesised":
+            self.synth.close()
             self._line(f"synthesised {event['path']} in {event['seconds']:.1f} s")
 
     def _line(self, line: str) -> None:

@@ -91,37 +91,92 @@ def _listed(tools: DataTools, root: Path, form: str, report: CheckReport) -> dic
     return split_of
 
 
+def _count(split: SplitReport, path: Path, found: Any) -> None:
+    """Add one file's `FileCheck` (or its bad-file message) to its split's report."""
+    split.files += 1
+    if isinstance(found, str):
+        split.bad.append(found)
+        return
+    split.samples += found.samples
+    split.bytes += found.bytes
+    if split.sample_shape is None:
+        split.sample_shape, split.dtype = tuple(found.sample_shape), found.dtype
+    elif (tuple(found.sample_shape), found.dtype) != (split.sample_shape, split.dtype):
+        split.bad.append(f"{path}: samples of shape {tuple(found.sample_shape)} "
+                         f"{found.dtype}; expected {split.sample_shape} {split.dtype} "
+                         f"like the rest of the split")
+
+
+def resembles(workload: Any, root: Path, others: list[Any] | None = None) -> str | None:
+    """The name of the first workload among ``others`` (default: every registered one but
+    ``workload``) whose data tools recognise ``root``: its split folders are there, their form
+    is detected, and the first file of each passes its quick check. None when none does.
+    Used to say "this folder holds another workload's data" instead of one error per file."""
+    if others is None:
+        from mlhpc.errors import ConfigError
+        from mlhpc.workload import get, names
+
+        others = []
+        for name in names():
+            try:
+                others.append(get(name))
+            except ConfigError:  # a broken entry point recognises nothing
+                continue
+    for other in others:
+        tools = getattr(other, "data_tools", None)
+        if tools is None or other.name == workload.name:
+            continue
+        try:
+            form = detect(tools, root)
+            firsts = [list_split(tools, root, split, form)[0] for split in split_dirs(tools, root)]
+        except (DataError, OSError, ValueError):
+            continue
+        if not any(isinstance(_check_one(tools, path, form, False)[1], str) for path in firsts):
+            return other.name
+    return None
+
+
+def _not_theirs(workload: Any, root: Path) -> None:
+    """Raises DataError (one line) when ``root`` holds another workload's data (`resembles`)."""
+    found = resembles(workload, root)
+    if found is not None:
+        raise DataError(f"{root} looks like {found} data, not {workload.name}: try mlhpc data "
+                        f"check {found} {root}")
+
+
 def check(workload: Any, root: Path, *, full: bool = False, fmt: str = "auto", workers: int = 1,
           on_progress: ProgressFn | None = None) -> CheckReport:
     """Verify every file under the split folders of ``root`` at the depth ``full`` asks (see the
     module docstring); bad files are collected in the report, not raised.
 
+    A folder that ``workload``'s tools cannot read (no split or form found, the first file of
+    every split bad, or most files bad) but another registered workload's can (`resembles`) is
+    one error naming that workload.
+
     Raises:
-        DataError: the folder or a split is missing, its form cannot be told, or a split is empty.
+        DataError: the folder or a split is missing, its form cannot be told, a split is empty,
+            or it holds another workload's data.
     """
     tools = tools_of(workload)
     root = Path(root)
-    form = detect(tools, root, fmt)
     progress = on_progress or (lambda event: None)
-    report = CheckReport(str(root), form, full, {})
-    split_of = _listed(tools, root, form, report)
+    try:
+        form = detect(tools, root, fmt)
+        report = CheckReport(str(root), form, full, {})
+        split_of = _listed(tools, root, form, report)
+    except DataError:
+        _not_theirs(workload, root)
+        raise
+    firsts = {split: path for path, split in reversed(split_of.items())}
+    if all(isinstance(_check_one(tools, p, form, False)[1], str) for p in firsts.values()):
+        _not_theirs(workload, root)
     jobs = [(tools, path, form, full) for path in split_of]
     progress({"kind": "start", "what": "check", "files": len(jobs)})
     for done, (path, found) in enumerate(run_all(_check_one, jobs, workers), 1):
-        split = report.splits[split_of[path]]
-        split.files += 1
-        if isinstance(found, str):
-            split.bad.append(found)
-        else:
-            split.samples += found.samples
-            split.bytes += found.bytes
-            if split.sample_shape is None:
-                split.sample_shape, split.dtype = tuple(found.sample_shape), found.dtype
-            elif (tuple(found.sample_shape), found.dtype) != (split.sample_shape, split.dtype):
-                split.bad.append(f"{path}: samples of shape {tuple(found.sample_shape)} "
-                                 f"{found.dtype}; expected {split.sample_shape} {split.dtype} "
-                                 f"like the rest of the split")
+        _count(report.splits[split_of[path]], path, found)
         progress({"kind": "file", "done": done, "files": len(jobs), "path": str(path)})
+    if 2 * sum(len(split.bad) for split in report.splits.values()) > len(jobs):
+        _not_theirs(workload, root)
     for split in report.splits.values():
         split.bad.sort()
     return report

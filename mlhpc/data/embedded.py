@@ -23,14 +23,16 @@ writer is completed.
 from __future__ import annotations
 
 import fcntl
+import inspect
 import json
 import os
 import re
 import shutil
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from mlhpc.config import SEED_MAX
 from mlhpc.data.files import is_part_file
@@ -51,6 +53,112 @@ MARKER_FORMAT = 1
 PARTIAL_FILE = re.compile(r"^\..+(\.part|\.tmp-\d+)$")
 #: Synth settings that change how fast data are written, not which bytes.
 NOT_CONTENT = frozenset({"workers"})
+#: The longest a synthesis goes without a ``synth_progress`` event, in seconds.
+TICK_S = 1.0
+
+ProgressFn = Callable[[dict[str, Any]], None]
+
+
+class SynthWatch:
+    """What a running synthesis has done, told to ``on_progress`` (None: nothing is watched).
+
+    A workload's ``synthesize`` may take a keyword ``progress`` (a callable of one dict): it
+    calls it with ``{"kind": "plan", "samples": n, "bytes": b}`` before it writes its first
+    sample (``n`` samples about to be written, ``b`` their estimated size in bytes, or None),
+    then with ``{"kind": "done", "samples": k}`` each time ``k`` more are written. A workload
+    without it is watched through the bytes under its output folder alone. A thread reports at
+    least every `TICK_S` seconds, so a slow sample never leaves a log silent.
+
+    Events: ``{"kind": "synth_plan", "path", "samples", "bytes"}``, then ``{"kind":
+    "synth_progress", "path", "done", "samples", "bytes" (on disk now), "planned_bytes",
+    "elapsed_s", "eta_s"}``; ``done``, ``samples``, ``planned_bytes`` and ``eta_s`` are None
+    where the workload reports nothing to base them on.
+    """
+
+    def __init__(self, folder: Path, path: Path, on_progress: ProgressFn | None) -> None:
+        self.folder, self.path, self.emit = Path(folder), Path(path), on_progress
+        self.samples: int | None = None
+        self.planned_bytes: int | None = None
+        self.done: int | None = None
+        self.start = time.monotonic()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "SynthWatch":
+        if self.emit is not None:
+            self._thread = threading.Thread(target=self._tick, name="mlhpc-synth-progress",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def run(self, synthesize: Callable[..., None], synth: Any, seed: int) -> None:
+        """``synthesize(folder, synth, seed)``, with ``progress=`` where it takes one."""
+        try:
+            takes = "progress" in inspect.signature(synthesize).parameters
+        except (TypeError, ValueError):
+            takes = False
+        if self.emit is not None and takes:
+            synthesize(self.folder, synth, seed, progress=self.workload_event)
+            return
+        self._emit({"kind": "synth_plan", "path": str(self.path.absolute()), "samples": None,
+                    "bytes": None})
+        synthesize(self.folder, synth, seed)
+
+    def workload_event(self, event: dict[str, Any]) -> None:
+        """The workload's ``progress`` callback (see the class docstring)."""
+        with self._lock:
+            if event.get("kind") == "plan":
+                self.samples, self.done = int(event["samples"]), 0
+                self.planned_bytes = event.get("bytes")
+                self.start = time.monotonic()  # rates from here: set-up before is not writing
+                self._emit({"kind": "synth_plan", "path": str(self.path.absolute()),
+                            "samples": self.samples, "bytes": self.planned_bytes})
+                return
+            if event.get("kind") == "done":
+                self.done = (self.done or 0) + int(event.get("samples", 1))
+        self.report()
+
+    def report(self) -> None:
+        """One ``synth_progress`` event: samples done, bytes on disk, elapsed, remaining."""
+        with self._lock:
+            elapsed_s = time.monotonic() - self.start
+            written = _bytes_under(self.folder)
+            eta_s = None
+            if self.samples is not None:  # from the samples written, once there are some
+                eta_s = elapsed_s * (self.samples - self.done) / self.done if self.done else None
+            elif self.planned_bytes and written:
+                eta_s = max(0.0, elapsed_s * (self.planned_bytes - written) / written)
+            self._emit({"kind": "synth_progress", "path": str(self.path.absolute()), "done": self.done,
+                        "samples": self.samples, "bytes": written,
+                        "planned_bytes": self.planned_bytes, "elapsed_s": elapsed_s,
+                        "eta_s": eta_s})
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        if self.emit is not None:
+            self.emit(event)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(TICK_S):
+            self.report()
+
+
+def _bytes_under(folder: Path) -> int:
+    """Bytes of the files under ``folder`` now (links not followed; files that vanish while
+    counted, such as a renamed temporary, are skipped)."""
+    total = 0
+    for top, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(top, name)).st_size
+            except OSError:
+                continue
+    return total
 
 
 def staging_folder(path: Path) -> Path:
@@ -175,9 +283,14 @@ def _remove(path: Path) -> None:
     shutil.rmtree(aside)
 
 
-def synthesize(path: Path, workload: "Workload", synth: Any, seed: int) -> bool:
+def synthesize(path: Path, workload: "Workload", synth: Any, seed: int,
+               on_progress: ProgressFn | None = None) -> bool:
     """Make ``path`` a complete embedded dataset of ``workload`` (synth settings ``synth``, seed
     ``seed``), marked as such. Used by `ensure_data` and ``mlhpc data synth``.
+
+    ``on_progress`` receives the events of `SynthWatch` (``synth_plan`` before the first sample
+    is written, then ``synth_progress`` at least every `TICK_S` seconds and after each batch of
+    samples the workload reports) while anything is written.
 
     Nothing is done to a folder whose marker agrees with its files and with these settings. A
     marked folder whose files disagree with its marker is synthesised again from nothing. An
@@ -201,7 +314,7 @@ def synthesize(path: Path, workload: "Workload", synth: Any, seed: int) -> bool:
         with _lock(path):
             if not _needs_synthesis(path, wanted):
                 return False
-            _synthesize_into_place(path, workload, synth, seed, wanted)
+            _synthesize_into_place(path, workload, synth, seed, wanted, on_progress)
     except OSError as exc:
         where = exc.filename or path
         raise DataError(f"{where}: cannot write the synthetic dataset "
@@ -232,7 +345,7 @@ def _needs_synthesis(path: Path, wanted: dict[str, Any]) -> bool:
 
 
 def _synthesize_into_place(path: Path, workload: "Workload", synth: Any, seed: int,
-                           wanted: dict[str, Any]) -> None:
+                           wanted: dict[str, Any], on_progress: ProgressFn | None) -> None:
     """Write the dataset in the hidden staging folder beside ``path`` (completing an unmarked
     ``path`` moved there, or an interrupted synthesis with the same settings), mark it, and
     rename it to ``path``. Called under `_lock`; OSError propagates."""
@@ -250,7 +363,8 @@ def _synthesize_into_place(path: Path, workload: "Workload", synth: Any, seed: i
     for leftover in _partial_files(tmp):
         leftover.unlink()
     try:
-        workload.synthesize(tmp, synth, seed)
+        with SynthWatch(tmp, path, on_progress) as watch:
+            watch.run(workload.synthesize, synth, seed)
     except BaseException:
         if adopted and not path.exists():  # give the folder back where it was
             (tmp / INTENT).unlink(missing_ok=True)
@@ -306,13 +420,15 @@ def describe(path: Path) -> str:
     return "unmarked"
 
 
-def ensure_data(config: "Config", workload: "Workload", rt: "Runtime") -> float:
+def ensure_data(config: "Config", workload: "Workload", rt: "Runtime",
+                on_progress: ProgressFn | None = None) -> float:
     """Make sure ``config.data.path`` holds a complete dataset before anything reads it;
     synthesise the embedded one when it is missing, was interrupted, or (mlhpc's own) no longer
     matches its completion marker, and ``data.synthesize_if_missing`` allows it.
 
-    Rank 0 writes; every rank first looks, then waits, then checks the result. A folder without
-    a marker that holds data (a real dataset) is used as it is.
+    Rank 0 writes (telling ``on_progress`` what it does: `SynthWatch`); every rank first
+    looks, then waits, then checks the result. A folder without a marker that holds data (a real
+    dataset) is used as it is.
 
     Returns:
         Seconds spent synthesising (0.0 when the data were there).
@@ -351,8 +467,14 @@ def ensure_data(config: "Config", workload: "Workload", rt: "Runtime") -> float:
             raise DataError(f"{path}: {reason}; set data.synthesize_if_missing: true to "
                             "synthesise it, or data.path")
         if rt.is_main:
-            synthesize(path, workload, config.synth, config.data.synth_seed)
+            synthesize(path, workload, config.synth, config.data.synth_seed, on_progress)
         runtime.barrier(rt)
+    _require_splits(path, workload, state)
+    return time.perf_counter() - start if work else 0.0
+
+
+def _require_splits(path: Path, workload: "Workload", state: str) -> None:
+    """Raises DataError when a split folder of ``path`` is missing or holds no data file."""
     for split in splits_of(getattr(workload, "data_tools", None)):
         folder = path / split
         if not folder.is_dir() or not any(p.is_file() and not is_partial_file(p)
@@ -364,4 +486,3 @@ def ensure_data(config: "Config", workload: "Workload", rt: "Runtime") -> float:
             names = " and ".join(f"{s}/" for s in splits_of(getattr(workload, "data_tools", None)))
             raise DataError(f"{folder}: dataset folder is missing or empty "
                             f"(expected {names} with data files){hint}")
-    return time.perf_counter() - start if work else 0.0

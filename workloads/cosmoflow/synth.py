@@ -412,7 +412,7 @@ def _run_task(task: tuple[Path, SynthConfig, int, str, int, int]) -> None:
     _write_file(*task)
 
 
-def synthesize(out_dir: Path, cfg: SynthConfig, seed: int) -> None:
+def synthesize(out_dir: Path, cfg: SynthConfig, seed: int, progress: Any = None) -> None:
     """Write the embedded CosmoFlow dataset under ``out_dir`` in the official layout.
 
     Layout: ``out_dir/train/univ_NNNNNN.h5`` and ``out_dir/validation/univ_NNNNNN.h5``
@@ -422,6 +422,10 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int) -> None:
     ``out_dir/synth.json`` records the seed and generator settings. Files already present are
     kept, so a re-run (or a larger ``train_samples``) writes only what is missing. Work is
     spread over a process pool; the bytes written do not depend on it.
+
+    ``progress`` (optional, the harness's `mlhpc.data.embedded.SynthWatch` protocol) hears
+    ``{"kind": "plan", "samples", "bytes"}`` before the first file is written (bytes estimated
+    by `estimated_bytes`) and ``{"kind": "done", "samples": k}`` after each file.
 
     Raises:
         DataError: ``out_dir`` holds a dataset synthesised with another seed or other settings
@@ -458,7 +462,22 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int) -> None:
                     tasks.append((path, cfg, seed, split, first, count))
     except OSError as exc:
         raise DataError(f"{out_dir}: cannot write the synthetic dataset ({exc.strerror or exc})") from None
-    _execute(tasks, cfg.workers)
+    if progress is not None:
+        progress({"kind": "plan", "samples": sum(task[-1] for task in tasks),
+                  "bytes": estimated_bytes(cfg, [task[-1] for task in tasks])})
+    _execute(tasks, cfg.workers, progress)
+
+
+#: HDF5 header, dataset headers and attributes of one file, in bytes (measured with h5py 3 on
+#: files of 8^3 and 16^3 cubes: 10,240 bytes beside the counts and parameters).
+FILE_OVERHEAD_BYTES = 10_240
+
+
+def estimated_bytes(cfg: SynthConfig, file_samples: list[int]) -> int:
+    """Bytes that files holding ``file_samples`` samples each take: int16 ``(S, S, S, 4)``
+    counts and two float32 ``(4,)`` vectors per sample plus `FILE_OVERHEAD_BYTES` per file."""
+    per_sample = cfg.cube_size ** 3 * 4 * 2 + 2 * 4 * 4
+    return sum(n * per_sample + FILE_OVERHEAD_BYTES for n in file_samples)
 
 
 def _usable_cpus() -> int:
@@ -468,12 +487,14 @@ def _usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _execute(tasks: list, workers: int) -> None:
+def _execute(tasks: list, workers: int, progress: Any = None) -> None:
     workers = min(workers or _usable_cpus(), len(tasks))
+    done = progress or (lambda event: None)
     try:
         if workers <= 1 or len(tasks) < 4:
             for task in tasks:
                 _run_task(task)
+                done({"kind": "done", "samples": task[-1]})
             return
         import multiprocessing
 
@@ -481,8 +502,8 @@ def _execute(tasks: list, workers: int) -> None:
         context = multiprocessing.get_context("spawn")
         chunk = max(1, len(tasks) // (8 * workers))
         with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            for _ in pool.map(_run_task, tasks, chunksize=chunk):
-                pass
+            for task, _ in zip(tasks, pool.map(_run_task, tasks, chunksize=chunk)):
+                done({"kind": "done", "samples": task[-1]})
     except OSError as exc:
         raise DataError(f"{tasks[0][0].parent}: cannot write the synthetic dataset "
                         f"({exc.strerror or exc})") from None

@@ -177,15 +177,24 @@ def _base_job(job: tuple[SynthConfig, tuple[str, str, str, str]]) -> Any:
     return relaxed_base(*job)
 
 
-def _map(fn: Any, jobs: list[Any], workers: int, init: tuple[Any, ...] | None = None) -> list[Any]:
-    """``[fn(j) for j in jobs]`` in order, in ``workers`` forked processes (1: here)."""
+def _map(fn: Any, jobs: list[Any], workers: int, init: tuple[Any, ...] | None = None,
+         done: Any = None) -> list[Any]:
+    """``[fn(j) for j in jobs]`` in order, in ``workers`` forked processes (1: here); ``done``
+    (optional) is called with no argument after each result arrives."""
+    tick = done or (lambda: None)
     if workers <= 1 or len(jobs) < 2:
         if init:
             _init_worker(*init)
-        return [fn(job) for job in jobs]
+        return [_then(fn(job), tick) for job in jobs]
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(workers, initializer=_init_worker if init else None, initargs=init or ()) as pool:
-        return pool.map(fn, jobs, chunksize=max(1, len(jobs) // (8 * workers)))
+        return [_then(result, tick) for result in
+                pool.imap(fn, jobs, chunksize=max(1, len(jobs) // (8 * workers)))]
+
+
+def _then(result: Any, tick: Any) -> Any:
+    tick()
+    return result
 
 
 def _write_split(folder: Path, records: list[dict[str, Any]], files: int) -> None:
@@ -194,12 +203,15 @@ def _write_split(folder: Path, records: list[dict[str, Any]], files: int) -> Non
         lmdb_io.write_lmdb(folder / f"data.{number:04d}.lmdb", [records[i] for i in chunk])
 
 
-def synthesize(out_dir: Path, cfg: SynthConfig, seed: int) -> None:
+def synthesize(out_dir: Path, cfg: SynthConfig, seed: int, progress: Any = None) -> None:
     """Write the embedded OC20 mini dataset under ``out_dir`` (layout in the module docstring).
 
     Complete or absent: everything is written into a hidden folder beside ``out_dir`` and
     renamed into place, the whole ``out_dir`` when it does not exist, else each split folder
-    that ``out_dir`` lacks (split folders already there are kept as they are).
+    that ``out_dir`` lacks (split folders already there are kept as they are). ``progress``
+    (optional, the harness's `mlhpc.data.embedded.SynthWatch` protocol) hears ``{"kind":
+    "plan", "samples", "bytes": None}`` (the size depends on the structures drawn) before the
+    bases are relaxed and ``{"kind": "done", "samples": 1}`` after each structure.
 
     Raises:
         DataError: an unknown metal, adsorbate or facet, or ``out_dir`` cannot be written.
@@ -210,12 +222,16 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int) -> None:
     if not missing:
         return
     tmp = out_dir.parent / f".{out_dir.name}.oc20-synth-{os.getpid()}"
+    counts = {s: cfg.train_samples if s == TRAIN_DIR else cfg.validation_samples for s in missing}
+    tell = progress or (lambda event: None)
+    tell({"kind": "plan", "samples": sum(counts.values()), "bytes": None})
     try:
         bases = _map(_base_job, [(cfg, key) for key in base_keys(cfg)], cfg.workers)
         for split in missing:
-            count = cfg.train_samples if split == TRAIN_DIR else cfg.validation_samples
+            count = counts[split]
             records = _map(_sample_job, [(split, i) for i in range(count)], cfg.workers,
-                           init=(cfg, bases, seed))
+                           init=(cfg, bases, seed),
+                           done=lambda: tell({"kind": "done", "samples": 1}))
             _write_split(tmp / split, records, min(cfg.files_per_split, count))
         if out_dir.exists():
             for split in missing:
