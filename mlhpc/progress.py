@@ -9,6 +9,7 @@ a file (a Slurm log), at the same cadence (a ``step N/M`` line every ``train.log
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import IO, Any
@@ -105,6 +106,17 @@ class SynthLines:
         print(line, file=self.stream, flush=True)
 
 
+def where_line(name: str, key: str, event: dict[str, Any]) -> str:
+    """``data: /abs/path``, saying when the config's value (``key``) was relative and so was
+    resolved against the current folder (not the config file's)."""
+    field = "data" if name == "data" else "output"
+    given = event[f"{field}_given"]
+    line = f"{name}: {event[field]}"
+    if not given.startswith("/"):
+        line += f" ({key} {given} is relative: resolved against the current folder {event['cwd']})"
+    return line
+
+
 class RunProgress:
     """Progress for `mlhpc run`: a rich live line on a terminal, plain lines otherwise (Slurm)."""
 
@@ -117,9 +129,12 @@ class RunProgress:
 
     def __call__(self, event: dict[str, Any]) -> None:
         kind = event["kind"]
-        if kind == "start":
+        if kind == "where":
+            for name, key in (("data", "data.path"), ("results", "output.dir")):
+                self._line(where_line(name, key, event))
+        elif kind == "start":
             self.console.print(f"[bold]mlhpc run[/bold] {event['workload']}: logging to "
-                               f"{event['result_file']}", highlight=False)
+                               f"{os.path.abspath(event['result_file'])}", highlight=False)
         elif kind == "epoch":
             reached = "  target reached" if event["reached"] else ""
             if event.get("instance") is not None:

@@ -93,12 +93,23 @@ def run(config: Config | None, *, on_progress: ProgressFn | None = None,
     outdir.check_output_dir(config.output.dir)  # before anything is written (OutputError)
     workload = get_workload(config.workload)
     world = runtime.detect(device=config.train.device)
+    if world.is_main and on_progress is not None:  # first thing: where data and results go
+        on_progress(_where(config))
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
     with runtime.process_group(world):
         result = _run_instance(Job(config, workload, world, world, None, resume,
                                    on_progress or (lambda event: None)))
         return agree(result, world)  # rank 0 has written every file; no rank exits before
+
+
+def _where(config: Config) -> dict[str, Any]:
+    """The ``where`` event: ``data`` and ``output`` as absolute paths, each with the value the
+    config gave (``*_given``), and ``cwd``, the folder a relative one was resolved against."""
+    data, output = Path(config.data.path), Path(config.output.dir)
+    return {"kind": "where", "data": str(data.absolute()), "data_given": str(data),
+            "output": str(output.absolute()), "output_given": str(output),
+            "cwd": str(Path.cwd())}
 
 
 def stage_only(config: Config) -> tuple[staging.StagingResult | None, bool]:
@@ -189,7 +200,7 @@ def _ensure_source(job: Job) -> float:
                       "workload": job.workload.name,
                       "samples": {k: v for k, v in (synth.model_dump() if synth is not None else {}).items()
                                   if k.endswith("_samples")}})
-    seconds = embedded.ensure_data(config, job.workload, world)
+    seconds = embedded.ensure_data(config, job.workload, world, job.progress)
     if world.is_main and seconds > 0:
         job.progress({"kind": "synthesised", "path": str(config.data.path), "seconds": seconds})
     return seconds
