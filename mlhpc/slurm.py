@@ -154,7 +154,8 @@ def _values(job: SbatchJob, layout: _Layout, config: Path, seeds: list[int],
     """The template's values for a checked job (`render_template`'s rules)."""
     out = Path(job.output_dir).expanduser().absolute()
     where = Path(job.workdir).expanduser().absolute() if job.workdir is not None else Path.cwd()
-    head = _srun(layout, job.mpi) + [job.python or sys.executable, "-m", "mlhpc", "run", str(config)]
+    python = job.python or sys.executable
+    head = _srun(layout, job.mpi) + [python, "-m", "mlhpc", "run", str(config)]
     user_seed = any(text.split("=", 1)[0].strip() == "train.seed" for text in job.overrides)
     # Slurm reads "%" in an --output path as a pattern, and a "\\" anywhere turns every pattern
     # off (%j included): such folders, and those sbatch cannot quote, get the log from the body.
@@ -179,6 +180,10 @@ def _values(job: SbatchJob, layout: _Layout, config: Path, seeds: list[int],
         "exports": [Verbatim(f"export {key}={shlex.quote(str(value))}") for key, value in sorted(env.items())],
         "seeds": Verbatim(" ".join(str(s) for s in seeds)),
         "steps": _run_steps(layout, head, out, job.overrides, not user_seed, job.master_port),
+        # node-local output.dir: node K's power files fetched after each run (one instance only;
+        # an instance's node K is not the job's)
+        "collect_nodes": job.nodes if job.nodes > 1 and layout.instances == 1 else None,
+        "python": python,
     }
 
 

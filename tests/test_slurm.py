@@ -226,6 +226,103 @@ def test_submit_dry_run_missing_refusing_and_parsable_sbatch(tmp_path: Path, mon
     assert out.is_dir()  # Slurm cannot create the log's folder; submit does
 
 
+# A job of 3 nodes n0, n1, n2 whose batch script runs on n0; node h's node-local files live under
+# $NODES/h (n0's are the real paths). A one-node step (--nodelist=h) runs its command with its
+# last argument (a path) on node h; the training step writes result_N.txt on n0 and each node's
+# power file power/result_N/node_K.txt into output.dir: the shared one, or each node's own.
+MULTI_NODE_SRUN = r"""#!/bin/bash
+printf '%s\0' "$@" > "$(mktemp "$STUB_DIR/call.XXXXXX")"
+host=""
+while [ $# -gt 0 ]; do case "$1" in --nodelist=*) host="${1#--nodelist=}"; shift;; --*) shift;; *) break;; esac; done
+if [ -n "$host" ]; then
+    last="${*: -1}"
+    set -- "${@:1:$#-1}" "$NODES/$host$last"
+    exec "$@"
+fi
+for a in "$@"; do case "$a" in output.dir=*) out="${a#output.dir=}";; esac; done
+n=$(ls "$out" | grep -c '^result_')
+echo "log of run $n" > "$out/result_$n.txt"
+for k in 0 1 2; do
+    root=""; [ "$k" = 0 ] || [ "$SHARED" = 1 ] || root="$NODES/n$k"
+    mkdir -p "$root$out/power/result_$n"
+    echo "node $k run $n" > "$root$out/power/result_$n/node_$k.txt"
+done
+"""
+
+
+def _multi_node_job(tmp_path: Path, shared: bool, sacct: str | None) -> tuple[Path, list[list[str]], subprocess.CompletedProcess]:
+    config = tmp_path / "c.yaml"
+    config.write_text("workload: cosmoflow\n")
+    out = tmp_path / "out dir"
+    script = render_sbatch(config, nodes=3, runs=2, output_dir=out, python="/bin/false")
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    bin_dir = _stub_bin(tmp_path, "srun", MULTI_NODE_SRUN)
+    _stub_bin(tmp_path, "scontrol", "#!/bin/bash\n[ \"$1 $2 $3\" = 'show hostnames n[0-2]' ] && printf 'n0\\nn1\\nn2\\n'\n")
+    if sacct is not None:
+        _stub_bin(tmp_path, "sacct", sacct)
+    # an older run of another job in the same folder, missing nodes 1 and 2: left alone
+    (out / "power" / "result_9").mkdir(parents=True)
+    (out / "power" / "result_9" / "node_0.txt").write_text("old")
+    os.utime(out / "power" / "result_9", (1e9, 1e9))
+    # node n1 also holds a stray node_0.txt of run 0: never written over the batch host's
+    stray = tmp_path / "nodes" / "n1" / str(out).lstrip("/") / "power" / "result_0"
+    stray.mkdir(parents=True)
+    (stray / "node_0.txt").write_text("stray")
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "STUB_DIR": str(calls), "SLURM_JOB_ID": "77",
+           "SLURM_JOB_NODELIST": "n[0-2]", "NODES": str(tmp_path / "nodes"), "SHARED": "1" if shared else "0"}
+    proc = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=120, env=env)
+    argvs = [f.read_bytes().decode().split("\0")[:-1] for f in sorted(calls.iterdir())]
+    return out, argvs, proc
+
+
+def test_power_files_of_node_local_output_are_collected_after_each_run(tmp_path: Path) -> None:
+    out, argvs, proc = _multi_node_job(tmp_path, shared=False, sacct="#!/bin/bash\n"
+                                       "echo \"sacct $*\"\necho '77.0 mlhpc 00:01:00 12.50K'\n")
+    assert proc.returncode == 0, proc.stderr
+    for run in (0, 1):
+        got = {p.name: p.read_text() for p in (out / "power" / f"result_{run}").iterdir()}
+        assert got == {f"node_{k}.txt": f"node {k} run {run}\n" for k in range(3)}
+    assert sorted(p.name for p in (out / "power" / "result_9").iterdir()) == ["node_0.txt"]
+    fetches = [a for a in argvs if any(x.startswith("--nodelist=") for x in a)]
+    # after run 0: nodes 1 and 2; after run 1: again nodes 1 and 2 (run 1's files)
+    assert sorted(next(x for x in a if x.startswith("--nodelist=")) for a in fetches) == \
+        ["--nodelist=n1", "--nodelist=n1", "--nodelist=n2", "--nodelist=n2"]
+    assert all(a[:3] == ["--nodes=1", "--ntasks=1", a[2]] for a in fetches)
+    log = proc.stdout  # the #SBATCH --output file under sbatch
+    assert log.count("power: fetched node(s) 1 2's power files") == 2
+    # Slurm's figure beside mlhpc's: the report's runs, then sacct's ConsumedEnergy per step
+    assert log.index("mlhpc report") < log.index("ConsumedEnergy") < log.index("77.0 mlhpc 00:01:00 12.50K")
+    assert "sacct -j 77 --format=JobID,JobName%24,Elapsed,ConsumedEnergy" in log
+    assert not list(tmp_path.glob("mlhpc-job-start.*"))
+
+
+def test_shared_output_fetches_nothing_and_sacct_never_fails_the_job(tmp_path: Path) -> None:
+    out, argvs, proc = _multi_node_job(tmp_path, shared=True, sacct="#!/bin/bash\n"
+                                       "echo 'Slurm accounting storage is disabled' >&2\nexit 1\n")
+    assert proc.returncode == 0, proc.stderr
+    assert len(argvs) == 2 and not any(x.startswith("--nodelist=") for a in argvs for x in a)
+    assert len(list((out / "power" / "result_1").iterdir())) == 3
+    log = proc.stdout  # the #SBATCH --output file under sbatch
+    assert "sacct gave no energy figure" in log and "failed=0" in log
+
+
+def test_power_collection_and_sacct_in_the_rendered_script(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("workload: cosmoflow\n")
+    multi = render_sbatch(config, nodes=4, gpus_per_node=4, output_dir=tmp_path / "o")
+    assert f"    collect_power {tmp_path / 'o'} 4 \"$JOB_START\"" in multi.splitlines()
+    assert "timeout 120 sacct -j \"$SLURM_JOB_ID\" --format=JobID,JobName%24,Elapsed,ConsumedEnergy \\" in multi
+    assert multi.splitlines()[-2:] == ["slurm_energy", "exit $failed"]
+    single = render_sbatch(config, nodes=1, output_dir=tmp_path / "o")
+    weak = render_sbatch(config, nodes=2, tasks_per_node=1, instances=2, output_dir=tmp_path / "o")
+    for script in (single, weak):  # one node has nothing to fetch; an instance's node K is not the job's
+        assert not [line for line in script.splitlines() if line.strip().startswith("collect_power ")]
+        assert "slurm_energy" in script.splitlines()
+
+
 # ------------------------------------------------------------------------------------------
 # a real one-node cluster
 

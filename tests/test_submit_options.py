@@ -101,7 +101,7 @@ def test_sweep_renders_one_script_per_point_with_one_campaign(repo, tmp_path):
     for script, (nodes, epochs, minutes) in zip(scripts, expected):
         directives = _directives(script)
         assert f"#SBATCH --nodes={nodes}" in directives and f"#SBATCH --time={minutes}" in directives
-        [step] = [line for line in script.splitlines() if " srun " in line]
+        [step] = [line for line in script.splitlines() if "MASTER_PORT=" in line]
         assert f"--nodes={nodes} --ntasks={nodes} " in step
         assert step.count("--set train.max_epochs=") == 1 and f"--set train.max_epochs={epochs} " in step
         assert "--set nodes=" not in step and "--set time=" not in step  # submit options, not config keys
