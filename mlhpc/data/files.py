@@ -35,7 +35,7 @@ import pwd
 import socket
 import stat
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Iterator, Optional
@@ -368,10 +368,8 @@ def write_under(root: Path, rel: Path, data: bytes, mode: int = PRIVATE_FILE_MOD
             os.fsync(handle.fileno())
         os.replace(tmp, rel.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except OSError as exc:
-        try:
+        with suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)
-        except OSError:
-            pass
         raise OSError(exc.errno, exc.strerror, str(final)) from None
     finally:
         os.close(dir_fd)
@@ -379,19 +377,16 @@ def write_under(root: Path, rel: Path, data: bytes, mode: int = PRIVATE_FILE_MOD
 
 
 def _blocker(root: Path, parts: tuple[str, ...], exc: OSError) -> OSError:
-    """``exc`` naming the first of ``root`` and the folders ``parts`` below it that is a link
-    (ELOOP) or not a folder (ENOTDIR), else the deepest folder."""
-    path = root
+    """``exc`` naming the first folder from ``root`` down ``parts`` that is a link or no folder."""
+    path = Path(root)
     for part in ("",) + tuple(parts):
         path = path / part if part else path
         try:
             st = os.lstat(path)
         except OSError:
             break
-        if stat.S_ISLNK(st.st_mode):
-            return OSError(errno.ELOOP, "a symbolic link where none may be", str(path))
-        if not stat.S_ISDIR(st.st_mode):
-            return OSError(errno.ENOTDIR, "not a folder", str(path))
+        if not stat.S_ISDIR(st.st_mode):  # a link (lstat) or a file
+            return OSError(errno.ELOOP if stat.S_ISLNK(st.st_mode) else errno.ENOTDIR, "", str(path))
     return OSError(exc.errno, exc.strerror, str(path))
 
 
@@ -467,7 +462,13 @@ def open_dir(root_fd: int, rel_parts: tuple[str, ...], create: bool) -> int:
                     os.mkdir(part, 0o700, dir_fd=fd)
                 except FileExistsError:
                     pass
-            child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            try:
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:  # Linux says ENOTDIR for a link opened O_DIRECTORY|O_NOFOLLOW
+                if exc.errno in (errno.ENOTDIR, errno.ELOOP) and \
+                        stat.S_ISLNK(os.lstat(part, dir_fd=fd).st_mode):
+                    raise OSError(errno.ELOOP, "a symbolic link where none may be", part) from None
+                raise
             os.close(fd)
             fd = child
     except BaseException:

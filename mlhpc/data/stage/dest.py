@@ -43,7 +43,9 @@ def claim_dest(dest: Path) -> None:
     make_private_dir(dest, StagingError, "staging destination",
                      failure="cannot write staged file: cannot create the staging destination folder")
     if not os.access(dest, os.W_OK | os.X_OK):
-        raise StagingError(f"{dest}: staging destination not writable (permission denied)")
+        read_only = os.statvfs(dest).f_flag & os.ST_RDONLY
+        raise StagingError(f"{dest}: staging destination not writable "
+                           f"({'read-only file system' if read_only else 'permission denied'})")
     if not any((dest / name).exists() for name in (MARKER_NAME, MANIFEST_NAME, LOCK_NAME)):
         for root, dirs, names in os.walk(dest):
             for name in names:
