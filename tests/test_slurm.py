@@ -269,6 +269,12 @@ def _multi_node_job(tmp_path: Path, shared: bool, sacct: str | None) -> tuple[Pa
     stray = tmp_path / "nodes" / "n1" / str(out).lstrip("/") / "power" / "result_0"
     stray.mkdir(parents=True)
     (stray / "node_0.txt").write_text("stray")
+    # and a folder planted as a link on the batch host, which n1 sends too: not written through
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (out / "power" / "result_5").symlink_to(elsewhere)
+    (stray.parent / "result_5").mkdir()
+    (stray.parent / "result_5" / "node_1.txt").write_text("through the link")
     path = tmp_path / "job.sh"
     path.write_text(script)
     env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "STUB_DIR": str(calls), "SLURM_JOB_ID": "77",
@@ -285,6 +291,8 @@ def test_power_files_of_node_local_output_are_collected_after_each_run(tmp_path:
     for run in (0, 1):
         got = {p.name: p.read_text() for p in (out / "power" / f"result_{run}").iterdir()}
         assert got == {f"node_{k}.txt": f"node {k} run {run}\n" for k in range(3)}
+    assert list((tmp_path / "elsewhere").iterdir()) == []  # the planted link: nothing through it
+    assert [p.name for p in (out / "power").iterdir() if p.name.startswith(".")] == []
     assert sorted(p.name for p in (out / "power" / "result_9").iterdir()) == ["node_0.txt"]
     fetches = [a for a in argvs if any(x.startswith("--nodelist=") for x in a)]
     # after run 0: nodes 1 and 2; after run 1: again nodes 1 and 2 (run 1's files)
