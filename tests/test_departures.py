@@ -83,12 +83,13 @@ def _runs_in(script: str) -> int:
 
 
 @pytest.mark.parametrize("script, name", [("cosmoflow-strong-scaling.sbatch", "cosmoflow"),
-                                               ("deepcam-weak-scaling.sbatch", "deepcam")])
+                                               ("deepcam-weak-scaling.sbatch", "deepcam"),
+                                               ("opencatalyst-5-runs.sbatch", "oc20")])
 def test_example_scripts_run_what_the_rules_require(script: str, name: str) -> None:
-    """hpc_training_rules.adoc, "Benchmark Results": DeepCAM 5 runs, CosmoFlow 10; the same
-    counts are what mlperf_logging's result_summarizer demands."""
+    """hpc_training_rules.adoc, "Benchmark Results": DeepCAM 5 runs, CosmoFlow 10, OpenCatalyst
+    5; the same counts are what mlperf_logging's result_summarizer demands."""
     required = get_result_file_counts("hpc")[name]
-    assert required == {"cosmoflow": 10, "deepcam": 5}[name]
+    assert required == {"cosmoflow": 10, "deepcam": 5, "oc20": 5}[name]
     assert _runs_in(script) == required
     text = (ROOT / "scripts/slurm" / script).read_text()
     seeds = re.search(r"SEEDS=\(([\d ]+)\)", text).group(1).split()

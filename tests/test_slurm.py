@@ -331,6 +331,24 @@ def test_power_collection_and_sacct_in_the_rendered_script(tmp_path: Path) -> No
         assert "slurm_energy" in script.splitlines()
 
 
+@pytest.mark.parametrize("name", ["cosmoflow-strong-scaling", "cosmoflow-stage-and-run", "deepcam-weak-scaling",
+                                  "opencatalyst-5-runs"])
+def test_example_scripts_print_slurm_energy_beside_mlhpc_s(name: str, tmp_path: Path) -> None:
+    text = (REPO / "scripts" / "slurm" / f"{name}.sbatch").read_text()
+    assert subprocess.run(["bash", "-n"], input=text, text=True, timeout=30).returncode == 0
+    tail = text[text.index("# Energy to train"):]
+    assert '"$MLHPC_PYTHON" -m mlhpc report --level runs --no-compliance "$MLHPC_OUT" || true' in tail
+    assert tail.rstrip().endswith("exit $failed")
+    # the energy lines alone, with a report and an sacct that fail: the job's status is unchanged
+    bin_dir = _stub_bin(tmp_path, "sacct", "#!/bin/bash\necho \"sacct $*\"\nexit 1\n")
+    proc = subprocess.run(["bash", "-c", "set -uo pipefail; failed=0\n" + tail],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "5",
+                               "MLHPC_PYTHON": "/bin/false", "MLHPC_OUT": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "sacct -j 5 --format=JobID,JobName%24,Elapsed,ConsumedEnergy"
+
+
 # ------------------------------------------------------------------------------------------
 # a real one-node cluster
 
