@@ -40,15 +40,20 @@ def main() -> None:
     split into staging, convergence and compute."""
 
 
+FORMAT_HELP = "A table for people, JSON for scripts."
+
+
 @main.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print the workloads as JSON.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+              show_default=True, help=FORMAT_HELP)
+@click.option("--json", "as_json", is_flag=True, hidden=True, help="Old spelling of --format json.")
 @_friendly
-def list_command(as_json: bool) -> None:
+def list_command(fmt: str, as_json: bool) -> None:
     """The registered workloads: data formats, configs (under ./configs) and quality targets."""
     from mlhpc.workload import describe
 
     rows = describe()
-    if as_json:
+    if as_json or fmt == "json":
         click.echo(json.dumps(rows, indent=2))
         return
     from rich.console import Console
@@ -330,51 +335,10 @@ def synth_command(workload_name: str, out_dir: Path, config_path: Path | None, s
         click.echo(f"{out_dir}: already a complete {workload_name} dataset with these settings")
 
 
-class _DataProgress:
-    """Progress of `data check | convert | prepare`, on stderr (stdout keeps the result, JSON
-    included): a rich bar on a terminal, otherwise a plain line per tenth of the files (a Slurm
-    log)."""
-
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.bar: Any = None
-        self.task: Any = None
-        self.step = 1
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        kind = event["kind"]
-        if kind == "start":
-            files = event["files"]
-            skipped = event.get("skipped", 0)
-            if skipped:
-                click.echo(f"{event['what']}: {skipped} of {files} files already done (resumed)", err=True)
-            self.step = max(1, files // 10)
-            if self.tty:
-                from rich.progress import Progress
-
-                from rich.console import Console
-
-                self.bar = Progress(transient=True, console=Console(stderr=True))
-                self.bar.start()
-                self.task = self.bar.add_task(event["what"], total=files, completed=skipped)
-        elif kind == "file":
-            if self.bar is not None:
-                self.bar.update(self.task, completed=event["done"])
-            elif event["done"] % self.step == 0 or event["done"] == event["files"]:
-                gb = event.get("bytes_read")
-                read = f", {gb / 1e9:.3f} GB read" if gb is not None else ""
-                print(f"{event['done']}/{event['files']} files{read}", file=sys.stderr, flush=True)
-        elif kind == "done":
-            self.close()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-            self.bar = None
-
-
 def _data_tools_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    progress = _DataProgress()
+    from mlhpc.progress import DataProgress
+
+    progress = DataProgress()
     try:
         return fn(*args, on_progress=progress, **kwargs)
     finally:
@@ -385,14 +349,16 @@ def _data_tools_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 @click.argument("workload_name")
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--full", is_flag=True, help="Read every sample and check its values too.")
-@click.option("--format", "fmt", default="auto", show_default=True,
+@click.option("--form", default="auto", show_default=True,
               help="The form of the files (auto: detected from their names).")
 @click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Processes reading files in parallel.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--format", "fmt", default="table", show_default=True, metavar="[table|json]",
+              help=FORMAT_HELP + " (A form of the files here, e.g. hdf5, is read as --form.)")
+@click.option("--json", "as_json", is_flag=True, hidden=True, help="Old spelling of --format json.")
 @_friendly
-def check_command(workload_name: str, path: Path, full: bool, fmt: str, workers: int,
-                  as_json: bool) -> None:
+def check_command(workload_name: str, path: Path, full: bool, form: str, workers: int,
+                  fmt: str, as_json: bool) -> None:
     """Check a dataset folder (its split folders): form, samples, shapes, bytes, bad files.
 
     \b
@@ -409,9 +375,11 @@ def check_command(workload_name: str, path: Path, full: bool, fmt: str, workers:
     from mlhpc.data import check as data_check
     from mlhpc.workload import get
 
-    report = _data_tools_call(data_check.check, get(workload_name), path, full=full, fmt=fmt,
+    workload = get(workload_name)
+    fmt, form = _output_and_form("json" if as_json else fmt, form, workload)
+    report = _data_tools_call(data_check.check, workload, path, full=full, fmt=form,
                               workers=workers)
-    if as_json:
+    if fmt == "json":
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         click.echo(f"{path}: {workload_name} data in form {report.format}"
@@ -426,6 +394,29 @@ def check_command(workload_name: str, path: Path, full: bool, fmt: str, workers:
     if bad:
         click.echo(f"mlhpc: error: {len(bad)} bad file(s) in {path}", err=True)
         sys.exit(2)
+
+
+def _output_and_form(fmt: str, form: str, workload: Any) -> tuple[str, str]:
+    """``(table | json, form of the files)`` from `data check`'s ``--format`` and ``--form``;
+    ``--format FORM`` (its meaning before ``--form``) is still read as the files' form.
+
+    Raises:
+        ConfigError: ``--format`` is neither, or ``--form`` is not one of the workload's forms.
+    """
+    from mlhpc.hints import did_you_mean
+
+    forms = ("auto", *getattr(workload.data_tools, "formats", ()))
+    if fmt not in ("table", "json"):
+        if fmt not in forms or form != "auto":
+            raise ConfigError(f"--format {fmt!r}: expected table or json"
+                              f"{did_you_mean(fmt, ('table', 'json', *forms))}")
+        click.echo(f"mlhpc: --format {fmt} read as --form {fmt} (--format picks table or json)",
+                   err=True)
+        fmt, form = "table", fmt
+    if form not in forms:
+        raise ConfigError(f"--form {form!r}: expected one of {', '.join(forms)}"
+                          f"{did_you_mean(form, forms)}")
+    return fmt, form
 
 
 @data_group.command("convert")

@@ -169,6 +169,49 @@ class RunProgress:
             print(line, flush=True)
 
 
+class DataProgress:
+    """Progress of `data check | convert | prepare`, on stderr (stdout keeps the result, JSON
+    included): a rich bar on a terminal, otherwise a plain line per tenth of the files (a Slurm
+    log)."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.bar: Any = None
+        self.task: Any = None
+        self.step = 1
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        kind = event["kind"]
+        if kind == "start":
+            files = event["files"]
+            skipped = event.get("skipped", 0)
+            if skipped:
+                print(f"{event['what']}: {skipped} of {files} files already done (resumed)",
+                      file=sys.stderr, flush=True)
+            self.step = max(1, files // 10)
+            if self.tty:
+                from rich.console import Console
+                from rich.progress import Progress
+
+                self.bar = Progress(transient=True, console=Console(stderr=True))
+                self.bar.start()
+                self.task = self.bar.add_task(event["what"], total=files, completed=skipped)
+        elif kind == "file":
+            if self.bar is not None:
+                self.bar.update(self.task, completed=event["done"])
+            elif event["done"] % self.step == 0 or event["done"] == event["files"]:
+                gb = event.get("bytes_read")
+                read = f", {gb / 1e9:.3f} GB read" if gb is not None else ""
+                print(f"{event['done']}/{event['files']} files{read}", file=sys.stderr, flush=True)
+        elif kind == "done":
+            self.close()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
 def print_summary(summary: dict[str, Any]) -> None:
     """The end-of-run table: `mlhpc.results` figures, read back from the run's log."""
     from rich.console import Console
