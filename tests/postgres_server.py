@@ -41,7 +41,8 @@ def postgres_url():
     bindir = server_bin()
     if bindir is None:
         pytest.skip("PostgreSQL server programs not found under /usr/lib/postgresql/*/bin "
-                    "(install them with .ci/install-postgres.sh or apt-get install postgresql)")
+                    "(install them with .ci/install-postgres.sh or apt-get install postgresql; in CI "
+                    "that step is best effort and says above why it did not install them)")
     if os.geteuid() == 0 and shutil.which("runuser") is None:
         pytest.skip("running as root without runuser to start PostgreSQL as the postgres user")
     root = Path(tempfile.mkdtemp(prefix="mlhpc-pg-"))
