@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -45,6 +46,33 @@ def _version(dist: str) -> str | None:
         return None
 
 
+_REQUIREMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _requirements(dist: str) -> list[str]:
+    """The distributions ``dist`` requires to run (its optional extras left out), as its
+    installed metadata names them; [] when it is not installed."""
+    try:
+        requires = metadata.requires(dist) or []
+    except metadata.PackageNotFoundError:
+        return []
+    return [m.group(0) for req in requires if "extra ==" not in req.partition(";")[2]
+            and (m := _REQUIREMENT_NAME.match(req.strip()))]
+
+
+def versions() -> dict[str, str | None]:
+    """Installed versions of mlhpc and everything it requires, then of each distribution that
+    provides a workload (an ``mlhpc.workloads`` entry point) and everything that requires: read
+    from the installed distributions' metadata, so the harness lists no workload's packages by
+    name. ``{distribution: version}``, mlhpc first; None for one that is not installed."""
+    names = ["mlhpc", *_requirements("mlhpc")]
+    for entry in metadata.entry_points(group="mlhpc.workloads"):
+        dist = entry.dist.name if entry.dist is not None else None
+        if dist:
+            names += [dist, *_requirements(dist)]
+    return {name: _version(name) for name in dict.fromkeys(names)}
+
+
 def collect() -> dict[str, Any]:
     """A JSON-able description of this process's machine and software."""
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -59,9 +87,7 @@ def collect() -> dict[str, Any]:
         "gpu_count": len(gpus),
         "gpu_names": gpus,
         "cuda": torch.version.cuda,
-        "versions": {name: _version(name) for name in
-                     ("mlhpc", "torch", "numpy", "h5py", "mpi4py", "mlperf-logging", "powerbox",
-                      "colossus")},
+        "versions": versions(),
         "git_commit": _git_commit(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
     }

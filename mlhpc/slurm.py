@@ -49,7 +49,7 @@ from mlhpc.config import parse_override
 from mlhpc.errors import ConfigError, MlhpcError
 
 DEFAULT_MASTER_PORT = 29511
-MAX_RUNS = 1000  # runs of one job run one after the other; 10 (CosmoFlow) or 5 (DeepCAM) score
+MAX_RUNS = 1000  # runs of one job run one after the other; a benchmark's score takes 5 or 10
 _PLACEHOLDER = re.compile(r"@([a-z_]+)@")
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9_.\-]+(,[A-Za-z0-9_.\-]+)*$")
 _SLURM_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE)$")

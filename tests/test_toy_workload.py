@@ -6,11 +6,14 @@ check``, ``mlhpc data convert``, ``mlhpc stage`` and ``mlhpc run`` without a har
 
 from __future__ import annotations
 
+import ast
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -71,28 +74,99 @@ def test_a_third_workload_runs_through_the_contract_alone(site: Path, tmp_path: 
         sorted(p.name for p in (tmp_path / "npy" / "train").iterdir())
 
 
-def test_the_harness_names_no_workload_and_no_format() -> None:
-    """Outside docstrings, comments and help texts, no code under mlhpc/ names a bundled
-    workload or data format (the report's table of MLPerf benchmarks excepted)."""
-    import ast
+#: The bundled workloads' names and their data formats' names, module names and suffixes: a
+#: substring match, so ``x.npy``, ``stats.h5``, ``h5py``, ``tfrecord-plain`` and ``read_lmdb`` count.
+NAMES = ("cosmoflow", "deepcam", "oc20", "opencatalyst", "openfold", "tfrecord", "hdf5", "h5py",
+         ".h5", "npy", "lmdb")
 
-    names = ("cosmoflow", "deepcam", "oc20", "opencatalyst", "openfold", "tfrecord", "hdf5", "npy", "lmdb")
+#: The only places under mlhpc/ that may name one in code: ``(path, name) -> reason``. The report
+#: reads logs of every published MLPerf HPC benchmark, so its table of what differs per benchmark
+#: names them; nothing else may.
+ALLOWED: dict[tuple[str, str], str] = {
+    ("report/runs.py", "openfold"): "the report's table of MLPerf benchmarks: OpenFold's epoch_num "
+        "counts samples (SAMPLE_COUNTED_EPOCHS), a fact of the published logs, not a workload here",
+    # Known debt, not a licence: data/embedded.py's PARTIAL_FILE comment names the bundled
+    # writers whose temporary names its pattern hard-codes; the pattern belongs with the
+    # workloads' data tools (or one temporary-name rule in mlhpc.data.files). Remove these two
+    # entries when that moves; the test below fails once they are no longer needed.
+    ("data/embedded.py", "cosmoflow"): "KNOWN DEBT: PARTIAL_FILE hard-codes the bundled writers' "
+        "temporary names (owned elsewhere; to move into the workloads' data tools)",
+    ("data/embedded.py", "deepcam"): "KNOWN DEBT: PARTIAL_FILE hard-codes the bundled writers' "
+        "temporary names (owned elsewhere; to move into the workloads' data tools)",
+}
+
+#: Keyword arguments whose strings are help texts: click's options and commands, and the config
+#: schema's field descriptions (pydantic ``Field(description=...)``), which are the config's help
+#: (docs/config-reference.md, `mlhpc config reference`).
+HELP_KEYWORDS = {"help", "short_help", "epilog", "description"}
+
+
+def _prose(tree: ast.Module) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Source spans of docstrings and help texts: ``((line, col), (end_line, end_col))``."""
+    nodes = [node.body[0].value for node in ast.walk(tree)
+             if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+             and node.body and isinstance(node.body[0], ast.Expr)
+             and isinstance(node.body[0].value, ast.Constant) and isinstance(node.body[0].value.value, str)]
+    nodes += [kw.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+              for kw in node.keywords if kw.arg in HELP_KEYWORDS]
+    return [((n.lineno, n.col_offset), (n.end_lineno, n.end_col_offset)) for n in nodes]
+
+
+def named_formats(source: str) -> list[tuple[int, str, str]]:
+    """``(line, name, token)`` for every workload or format name in ``source``'s code: its
+    identifiers, strings and comments, outside docstrings and help texts (`_prose`)."""
+    spans = _prose(ast.parse(source))
+    found = []
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type not in (tokenize.NAME, tokenize.STRING, tokenize.COMMENT):
+            continue
+        if any(start <= tok.start and tok.end <= end for start, end in spans):
+            continue
+        text = tok.string.lower()
+        found += [(tok.start[0], name, tok.string) for name in NAMES if name in text]
+    return found
+
+
+def _harness_findings() -> list[str]:
     root = Path(__file__).resolve().parents[1] / "mlhpc"
     found = []
-    for path in root.rglob("*.py"):
-        if path.parts[-2] == "report":
-            continue  # the report scores every published MLPerf HPC benchmark by name
-        tree = ast.parse(path.read_text())
-        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                      if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
-                      and node.body and isinstance(node.body[0], ast.Expr)
-                      and isinstance(node.body[0].value, ast.Constant)}
-        helps = {id(kw.value) for node in ast.walk(tree) if isinstance(node, ast.Call)
-                 for kw in node.keywords if kw.arg == "help"}
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                    and id(node) not in docstrings | helps:
-                words = node.value.lower()
-                found += [f"{path.relative_to(root)}:{node.lineno}: {n}" for n in names
-                          if n in words.replace("-", "_").split() or words == n]
-    assert not found, found
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        found += [f"mlhpc/{rel}:{line}: {name} in {token!r}"
+                  for line, name, token in named_formats(path.read_text()) if (rel, name) not in ALLOWED]
+    return found
+
+
+def test_the_harness_names_no_workload_and_no_format() -> None:
+    """Outside docstrings and help texts, no code under mlhpc/ (identifiers, strings, comments;
+    mlhpc/report/ included) names a bundled workload or a data format; `ALLOWED` alone excepted."""
+    found = _harness_findings()
+    assert not found, "\n".join(found)
+
+
+def test_every_allowance_is_used_and_reasoned() -> None:
+    root = Path(__file__).resolve().parents[1] / "mlhpc"
+    for (rel, name), reason in ALLOWED.items():
+        assert any(n == name for _, n, _ in named_formats((root / rel).read_text())), (rel, name)
+        assert len(reason) > 40
+
+
+@pytest.mark.parametrize("snippet, name", [
+    ("path = root / 'x.npy'\n", "npy"),
+    ("STATS = 'stats.h5'  # shared\n", ".h5"),
+    ("import h5py\n", "h5py"),
+    ("kind = f'{x}-tfrecord-plain'\n", "tfrecord"),
+    ("def read_lmdb(p):\n    return p\n", "lmdb"),
+    ("x = 1  # the CosmoFlow universes\n", "cosmoflow"),
+    ("if name == 'oc20':\n    pass\n", "oc20"),
+    ("click.option('--to', help='npy or hdf5', default='npy')\n", "npy"),
+])
+def test_the_scanner_finds_a_planted_name(snippet, name) -> None:
+    assert name in {n for _, n, _ in named_formats(snippet)}, snippet
+
+
+def test_the_scanner_leaves_docstrings_and_help_texts() -> None:
+    snippet = ('"""Reads CosmoFlow HDF5."""\n'
+               'def f():\n    """x.npy, stats.h5, h5py."""\n'
+               'click.option("--to", help="e.g. npy, hdf5 or tfrecord (LMDB for oc20)")\n')
+    assert named_formats(snippet) == []

@@ -91,8 +91,8 @@ def package_checker_command(org_dir: str, ruleset: str) -> list[str]:
 def self_check() -> list[str]:
     """Every thing relied on that the installed mlperf_logging no longer provides, one line
     each naming it (an empty list when all is there): missing modules, attributes, parameters
-    of the functions called, methods of the checker object, and the rule and RCP files of
-    hpc 3.0.0."""
+    of the functions called, methods of the checker object, and the naming of hpc 3.0.0's rule
+    and RCP files (``closed_<benchmark>.yaml``, ``rcps_<benchmark>.json``: one of each there)."""
     problems: list[str] = []
     for module, attribute, params in RELIED_ON:
         try:
@@ -109,7 +109,8 @@ def self_check() -> list[str]:
         problems += [f"make_checker(...).{m}: missing" for m in CHECKER_METHODS if not hasattr(checker, m)]
         problems += [f"make_checker(...).{a}: missing" for a in CHECKER_ATTRIBUTES if not hasattr(checker, a)]
         mlp.enqueued_configs.clear()
-    for path in (rules_dir("3.0.0") / "closed_cosmoflow.yaml", rcp_dir("3.0.0") / "rcps_cosmoflow.json"):
-        if not path.is_file():
-            problems.append(f"{path}: rule file layout changed (file missing)")
+    # the file names `mlhpc.report.runs` and `mlhpc.report.rcp` build from a log's benchmark
+    for folder, pattern in ((rules_dir("3.0.0"), "closed_*.yaml"), (rcp_dir("3.0.0"), "rcps_*.json")):
+        if not any(path.is_file() for path in folder.glob(pattern)):
+            problems.append(f"{folder / pattern}: rule file layout changed (no such file)")
     return problems
