@@ -460,3 +460,25 @@ def test_a_killed_prepare_is_refused_by_check_stage_and_run(raw: Path, tmp_path:
     assert code == 0 and (out / MANIFEST_NAME).is_file(), err
     code, err = cli("data", "check", "cosmoflow", str(out))
     assert code == 0, err
+
+
+def test_oc20_prepare_narrows_what_lmdb_creates(tmp_path: Path) -> None:
+    """LMDB creates its file itself (mode 0755 before the umask): the driver narrows it to the
+    trajectory's bits."""
+    import ase.io
+    from ase.build import fcc111
+    from ase.calculators.singlepoint import SinglePointCalculator
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for i in range(2):
+        atoms = fcc111("Cu", size=(2, 2, 2), vacuum=6.0, periodic=True)
+        atoms.info.pop("adsorbate_info", None)  # not a scalar: extxyz would warn and skip it
+        atoms.rattle(0.02, seed=i)
+        atoms.calc = SinglePointCalculator(atoms, energy=float(i), forces=np.zeros((len(atoms), 3)))
+        ase.io.write(raw / f"traj{i}.extxyz", [atoms], format="extxyz")
+        (raw / f"traj{i}.extxyz").chmod(0o600)
+    out = tmp_path / "lmdb"
+    code, err = cli("data", "prepare", "oc20", str(raw), str(out))
+    assert code == 0, err
+    assert list(out.rglob("*.lmdb")) and modes(out) == {0o600}
