@@ -53,6 +53,7 @@ class Job:
     resume: Resume | None
     progress: ProgressFn
     stop: "Stop | None" = None
+    staged: staging.StagingResult | None = None  # set by `stage`: a DataError names the source
 
     @property
     def seed(self) -> int:
@@ -101,7 +102,7 @@ def stage(job: Job) -> staging.StagingResult | None:
     placement = job.config.data.staging.placement
     runtime.barrier(job.rt)  # every rank starts together: a node's time is its own staging
     job.log.start(constants.STAGING_START, metadata={"placement": placement})
-    staged = staging.stage_dataset(job.config, job.world)
+    staged = job.staged = staging.stage_dataset(job.config, job.world)
     runtime.barrier(job.rt)
     meta: dict[str, Any] = {"placement": placement,
                             "staging_duration": staged.elapsed_s if staged else 0.0,

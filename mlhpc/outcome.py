@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mlhpc import checkpoint, runtime
-from mlhpc.errors import MlhpcError
+from mlhpc.errors import DataError, MlhpcError
 from mlhpc.evaluate import all_reduce
 from mlhpc.mllog import constants
 from mlhpc.results import RunFiles, RunResult
@@ -50,7 +50,9 @@ def close_failed(job: Job, exc: BaseException) -> None:
     """An attempt failed with ``exc`` after its log was opened. Before ``run_start``: its log
     moves to ``<out>/failed/result_N.log`` (a resume claim is released) and a user error names
     it; after: ``run_stop`` (aborted, the reason) ends the log. Errors of the library's own
-    (`MlhpcError`) get the new path in their one-line message; anything else keeps its type."""
+    (`MlhpcError`) get the new path in their one-line message; anything else keeps its type.
+    A `DataError` naming a file of the staged copy names the source file (`name_source`)."""
+    name_source(job, exc)
     log, files = job.log, job.files
     if log.first(constants.RUN_START) is not None:
         if log.first(constants.RUN_STOP) is None:
@@ -67,6 +69,28 @@ def close_failed(job: Job, exc: BaseException) -> None:
     moved = set_aside(files)
     if moved is not None and isinstance(exc, MlhpcError) and exc.args:
         exc.args = (f"{exc.args[0]} (this attempt's log moved to {moved})", *exc.args[1:])
+
+
+def name_source(job: Job, exc: BaseException) -> None:
+    """Make a `DataError` that names a file of this node's staged copy (``job.staged.dest``) name
+    the file it was copied from instead, the copy in brackets, as `mlhpc.assemble.sample_name`
+    does: ``SOURCE/train/f.lmdb: key '3': ... [read from the staged copy DEST/train/f.lmdb]``.
+    The first path under the copy is mapped by its path relative to the copy; a path with no
+    such file in the source (a converted copy) is left as it is."""
+    staged = getattr(job, "staged", None)
+    if not isinstance(exc, DataError) or staged is None or not exc.args or \
+            "[read from the staged copy" in str(exc.args[0]):  # named already (`sample_name`)
+        return
+    dest, source, message = str(staged.dest).rstrip("/"), Path(staged.source), str(exc.args[0])
+    start = message.find(dest + "/")
+    if start < 0 or Path(dest).resolve() == source.resolve():
+        return
+    end = next((i for i in range(start, len(message)) if message[i] in ": \t"), len(message))
+    copy = message[start:end]
+    original = source / Path(copy).relative_to(dest)
+    if original.is_file():
+        exc.args = (f"{message[:start]}{original}{message[end:]} [read from the staged copy {copy}]",
+                    *exc.args[1:])
 
 
 def set_aside(files: RunFiles) -> Path | None:
