@@ -482,3 +482,14 @@ def test_oc20_prepare_narrows_what_lmdb_creates(tmp_path: Path) -> None:
     code, err = cli("data", "prepare", "oc20", str(raw), str(out))
     assert code == 0, err
     assert list(out.rglob("*.lmdb")) and modes(out) == {0o600}
+
+
+def test_package_never_carries_a_linked_log_out_of_its_run_folder(tmp_path: Path) -> None:
+    run = run_folder(tmp_path)
+    secret = tmp_path / "secret.yaml"
+    secret.write_text("password: hunter2\n")
+    (run / "config_1.yaml").unlink()
+    (run / "config_1.yaml").symlink_to(secret)
+    code, err = cli(*package_args(tmp_path / "pkg", run))
+    one_line(code, err, "config_1.yaml: symbolic link out of its run folder")
+    assert not [p for p in (tmp_path / "pkg").rglob("*") if p.is_file() and b"hunter2" in p.read_bytes()]

@@ -44,9 +44,11 @@ import yaml
 from mlhpc.data.files import (
     PRIVATE_FILE_MODE,
     copy_mode,
+    is_under,
     make_private_dir,
     reason,
     refuse_overlap,
+    resolved,
     walk_files,
     write_under,
 )
@@ -284,7 +286,13 @@ def package_runs(run_dirs: list[Path | str], out: Path | str, org: str | None = 
 
 def _copy_into(root: Path, rel: Path, source: Path) -> Path:
     """``source`` copied to ``root/rel`` (`write_under`: no link followed), its permission bits
-    at most. Raises OSError."""
+    at most. Raises ConfigError for a link out of the source's folder (a log or config that is
+    a link to another file of the node would carry that file into a package meant to be
+    published); OSError."""
+    target = resolved(source)
+    if Path(source).is_symlink() and not is_under(target, resolved(Path(source).parent)):
+        raise ConfigError(f"{source}: symbolic link out of its run folder (to {target}); links are "
+                          "not followed into a package (copy the file there)")
     with open(source, "rb") as handle:
         data = handle.read()
         mode = copy_mode(os.fstat(handle.fileno()).st_mode)
