@@ -323,7 +323,7 @@ def synth_command(workload_name: str, out_dir: Path, config_path: Path | None, s
     # what, how big, where before writing; then progress. The synth section's defaults are a
     # workload's full-size data: said, when no --config gave other sizes.
     lines = SynthLines(sys.stderr, note=None if config_path else (
-        f"no --config: {workload_name}'s synth defaults (full-size samples)"
+        f"mlhpc: no --config: {workload_name}'s synth defaults (full-size samples)"
         f"{' and the --set values' if overrides else ''}"))
     try:  # atomic: a hidden sibling folder renamed into place, marked complete (mlhpc.data.embedded)
         wrote = embedded.synthesize(out_dir, workload, config.synth, seed, on_progress=lines)

@@ -133,8 +133,8 @@ class RunProgress:
             for name, key in (("data", "data.path"), ("results", "output.dir")):
                 self._line(where_line(name, key, event))
         elif kind == "start":
-            self.console.print(f"[bold]mlhpc run[/bold] {event['workload']}: logging to "
-                               f"{os.path.abspath(event['result_file'])}", highlight=False)
+            self._line(f"mlhpc run {event['workload']}: logging to "  # whole, never wrapped
+                       f"{os.path.abspath(event['result_file'])}")
         elif kind == "epoch":
             reached = "  target reached" if event["reached"] else ""
             if event.get("instance") is not None:
