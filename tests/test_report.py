@@ -249,7 +249,7 @@ def test_folder_csv_has_the_expected_scores_columns(round_reports):
 
 def test_plots_are_written(tmp_path, round_reports):
     for name, report in (("round", round_reports["hpc_results_v3.0"]), ("runs", build_report([MINI_RUNS], compliance=False))):
-        paths = write_plots(report, tmp_path / name)
+        paths = write_plots(report, tmp_path / name).written
         assert [p.name for p in paths] == ["report-time-split.png", "report-convergence.png", "report-scaling.png"]
         for path in paths:
             assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000

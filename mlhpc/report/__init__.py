@@ -73,11 +73,14 @@ class ReportOptions:
     package: PackageOptions | None = None
     price_per_node_hour: float | None = None
     price_per_kwh: float | None = None
+    wide: bool = False
+    width: int = 100
 
 
 @dataclass
 class Outcome:
-    """What `run_report` produced: the report, its output, plots, package.
+    """What `run_report` produced: the report, its output, plots (and why any was left out:
+    `mlhpc.report.plots.PlotFiles`), package.
 
     ``output`` is the report rendered once in the asked format: text for ``json``, ``csv`` and
     ``markdown``; for ``table``, rich tables (`mlhpc.report.render.tables`) for a console to
@@ -87,6 +90,7 @@ class Outcome:
     report: Report
     output: str | Group
     plots: list[Path] = field(default_factory=list)
+    plots_skipped: list[str] = field(default_factory=list)
     package: PackageResult | None = None
 
 
@@ -109,12 +113,14 @@ def run_report(paths: list[Path], options: ReportOptions | None = None) -> Outco
             raise ConfigError(f"--{name.replace('_', '-')} {value}: expected a finite price >= 0")
     report = build_report(paths, compliance=options.compliance, ruleset=options.ruleset)
     report.price_per_node_hour, report.price_per_kwh = (_price(report, options, name) for name in PRICE_KEYS)
-    output = tables(report, options.level) if options.fmt == "table" else render(report, options.fmt, options.level)
+    output = (tables(report, options.level, options.wide, options.width) if options.fmt == "table"
+              else render(report, options.fmt, options.level))
     outcome = Outcome(report=report, output=output)
     if options.plots_dir is not None:
         from mlhpc.report.plots import write_plots
 
-        outcome.plots = write_plots(report, options.plots_dir)
+        files = write_plots(report, options.plots_dir)
+        outcome.plots, outcome.plots_skipped = files.written, files.skipped
     if options.package is not None:
         outcome.package = _package(report, paths, options.package)
     return outcome

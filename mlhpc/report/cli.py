@@ -19,6 +19,9 @@ if TYPE_CHECKING:
               help="Output format.")
 @click.option("--level", type=click.Choice(LEVELS), default="auto", show_default=True,
               help="One row per result folder (scores) or per run (phases); auto: runs for mlhpc run folders.")
+@click.option("--wide", is_flag=True, default=False,
+              help="With --format table: every column, as wide as the tables need (default: the key "
+                   "columns, fitted to the terminal's width, or $COLUMNS, else 100 columns).")
 @click.option("--compliance/--no-compliance", default=True, show_default=True,
               help="Check every log with MLCommons' compliance checker (needed for official scores).")
 @click.option("--ruleset", type=click.Choice(["1.0.0", "2.0.0", "3.0.0"]), default=None,
@@ -41,7 +44,7 @@ if TYPE_CHECKING:
               help="Cost to train: kWh of measured energy to train (power/result_N/node_K.txt, as "
                    "result_summarizer integrates it; GPUs by NVML and CPU/DRAM by RAPL, or the node "
                    "meter; switches only from sw_K.txt) x this price. No energy, no cost.")
-def report_command(paths: tuple[Path, ...], fmt: str, level: str, compliance: bool,  # one parameter per option
+def report_command(paths: tuple[Path, ...], fmt: str, level: str, wide: bool, compliance: bool,  # one per option
                    ruleset: str | None, plots_dir: Path | None, package_dir: Path | None,
                    org: str | None, system_name: str | None, check_package: bool, rcp_bypass: bool,
                    price_per_node_hour: float | None, price_per_kwh: float | None) -> None:
@@ -61,7 +64,8 @@ def report_command(paths: tuple[Path, ...], fmt: str, level: str, compliance: bo
         outcome = run_report(list(paths), ReportOptions(fmt=fmt, level=level, compliance=compliance,
                                                         ruleset=ruleset, plots_dir=plots_dir, package=package,
                                                         price_per_node_hour=price_per_node_hour,
-                                                        price_per_kwh=price_per_kwh))
+                                                        price_per_kwh=price_per_kwh, wide=wide,
+                                                        width=_console_width()))
     except MlhpcError as exc:  # the project's convention: one line on stderr, exit status 2
         click.echo(f"mlhpc: error: {exc}", err=True)
         raise SystemExit(2) from None
@@ -70,14 +74,28 @@ def report_command(paths: tuple[Path, ...], fmt: str, level: str, compliance: bo
     else:
         from rich.console import Console
 
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=200)
-        console.print(outcome.output)
+        from mlhpc.report.render import natural_width
+
+        width = _console_width()
+        Console(width=max(width, natural_width(outcome.output)) if wide else width).print(outcome.output)
     for path in outcome.plots:
         click.echo(f"wrote {path}", err=True)
+    for line in outcome.plots_skipped:
+        click.echo(line, err=True)
     if outcome.package is not None:
         _echo_package(outcome.package)
+
+
+def _console_width() -> int:
+    """Columns for the table: the terminal's width on a terminal, else ``$COLUMNS`` when set,
+    else 100."""
+    import os
+
+    from rich.console import Console
+
+    if Console().is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
+        return max(Console().width, 20)
+    return 100
 
 
 def _echo_package(package: PackageResult) -> None:

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 POWER_DIR = "power"
 CONVERSION_EFF = "conversion_eff"  # no constant in mlperf_logging.mllog.constants
+#: How every note that a run or folder has no power readings begins (the human formats fold them into one).
+POWER_NOTE_PREFIX = "no power counter"
 _NODE = re.compile(r"^node_(\d+)\.txt$")
 _SWITCH = re.compile(r"^sw_(\d+)\.txt$")
 
@@ -103,7 +105,7 @@ def run_energy(log: Path, time_to_train_ms: float | None) -> RunEnergy:
     """The energy of the run logged in ``log`` from ``power/<log stem>/`` (see the module doc)."""
     folder = power_folder(log)
     if not folder.is_dir():
-        return RunEnergy(note="no power readings (no power counter, or sampling off)")
+        return RunEnergy(note=f"{POWER_NOTE_PREFIX}, or power sampling off: no power readings")
     files = sorted(folder.iterdir(), key=lambda p: p.name)
     nodes = [p for p in files if _NODE.match(p.name)]
     if not nodes:
@@ -173,7 +175,8 @@ def score_energy(result: Any, scored: list[tuple["RunSummary", float, float]], m
     measured = [e for e in energies if e is not None]
     if not measured:
         if result.kind == "runs" and result.runs:
-            result.notes.append("no power readings (power/result_N/node_K.txt): energy not measured")
+            result.notes.append(f"{POWER_NOTE_PREFIX}: no power readings (power/result_N/node_K.txt), "
+                                "energy not measured")
         return
     if len(measured) < len(energies):
         result.notes.append(f"energy: {len(energies) - len(measured)} of {len(energies)} counted runs "

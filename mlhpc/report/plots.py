@@ -7,10 +7,14 @@
   the target as a dashed line.
 - ``report-scaling.png``: time to train (olympic mean) against accelerators per model across
   systems, log-log, one colour per benchmark.
+
+Every bar, line and point names its folder (the run folder, or submitter/system) and its
+benchmark. A figure with nothing to show is not written; `write_plots` says why instead.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -27,10 +31,28 @@ PHASES = ("staging", "training epochs", "evaluation", "residual")
 PHASE_COLORS = ("#8c8c8c", "#1f77b4", "#ff7f0e", "#d62728")
 
 
-def _label(f: FolderResult) -> str:
-    if f.kind == "runs":
-        return f"{f.system or Path(f.path).name} {f.benchmark or ''}".strip()
-    return f"{f.submitter}/{f.system} {f.benchmark}"
+def folder_labels(report: Report) -> dict[str, str]:
+    """``{folder path: label}``: ``submitter/system`` for a published result; for an mlhpc run
+    folder its name, with as many parent folders as it takes to tell it from the others."""
+    runs = [Path(f.path) for f in report.folders if f.kind == "runs"]
+    labels = {f.path: f"{f.submitter}/{f.system}" for f in report.folders if f.kind != "runs"}
+    for path in runs:
+        for depth in range(1, len(path.parts) + 1):
+            tail = path.parts[-depth:]
+            if sum(p.parts[-depth:] == tail for p in runs) == 1 or depth == len(path.parts):
+                labels[str(path)] = "/".join(tail)
+                break
+    return labels
+
+
+def _label(f: FolderResult, labels: dict[str, str]) -> str:
+    """A result folder's series: its folder (or submitter/system) and its benchmark."""
+    return f"{labels.get(f.path, f.path)} {f.benchmark or '?'}"
+
+
+def _run_label(f: FolderResult, r: RunSummary, labels: dict[str, str]) -> str:
+    """One run's series: folder, benchmark and log (``result_N.txt``)."""
+    return f"{_label(f, labels)} {Path(r.path).name}"
 
 
 def _phases_min(runs: list[RunSummary]) -> tuple[float, float, float, float, float] | None:
@@ -49,33 +71,31 @@ def _phases_min(runs: list[RunSummary]) -> tuple[float, float, float, float, flo
             sum(r.eval_overlap_s for r in usable) / n / 60)
 
 
-def time_split_figure(report: Report) -> Figure:
+def time_split_figure(report: Report) -> Figure | None:
     """Stacked bars of staging / epochs / evaluation / residual: minutes (seconds for runs under
     5 minutes) on the left, shares of the total on the right. Evaluation that ran concurrently
     with training (detected from the timestamps, `RunSummary.eval_overlap_s`) is drawn hatched
-    over the epochs it overlapped, never subtracted from them."""
+    over the epochs it overlapped, never subtracted from them. Each bar is named by its folder
+    (`folder_labels`), benchmark and, for a run, its log. None: no run to show."""
     labels: list[str] = []
     values: list[tuple[float, ...]] = []
+    names = folder_labels(report)
     for f in report.folders:
         if f.kind == "runs":
             for r in f.runs:
                 split = _phases_min([r])
                 if split:
-                    labels.append(f"{Path(r.path).name} ({r.status})")
+                    labels.append(f"{_run_label(f, r, names)} ({r.status})")
                     values.append(split)
         elif f.kind == "strong":
             split = _phases_min([r for r in f.runs if r.path not in f.dropped])
             if split:
-                labels.append(_label(f))
+                labels.append(_label(f, names))
                 values.append(split)
-    height = 1.9 + 0.35 * max(len(labels), 1)
-    fig, (ax, share) = plt.subplots(1, 2, figsize=(13, height), layout="constrained", sharey=True,
-                                    gridspec_kw={"width_ratios": [3, 2]})
     if not values:
-        ax.text(0.5, 0.5, "no run with run_start, run_stop and epochs", ha="center", va="center")
-        ax.set_axis_off()
-        share.set_axis_off()
-        return fig
+        return None
+    fig, (ax, share) = plt.subplots(1, 2, figsize=(13, 1.9 + 0.35 * len(labels)), layout="constrained",
+                                    sharey=True, gridspec_kw={"width_ratios": [3, 2]})
     rows = list(range(len(values)))
     unit = "minutes"
     if max(sum(max(x, 0.0) for x in v[:4]) for v in values) < 5.0:  # short runs read better in seconds
@@ -110,13 +130,18 @@ def time_split_figure(report: Report) -> Figure:
     return fig
 
 
-def convergence_figure(report: Report) -> Figure:
-    """Quality metric vs epoch (samples for OpenFold), one panel per benchmark, target dashed."""
+def convergence_figure(report: Report) -> Figure | None:
+    """Quality metric vs epoch (samples for OpenFold), one panel per benchmark, target dashed;
+    each line named by its folder (`folder_labels`), benchmark and, for a run, its log. None:
+    no quality-metric records."""
     by_bench: dict[str, list[FolderResult]] = {}
     for f in report.folders:
         if f.kind in ("strong", "runs") and any(r.metric_series for r in f.runs):
             by_bench.setdefault(f.benchmark or "?", []).append(f)
-    n = max(len(by_bench), 1)
+    if not by_bench:
+        return None
+    names = folder_labels(report)
+    n = len(by_bench)
     ncols = min(n, 2)
     nrows = (n + ncols - 1) // ncols
     fig, axes = plt.subplots(nrows, ncols, figsize=(6.5 * ncols, 4.5 * nrows), layout="constrained",
@@ -124,9 +149,6 @@ def convergence_figure(report: Report) -> Figure:
     flat = [ax for row in axes for ax in row]
     for ax in flat[len(by_bench):]:
         ax.set_axis_off()
-    if not by_bench:
-        flat[0].text(0.5, 0.5, "no quality-metric records", ha="center", va="center")
-        return fig
     cmap = plt.get_cmap("tab10")
     for ax, (bench, folders) in zip(flat, sorted(by_bench.items())):
         target = None
@@ -141,7 +163,8 @@ def convergence_figure(report: Report) -> Figure:
                 line += 1
                 xs, ys = zip(*r.metric_series)
                 ax.plot(xs, ys, color=color, alpha=0.8, lw=1.2, marker="." if f.kind == "runs" else None,
-                        label=(_label(f) if f.kind != "runs" else Path(r.path).name) if j == 0 or f.kind == "runs" else None)
+                        label=(_label(f, names) if f.kind != "runs" else _run_label(f, r, names))
+                        if j == 0 or f.kind == "runs" else None)
                 target = r.target if r.target is not None else target
                 metric = metric or r.metric_key
                 unit = "samples" if r.epoch_unit == "samples" else "epoch"
@@ -155,27 +178,33 @@ def convergence_figure(report: Report) -> Figure:
     return fig
 
 
-def scaling_figure(report: Report) -> Figure:
-    """Olympic-mean time to train vs accelerators per model (log-log), one colour per benchmark."""
-    points: dict[tuple[str, str], list[tuple[int, float]]] = {}
+def scaling_figure(report: Report) -> Figure | None:
+    """Olympic-mean time to train vs accelerators per model (log-log), one colour per benchmark;
+    each point is labelled with its folder (`folder_labels`), each series with its benchmark
+    (and round, division). None: no scored result carries a node count."""
+    names = folder_labels(report)
+    points: dict[tuple[str, str], list[tuple[int, float, str]]] = {}
     for f in report.folders:
         if f.kind in ("strong", "runs") and f.olympic_min is not None and f.accelerators:
             round_ = (f.round or "").replace("hpc_results_", "")
             # CPU-only systems (accelerators_per_node 0) count nodes, and are labelled so;
             # the division is part of the series: open and closed results are never joined
             tag = " ".join(x for x in (round_, f.division or "", "CPU nodes" if f.cpu_only else "") if x)
-            points.setdefault((f.benchmark or "?", tag), []).append((f.accelerators, f.olympic_min))
-    fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
+            points.setdefault((f.benchmark or "?", tag), []).append(
+                (f.accelerators, f.olympic_min, names.get(f.path, f.path)))
     if not points:
-        ax.text(0.5, 0.5, "no scored result with a node count", ha="center", va="center")
-        ax.set_axis_off()
-        return fig
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
     benches = sorted({b for b, _ in points})
     rounds = sorted({r for _, r in points})
     cmap = plt.get_cmap("tab10")
     for (bench, round_), pts in sorted(points.items()):
+        color = cmap(benches.index(bench) % 10)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "osD^v"[rounds.index(round_) % 5],
-                color=cmap(benches.index(bench) % 10), label=f"{bench} {round_}".strip(), ms=7, alpha=0.8)
+                color=color, label=f"{bench} {round_}".strip(), ms=7, alpha=0.8)
+        for x, y, name in pts:
+            ax.annotate(f"{name} {bench}", (x, y), xytext=(4, 3), textcoords="offset points", fontsize=5,
+                        color=color)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("accelerators per model (number_of_nodes x accelerators_per_node; nodes for CPU-only systems)")
@@ -186,23 +215,40 @@ def scaling_figure(report: Report) -> Figure:
     return fig
 
 
-def write_plots(report: Report, out_dir: Path | str, prefix: str = "report-") -> list[Path]:
-    """Write the three figures as ``<out_dir>/<prefix>{time-split,convergence,scaling}.png``.
+#: ``(file name, figure, why it is not written when the figure is None)``.
+FIGURES = (("time-split", time_split_figure, "no run has run_start, run_stop and epochs"),
+           ("convergence", convergence_figure, "no run logs a quality metric (eval records)"),
+           ("scaling", scaling_figure, "no scored result carries a node count"))
 
-    Returns the paths written (150 dpi PNGs).
+
+@dataclass
+class PlotFiles:
+    """What `write_plots` did: the PNGs written, and one line per figure left out saying why
+    (``no scaling plot: no scored result carries a node count``)."""
+
+    written: list[Path] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def write_plots(report: Report, out_dir: Path | str, prefix: str = "report-") -> PlotFiles:
+    """Write the figures as ``<out_dir>/<prefix>{time-split,convergence,scaling}.png`` (150 dpi),
+    each only where it has something to show: a figure with nothing in it is not written, and
+    `PlotFiles.skipped` says why instead.
 
     Raises:
-        ConfigError: ``out_dir`` cannot be created or written.
+        ConfigError: ``out_dir`` cannot be created or a PNG cannot be written.
     """
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"--plots {out}: cannot create folder ({exc.strerror})") from None
-    written = []
-    for name, make in (("time-split", time_split_figure), ("convergence", convergence_figure),
-                       ("scaling", scaling_figure)):
+    files = PlotFiles()
+    for name, make, why in FIGURES:
         fig = make(report)
+        if fig is None:
+            files.skipped.append(f"no {name} plot: {why}")
+            continue
         path = out / f"{prefix}{name}.png"
         try:
             fig.savefig(path, dpi=150)
@@ -210,5 +256,5 @@ def write_plots(report: Report, out_dir: Path | str, prefix: str = "report-") ->
             raise ConfigError(f"--plots {path}: cannot write ({exc.strerror})") from None
         finally:
             plt.close(fig)
-        written.append(path)
-    return written
+        files.written.append(path)
+    return files

@@ -14,10 +14,17 @@ import math
 from typing import Any, Iterable
 
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from mlhpc.errors import ConfigError
-from mlhpc.report.runs import RunSummary
+from mlhpc.report.cells import (NO_POWER_COUNTER, any_energy, convergence_text, cost, energy, energy_cell,
+                                energy_unit, epoch_unit, fmt, folder_name, folder_nodes, node_energy, priced,
+                                resumed_cell, run_view_title, scale, staging_cell, strong_cell, system_key,
+                                weak_cell, STRONG_TITLE, WEAK_TITLE)
+from mlhpc.report.compact import compact_views, fit_widths
+from mlhpc.report.energy import POWER_NOTE_PREFIX
 from mlhpc.report.score import FolderResult, Report
 
 FORMATS = ("table", "json", "csv", "markdown")
@@ -31,11 +38,7 @@ FOLDER_COLUMNS = ("round", "submitter", "system", "division", "mode", "benchmark
 RUN_COLUMNS = ("folder", "file", "benchmark", "status", "compliant", "resumed", "time_to_train_s",
                "energy_to_train_j", "mean_power_w", "mean_epoch_energy_j", "cost_to_train", "staging_s", "init_s", "epochs", "epochs_to_target", "mean_epoch_s", "samples_per_s",
                "eval_s", "residual_s", "nodes", "accelerators_per_node", "global_batch_size",
-               "metric", "final_metric", "target", "malformed_lines")
-
-
-def _unit(f: FolderResult) -> str:
-    return next((r.epoch_unit for r in f.runs), "epochs")
+               "metric", "final_metric", "target", "malformed_lines", "power_note")
 
 
 def folder_rows(report: Report) -> list[dict[str, Any]]:
@@ -60,12 +63,12 @@ def folder_rows(report: Report) -> list[dict[str, Any]]:
             "compliance": f.ruleset_note or (f"hpc {f.ruleset}" if report.compliance_checked else "not checked"),
             "rcp_pass": rcp.passed if rcp else None, "rcp_message": rcp.message if rcp else None,
             "rcp_normalization": rcp.normalization if rcp and rcp.passed is not None else None,
-            "normalized_min": f.normalized_min, "convergence_unit": _unit(f),
+            "normalized_min": f.normalized_min, "convergence_unit": epoch_unit(f),
             "mean_epochs": rcp.mean_epochs if rcp else None,
             "rcp_mean_epochs": rcp.rcp_mean_epochs if rcp else None,
             "rcp_min_epochs": rcp.rcp_min_epochs if rcp else None,
             "energy_olympic_j": f.energy_olympic_j,
-            "cost_to_train": cost(report, _folder_nodes(f), f.olympic_min, f.energy_olympic_j),
+            "cost_to_train": cost(report, folder_nodes(f), f.olympic_min, f.energy_olympic_j),
             "notes": "; ".join(f.notes + [f"{k.rsplit('/', 1)[-1]}: {v}" for k, v in f.dropped.items()]),
         })
     return rows
@@ -89,45 +92,9 @@ def run_rows(report: Report) -> list[dict[str, Any]]:
                 "nodes": r.number_of_nodes, "accelerators_per_node": r.accelerators_per_node,
                 "global_batch_size": r.global_batch_size, "metric": r.metric_key,
                 "final_metric": r.metric_series[-1][1] if r.metric_series else None,
-                "target": r.target, "malformed_lines": len(r.malformed),
+                "target": r.target, "malformed_lines": len(r.malformed), "power_note": r.power_note,
             })
     return rows
-
-
-def cost(report: Report, nodes: int | None, minutes: float | None, energy_j: float | None) -> float | None:
-    """Cost to train: nodes x hours x ``price_per_node_hour`` plus kWh x ``price_per_kwh``, for
-    the prices the report was given; None when no price is given or a figure a price needs
-    is missing (no energy is ever assumed)."""
-    pnh, pkwh = report.price_per_node_hour, report.price_per_kwh
-    if pnh is None and pkwh is None:
-        return None
-    total = 0.0
-    if pnh is not None:
-        if not nodes or minutes is None:
-            return None
-        total += nodes * minutes / 60.0 * pnh
-    if pkwh is not None:
-        if energy_j is None:
-            return None
-        total += energy_j / 3.6e6 * pkwh
-    return total
-
-
-def _folder_nodes(f: FolderResult) -> int | None:
-    nodes = f.system_desc.get("number_of_nodes")
-    try:
-        return int(nodes) if nodes not in (None, "") else f.nodes
-    except (TypeError, ValueError):
-        return f.nodes
-
-
-def _energy_unit(values: Iterable[float | None]) -> tuple[str, float]:
-    """``("kWh", 3.6e6)`` when any value reaches 1 kWh, else ``("kJ", 1e3)``."""
-    return ("kWh", 3.6e6) if any(v is not None and v >= 3.6e6 for v in values) else ("kJ", 1e3)
-
-
-def _energy(value: float | None, scale: float) -> str:
-    return "-" if value is None else f"{value / scale:,.3f}"
 
 
 def resolve_level(report: Report, level: str) -> str:
@@ -139,222 +106,153 @@ def resolve_level(report: Report, level: str) -> str:
     return "runs" if report.folders and all(f.kind == "runs" for f in report.folders) else "folders"
 
 
-def _fmt(value: Any, digits: int = 2) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        if math.isinf(value):
-            return "inf"
-        return f"{value:,.{digits}f}"
-    return str(value)
-
-
 def _benchmarks(folders: Iterable[FolderResult]) -> list[str]:
     return sorted({f.benchmark or "?" for f in folders})
-
-
-def _system_key(f: FolderResult) -> tuple[str, str, str, str, str]:
-    """Round, submitter, system folder, division (and the folder itself for mlhpc run folders):
-    names inside the logs never merge two result folders."""
-    return (f.round or "", f.submitter or "", f.system or "", f.division or "",
-            f.path if f.kind == "runs" else "")
 
 
 def _matrix(folders: list[FolderResult], cell) -> tuple[list[str], list[list[str]]]:  # type: ignore[no-untyped-def]
     benches = _benchmarks(folders)
     systems: dict[tuple[str, ...], dict[str, FolderResult]] = {}
     for f in folders:
-        systems.setdefault(_system_key(f), {})[f.benchmark or "?"] = f
+        systems.setdefault(system_key(f), {})[f.benchmark or "?"] = f
     multi_round = len({k[0] for k in systems}) > 1
     header = (["round"] if multi_round else []) + ["submitter", "system", "division", "nodes x accelerators"] + benches
     body = []
     for key in sorted(systems):
         cells = systems[key]
         any_f = next(iter(cells.values()))
-        desc = any_f.system_desc
-        if desc.get("number_of_nodes") not in (None, "") and desc.get("accelerators_per_node") not in (None, ""):
-            nodes, acc = desc["number_of_nodes"], desc["accelerators_per_node"]
-        else:
-            nodes = any_f.nodes or "?"
-            acc = next((r.accelerators_per_node for r in any_f.runs if r.accelerators_per_node is not None), "?")
-        scale = f"{nodes} nodes, CPU only" if any_f.cpu_only else f"{nodes} x {acc}"
-        row = ([key[0]] if multi_round else []) + [key[1], key[2], key[3] or "?", scale]
+        system = folder_name(any_f) if any_f.kind == "runs" else key[2]
+        row = ([key[0]] if multi_round else []) + [key[1], system, key[3] or "?", scale(any_f)]
         row += [cell(cells[b]) if b in cells else "" for b in benches]
         body.append(row)
     return header, body
 
 
-def _rcp_cell(f: FolderResult) -> str:
-    rcp = f.rcp
-    if rcp is None or rcp.passed is None:
-        return "RCP -"
-    if not rcp.passed:
-        return "RCP FAIL"
-    if f.normalized_min is None or rcp.normalization == 1.0:
-        return "RCP pass"
-    return f"RCP pass, x{rcp.normalization:.3f} = {f.normalized_min:.2f}"
-
-
-def _strong_cell(f: FolderResult) -> str:
-    if f.olympic_min is None:
-        score = "invalid" if any(n.startswith("invalid") for n in f.notes) else "-"
-    else:
-        score = f"{f.olympic_min:.2f}{'*' if f.dropped else ''}"
-    return f"{score} ({_rcp_cell(f)})"
-
-
-def _weak_cell(f: FolderResult) -> str:
-    if f.models_per_min is None:
-        return "-"
-    return f"{f.models_per_min:.3f} ({f.number_of_models} x {f.instance_scale})"
-
-
 def _run_table_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    """Every column of the runs view: energy, mean power, energy per node and per epoch are
+    shown (``-`` where unmeasured) even when no run has power readings."""
     unit = next((r.epoch_unit for f in report.folders for r in f.runs), "epochs")
     runs = [r for f in report.folders for r in f.runs]  # the order of run_rows
-    eunit, scale = _energy_unit(r.energy_to_train_j for r in runs)
-    measured = any(r.energy_to_train_j is not None for r in runs)  # else a note says why not
-    priced = report.price_per_node_hour is not None or report.price_per_kwh is not None
-    header = ["run", "status", "compliant", "time to train s"]
-    header += [f"energy {eunit}", "mean power W"] if measured else []
-    header += ["staging s", "init s", "epochs", f"{unit} to target", "mean epoch s"]
-    header += [f"epoch energy {eunit}"] if measured else []
-    header += ["samples/s", "eval s", "residual s", "resumed"] + (["cost"] if priced else [])
+    eunit, per = energy_unit(r.energy_to_train_j for r in runs)
+    header = ["run", "status", "compliant", "time to train s", f"energy {eunit}", "mean power W",
+              f"energy per node {eunit}", "staging s", "init s", "epochs", f"{unit} to target",
+              "mean epoch s", f"epoch energy {eunit}", "samples/s", "eval s", "residual s", "resumed"]
+    header += ["cost"] if priced(report) else []
     body = []
     for row, run in zip(run_rows(report), runs):
-        power = [_energy(row["energy_to_train_j"], scale), _fmt(row["mean_power_w"], 1)] if measured else []
-        body.append([row["file"], row["status"], _fmt(row["compliant"]), _fmt(row["time_to_train_s"])] + power + [
-                     _fmt(row["staging_s"]) + _staging_nodes_note(getattr(run, "staging_nodes", None)),
-                     _fmt(row["init_s"]), _fmt(row["epochs"]),
-                     _fmt(row["epochs_to_target"], 0), _fmt(row["mean_epoch_s"])]
-                    + ([_energy(row["mean_epoch_energy_j"], scale)] if measured else []) + [
-                     _fmt(row["samples_per_s"], 1), _fmt(row["eval_s"]), _fmt(row["residual_s"]),
-                     _resumed_cell(run)] + ([_fmt(row["cost_to_train"])] if priced else []))
+        body.append([row["file"], row["status"], fmt(row["compliant"]), fmt(row["time_to_train_s"]),
+                     energy(row["energy_to_train_j"], per), fmt(row["mean_power_w"], 1),
+                     node_energy(run, per), staging_cell(run), fmt(row["init_s"]), fmt(row["epochs"]),
+                     fmt(row["epochs_to_target"], 0), fmt(row["mean_epoch_s"]),
+                     energy(row["mean_epoch_energy_j"], per), fmt(row["samples_per_s"], 1),
+                     fmt(row["eval_s"]), fmt(row["residual_s"]), resumed_cell(run)]
+                    + ([fmt(row["cost_to_train"])] if priced(report) else []))
     return header, body
 
 
-def _resumed_cell(run: RunSummary) -> str:
-    """``no``, or for a resumed run the timed seconds across all its attempts, labelled as such
-    (a resumed run is never scored: the figure is not a time to train)."""
-    if not run.resumed:
-        return "no"
-    if run.earlier_attempts_s is None or run.time_to_train_total_s is None:
-        return "yes (earlier attempts not logged)"
-    return f"yes: {run.time_to_train_total_s:,.2f} s all attempts, unscored"
-
-
-def _staging_nodes_note(nodes: dict[str, Any] | None) -> str:
-    """`` (N nodes: slowest, mean s, aggregate GB/s, max bytes per node)`` for a run whose
-    ``staging_stop`` carries mlhpc's per-node figures (`RunSummary.staging_nodes`); empty otherwise."""
-    if not nodes or not nodes.get("nodes"):
-        return ""
-    per_node = nodes.get("node_staged_bytes") or [0]
-    return (f" ({nodes['nodes']} nodes: slowest {_fmt(nodes.get('slowest_node_s'))}, mean "
-            f"{_fmt(nodes.get('mean_node_s'))}, {_fmt(nodes.get('aggregate_gb_per_s'))} GB/s, "
-            f"<= {max(per_node) / 1e9:.3g} GB/node)")
-
-
-def _convergence_text(f: FolderResult) -> str:
-    """rcp_checker's verdict in words, with the figures it compared and the factor."""
-    rcp = f.rcp
-    if rcp is None:
-        return "RCP: -"
-    if rcp.passed is None:
-        return f"RCP {rcp.message}"
-    unit = _unit(f)
-    text = f"RCP {rcp.label}"
-    if rcp.mean_epochs is not None and rcp.rcp_mean_epochs is not None:
-        text += (f" ({unit} to converge {rcp.mean_epochs:,.2f} vs RCP mean {rcp.rcp_mean_epochs:,.2f},"
-                 f" at least {rcp.rcp_min_epochs:,.2f})")
-    if rcp.passed:
-        text += f"; factor {rcp.normalization:.4f}"
-        if f.normalized_min is not None:
-            text += f", score with it {f.normalized_min:.3f} min"
-    return text
-
-
-def _views(report: Report, level: str) -> list[tuple[str, list[str], list[list[str]]]]:
+def _views(report: Report, level: str, wide: bool = True) -> list[tuple[str, list[str], list[list[str]]]]:
+    """``(title, header, rows)`` per table: every column (``wide``), else the compact views of
+    `mlhpc.report.compact` that fit 100 columns."""
     level = resolve_level(report, level)
-    views = []
+    if not wide:
+        return compact_views(report, level)
     if level == "runs":
-        for f in report.folders:
-            sub = Report([f], report.compliance_checked)
-            header, body = _run_table_rows(sub)
-            title = f"{f.path}: {f.benchmark or '?'}, {len(f.runs)} runs"
-            if f.olympic_min is not None:
-                title += f", olympic mean {f.olympic_min:.3f} min"
-            if f.energy_olympic_j is not None:
-                title += f", energy {f.energy_olympic_j / 3.6e6:.4f} kWh (olympic mean)"
-            title += f"; {_convergence_text(f)}"
-            views.append((title, header, body))
-        return views
+        return [(run_view_title(f), *_run_table_rows(Report([f], report.compliance_checked,
+                                                            price_per_node_hour=report.price_per_node_hour,
+                                                            price_per_kwh=report.price_per_kwh)))
+                for f in report.folders]
+    views = []
     strong = [f for f in report.folders if f.kind in ("strong", "runs")]
     weak = [f for f in report.folders if f.kind == "weak"]
     if strong:
-        header, body = _matrix(strong, _strong_cell)
-        views.append(("Strong scaling: time to train, olympic mean in minutes as published (* one run "
-                      "dropped), then rcp_checker's verdict, its normalisation factor and the score with it",
-                      header, body))
+        views.append((STRONG_TITLE, *_matrix(strong, strong_cell)))
     if weak:
-        header, body = _matrix(weak, _weak_cell)
-        views.append(("Weak scaling: throughput, models/min (M models x accelerators each)", header, body))
+        views.append((WEAK_TITLE, *_matrix(weak, weak_cell)))
     if strong or weak:
-        header, body = _matrix(strong + weak, lambda f: _energy_cell(report, f))
+        header, body = _matrix(strong + weak, lambda f: energy_cell(report, f))
         views.append(("Energy to train, kWh: olympic mean as result_summarizer scores power (- : no power "
-                      "readings)" + ("; cost to train" if report.price_per_node_hour is not None
-                                     or report.price_per_kwh is not None else ""), header, body))
+                      "readings)" + ("; cost to train" if priced(report) else ""), header, body))
     return views
 
 
-def _energy_cell(report: Report, f: FolderResult) -> str:
-    text = _energy(f.energy_olympic_j, 3.6e6)
-    price = cost(report, _folder_nodes(f), f.olympic_min if f.kind != "weak" else None, f.energy_olympic_j)
-    return text if price is None else f"{text} (cost {price:,.2f})"
-
-
-def _notes(report: Report) -> list[str]:
-    notes = []
+def notes(report: Report) -> list[str]:
+    """The notes under the tables: each folder's notes, RCP verdicts, compliance, dropped runs,
+    malformed lines; one ``no power counter`` line (`NO_POWER_COUNTER`) when no run has power
+    readings, in place of each folder's own."""
+    out = []
+    no_power = not any_energy(report) and any(f.runs for f in report.folders)
     for f in report.folders:
         where = "/".join(x for x in (f.round, f.submitter, f.system, f.division, f.kind, f.benchmark) if x) or f.path
-        notes += [f"{where}: {n}" for n in f.notes]
+        if f.kind == "runs" and f.path not in where:
+            where = f"{f.path} ({where})"
+        out += [f"{where}: {n}" for n in f.notes if not (no_power and n.startswith(POWER_NOTE_PREFIX))]
         if f.kind != "weak" and f.rcp is not None and f.rcp.passed is not None:
-            notes.append(f"{where}: {_convergence_text(f)}")
+            out.append(f"{where}: {convergence_text(f)}")
         if f.ruleset_note:
-            notes.append(f"{where}: compliance {f.ruleset_note}")
-        notes += [f"{where}: dropped {p.rsplit('/', 1)[-1]}: {r}" for p, r in f.dropped.items()]
-    notes += [f"malformed line {m}" for m in report.malformed]
+            out.append(f"{where}: compliance {f.ruleset_note}")
+        out += [f"{where}: dropped {p.rsplit('/', 1)[-1]}: {r}" for p, r in f.dropped.items()]
+    out += [f"malformed line {m}" for m in report.malformed]
+    if no_power:
+        out.append(NO_POWER_COUNTER)
     if not report.compliance_checked:
-        notes.append("compliance not checked (--no-compliance): scores assume every log complies")
-    return notes
+        out.append("compliance not checked (--no-compliance): scores assume every log complies")
+    return out
 
 
-def tables(report: Report, level: str = "auto") -> Group:
-    """The report as rich tables (and notes), for a console to print."""
+def tables(report: Report, level: str = "auto", wide: bool = True, width: int = 100) -> Group:
+    """The report as rich tables (and notes), for a console to print: every column at its
+    natural width (``wide``), or the compact views fitted to ``width`` columns
+    (`mlhpc.report.compact.fit_widths`: no column narrower than its longest word, names kept on
+    one line where they fit). No cell is ever cut short with an ellipsis: text wraps at
+    spaces, and only where even the narrowest layout is too wide does a word fold."""
     parts: list[Any] = []
-    for title, header, body in _views(report, level):
-        table = Table(title=title, title_justify="left", header_style="bold")
-        for i, name in enumerate(header):
-            left = name in ("run", "status", "submitter", "system", "round")
-            table.add_column(name, justify="left" if left else "right", no_wrap=left)
-        for row in body:
-            table.add_row(*row)
-        parts.append(table)
-    for note in _notes(report):
-        parts.append(f"[yellow]note[/]: {note}")
+    for title, header, body in _views(report, level, wide):
+        widths = None
+        if not wide:
+            names = {i for i, name in enumerate(header) if name in _NAME_COLUMNS}
+            widths = fit_widths(header, body, width, names) or fit_widths(header, body, width, set())
+        parts.append(_table(title, header, body, wide, widths))
+    for note in notes(report):
+        parts.append(f"[yellow]note[/]: {escape(note)}")
     return Group(*parts)
 
 
-def to_text(report: Report, level: str = "auto", width: int = 200) -> str:
-    """The rich tables as plain text (no colour), ``width`` columns wide."""
+_NAME_COLUMNS = ("run", "status", "submitter", "system", "round", "benchmark")
+
+
+def _table(title: str, header: list[str], body: list[list[str]], wide: bool, widths: list[int] | None) -> Table:
+    """A rich table; cells are plain text (never console markup). ``widths``: fixed content
+    widths; else natural widths, names on one line when ``wide``."""
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for i, name in enumerate(header):
+        left = name in _NAME_COLUMNS
+        table.add_column(name, justify="left" if left else "right", overflow="fold",
+                         no_wrap=left and wide and widths is None, width=widths[i] if widths else None)
+    for row in body:
+        table.add_row(*(Text(cell) for cell in row))
+    return table
+
+
+def natural_width(group: Group) -> int:
+    """Columns ``group`` needs so that no table is squeezed (at least 100)."""
+    console = Console(width=100_000, color_system=None, force_terminal=False)
+    return max(100, min(100_000, console.measure(group).maximum))
+
+
+def to_text(report: Report, level: str = "auto", width: int | None = None, wide: bool = True) -> str:
+    """The rich tables as plain text (no colour), ``width`` columns wide (None: as wide as the
+    tables need, `natural_width`, for ``wide``; 100 for the compact views)."""
+    if width is None and not wide:
+        width = 100
+    group = tables(report, level, wide, width or 100)
     buffer = io.StringIO()
-    Console(file=buffer, width=width, color_system=None, force_terminal=False).print(tables(report, level))
+    Console(file=buffer, width=width or natural_width(group), color_system=None,
+            force_terminal=False).print(group)
     return buffer.getvalue()
 
 
 def to_markdown(report: Report, level: str = "auto") -> str:
-    """GitHub-flavoured Markdown: one pipe table per view, then the notes as a list."""
+    """GitHub-flavoured Markdown: one pipe table per view (every column), then the notes."""
     out = []
     for title, header, body in _views(report, level):
         out.append(f"**{title}**\n")
@@ -363,9 +261,9 @@ def to_markdown(report: Report, level: str = "auto") -> str:
         for row in body:
             out.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
         out.append("")
-    notes = _notes(report)
-    if notes:
-        out += [f"- {n}" for n in notes] + [""]
+    text_notes = notes(report)
+    if text_notes:
+        out += [f"- {n}" for n in text_notes] + [""]
     return "\n".join(out)
 
 

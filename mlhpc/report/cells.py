@@ -1,0 +1,232 @@
+"""The text of one report cell: numbers, energy, cost, scores, RCP verdicts, staging, resume.
+
+Shared by the wide views (`mlhpc.report.render`) and the compact ones (`mlhpc.report.compact`),
+so a figure reads the same in every table, Markdown and note. Functions return ``str`` (``"-"``
+for a missing value) and never print.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Iterable
+
+from mlhpc.report.runs import RunSummary
+from mlhpc.report.score import FolderResult, Report
+
+#: The one line the human formats give when no run of a report has power readings.
+NO_POWER_COUNTER = ("no power counter: no run has power readings (power/result_N/node_K.txt), "
+                    "so no energy to train ('-')")
+STRONG_TITLE = ("Strong scaling: time to train, olympic mean in minutes as published (* one run "
+                "dropped), then rcp_checker's verdict, its normalisation factor and the score with it")
+WEAK_TITLE = "Weak scaling: throughput, models/min (M models x accelerators each)"
+
+
+def fmt(value: Any, digits: int = 2) -> str:
+    """``value`` for a table: ``-`` for None, ``yes``/``no``, floats with ``digits`` decimals
+    and thousands separators, ``inf``; anything else as ``str``."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf"
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def epoch_unit(f: FolderResult) -> str:
+    """``epochs`` (or ``samples`` for OpenFold): the convergence unit of a folder's runs."""
+    return next((r.epoch_unit for r in f.runs), "epochs")
+
+
+def energy_unit(values: Iterable[float | None]) -> tuple[str, float]:
+    """``("kWh", 3.6e6)`` when any value (joules) reaches 1 kWh, else ``("kJ", 1e3)``."""
+    return ("kWh", 3.6e6) if any(v is not None and v >= 3.6e6 for v in values) else ("kJ", 1e3)
+
+
+def energy(value: float | None, scale: float) -> str:
+    """Joules divided by ``scale`` (1e3: kJ, 3.6e6: kWh), three decimals; ``-`` when unmeasured."""
+    return "-" if value is None else f"{value / scale:,.3f}"
+
+
+def node_energy(run: RunSummary, scale: float) -> str:
+    """Energy per power file (``node_K``, ``sw_K``) in the unit of ``scale``: each file named up
+    to four files, else the count with the smallest and largest node; ``-`` when unmeasured."""
+    nodes = run.node_energy_j
+    if not nodes:
+        return "-"
+    if len(nodes) <= 4:
+        return ", ".join(f"{name} {energy(j, scale)}" for name, j in nodes.items())
+    values = [j for name, j in nodes.items() if name.startswith("node_")] or list(nodes.values())
+    return f"{len(values)} nodes: {energy(min(values), scale)} .. {energy(max(values), scale)}"
+
+
+def any_energy(report: Report) -> bool:
+    """Some run of ``report`` has an energy to train (power readings beside its log)."""
+    return any(r.energy_to_train_j is not None for f in report.folders for r in f.runs)
+
+
+def cost(report: Report, nodes: int | None, minutes: float | None, energy_j: float | None) -> float | None:
+    """Cost to train: nodes x hours x ``price_per_node_hour`` plus kWh x ``price_per_kwh``, for
+    the prices the report was given; None when no price is given or a figure a price needs
+    is missing (no energy is ever assumed)."""
+    pnh, pkwh = report.price_per_node_hour, report.price_per_kwh
+    if pnh is None and pkwh is None:
+        return None
+    total = 0.0
+    if pnh is not None:
+        if not nodes or minutes is None:
+            return None
+        total += nodes * minutes / 60.0 * pnh
+    if pkwh is not None:
+        if energy_j is None:
+            return None
+        total += energy_j / 3.6e6 * pkwh
+    return total
+
+
+def priced(report: Report) -> bool:
+    return report.price_per_node_hour is not None or report.price_per_kwh is not None
+
+
+def folder_nodes(f: FolderResult) -> int | None:
+    """Nodes of a result folder: the system description's ``number_of_nodes``, else the logs'."""
+    nodes = f.system_desc.get("number_of_nodes")
+    try:
+        return int(nodes) if nodes not in (None, "") else f.nodes
+    except (TypeError, ValueError):
+        return f.nodes
+
+
+def scale(f: FolderResult) -> str:
+    """``nodes x accelerators per node`` (``N nodes, CPU only`` for CPU systems; ``?`` unknown)."""
+    desc = f.system_desc
+    if desc.get("number_of_nodes") not in (None, "") and desc.get("accelerators_per_node") not in (None, ""):
+        nodes, acc = desc["number_of_nodes"], desc["accelerators_per_node"]
+    else:
+        nodes = f.nodes or "?"
+        acc = next((r.accelerators_per_node for r in f.runs if r.accelerators_per_node is not None), "?")
+    return f"{nodes} nodes, CPU only" if f.cpu_only else f"{nodes} x {acc}"
+
+
+def folder_name(f: FolderResult) -> str:
+    """How a person knows a result folder: ``submitter: system`` for a published result; the run
+    folder's own name (and its system, when logged) for an mlhpc run folder."""
+    if f.kind == "runs":
+        name = Path(f.path).name or f.path
+        return f"{name} ({f.system})" if f.system and f.system != name else name
+    return ": ".join(x for x in (f.submitter, f.system) if x) or f.path
+
+
+def rcp_cell(f: FolderResult) -> str:
+    rcp = f.rcp
+    if rcp is None or rcp.passed is None:
+        return "RCP -"
+    if not rcp.passed:
+        return "RCP FAIL"
+    if f.normalized_min is None or rcp.normalization == 1.0:
+        return "RCP pass"
+    return f"RCP pass, x{rcp.normalization:.3f} = {f.normalized_min:.2f}"
+
+
+def strong_cell(f: FolderResult) -> str:
+    """``olympic minutes[*] (RCP verdict[, factor = normalised score])``; ``invalid`` or ``-``."""
+    if f.olympic_min is None:
+        score = "invalid" if any(n.startswith("invalid") for n in f.notes) else "-"
+    else:
+        score = f"{f.olympic_min:.2f}{'*' if f.dropped else ''}"
+    return f"{score} ({rcp_cell(f)})"
+
+
+def weak_cell(f: FolderResult) -> str:
+    """``models/min (models x accelerators per model)``; ``-`` without a score."""
+    if f.models_per_min is None:
+        return "-"
+    return f"{f.models_per_min:.3f} ({f.number_of_models} x {f.instance_scale})"
+
+
+def energy_cell(report: Report, f: FolderResult) -> str:
+    """A folder's olympic-mean energy in kWh, with the cost to train where prices are given."""
+    text = energy(f.energy_olympic_j, 3.6e6)
+    price = cost(report, folder_nodes(f), f.olympic_min if f.kind != "weak" else None, f.energy_olympic_j)
+    return text if price is None else f"{text} (cost {price:,.2f})"
+
+
+def resumed_cell(run: RunSummary) -> str:
+    """``no``, or for a resumed run the timed seconds across all its attempts, labelled as such
+    (a resumed run is never scored: the figure is not a time to train)."""
+    if not run.resumed:
+        return "no"
+    if run.earlier_attempts_s is None or run.time_to_train_total_s is None:
+        return "yes (earlier attempts not logged)"
+    return f"yes: {run.time_to_train_total_s:,.2f} s all attempts, unscored"
+
+
+def staged_nothing(run: RunSummary) -> bool:
+    """The run copied nothing to node-local storage: a resumed run without staging records,
+    staging off (``staging_stop`` with ``staged_bytes`` 0 and no per-node figures), or mlhpc's
+    per-node figures showing no byte copied (the copy was already in place, as on a resume)."""
+    if run.staging_s is None:
+        return run.resumed
+    nodes = run.staging_nodes or {}
+    if not nodes.get("nodes"):
+        return run.staged_bytes == 0
+    per_node = nodes.get("node_gb_per_s") or []
+    return nodes.get("aggregate_gb_per_s") == 0 and not any(per_node)
+
+
+def staging_cell(run: RunSummary, wide: bool = True) -> str:
+    """Staging seconds; ``not staged`` where nothing was copied (`staged_nothing`), never a
+    bandwidth of 0.00 GB/s. ``wide`` adds mlhpc's per-node figures ``(N nodes: slowest, mean s,
+    aggregate GB/s, max GB per node)`` or, for a copy already in place, the seconds spent
+    verifying it."""
+    nodes = run.staging_nodes or {}
+    if staged_nothing(run):
+        if not wide or not nodes.get("nodes") or run.staging_s is None:
+            return "not staged"
+        return f"not staged: copy in place on {nodes['nodes']} nodes ({fmt(run.staging_s)} s verifying)"
+    text = fmt(run.staging_s)
+    if not wide or not nodes.get("nodes"):
+        return text
+    per_node = nodes.get("node_staged_bytes") or [0]
+    return (f"{text} ({nodes['nodes']} nodes: slowest {fmt(nodes.get('slowest_node_s'))}, mean "
+            f"{fmt(nodes.get('mean_node_s'))}, {fmt(nodes.get('aggregate_gb_per_s'))} GB/s, "
+            f"<= {max(per_node) / 1e9:.3g} GB/node)")
+
+
+def convergence_text(f: FolderResult) -> str:
+    """rcp_checker's verdict in words, with the figures it compared and the factor."""
+    rcp = f.rcp
+    if rcp is None:
+        return "RCP: -"
+    if rcp.passed is None:
+        return f"RCP {rcp.message}"
+    unit = epoch_unit(f)
+    text = f"RCP {rcp.label}"
+    if rcp.mean_epochs is not None and rcp.rcp_mean_epochs is not None:
+        text += (f" ({unit} to converge {rcp.mean_epochs:,.2f} vs RCP mean {rcp.rcp_mean_epochs:,.2f},"
+                 f" at least {rcp.rcp_min_epochs:,.2f})")
+    if rcp.passed:
+        text += f"; factor {rcp.normalization:.4f}"
+        if f.normalized_min is not None:
+            text += f", score with it {f.normalized_min:.3f} min"
+    return text
+
+
+def system_key(f: FolderResult) -> tuple[str, str, str, str, str]:
+    """Round, submitter, system folder, division (and the folder itself for mlhpc run folders):
+    names inside the logs never merge two result folders."""
+    return (f.round or "", f.submitter or "", f.system or "", f.division or "",
+            f.path if f.kind == "runs" else "")
+
+
+def run_view_title(f: FolderResult) -> str:
+    """``folder: benchmark, N runs[, olympic mean][, energy]; RCP verdict`` above a runs table."""
+    title = f"{f.path}: {f.benchmark or '?'}, {len(f.runs)} runs"
+    if f.olympic_min is not None:
+        title += f", olympic mean {f.olympic_min:.3f} min"
+    if f.energy_olympic_j is not None:
+        title += f", energy {f.energy_olympic_j / 3.6e6:.4f} kWh (olympic mean)"
+    return title + f"; {convergence_text(f)}"

@@ -1,0 +1,105 @@
+"""The compact tables of ``mlhpc report`` (its default; ``--wide`` shows every column).
+
+They hold the columns a person reads first and fit a 100-column terminal:
+
+- runs (one table per mlhpc run folder, titled with the folder, benchmark, olympic mean and RCP
+  verdict): run, status, compliant, time to train, energy (where any run has power readings),
+  staging (``not staged`` where nothing was copied), epochs, samples/s, resumed;
+- folders (one row per result folder, instead of the wide systems x benchmarks matrix):
+  benchmark, system (``submitter: system``, or the run folder), division, nodes x accelerators,
+  the score with its RCP verdict, and energy (where any folder has an energy score).
+
+Every figure is the same text as in the wide views (`mlhpc.report.cells`).
+"""
+
+from __future__ import annotations
+
+from rich.cells import cell_len
+
+from mlhpc.report.cells import (STRONG_TITLE, WEAK_TITLE, any_energy, energy, energy_unit, fmt, folder_name,
+                                resumed_cell, run_view_title, scale, staging_cell, strong_cell, system_key,
+                                weak_cell)
+from mlhpc.report.score import FolderResult, Report
+
+View = tuple[str, list[str], list[list[str]]]
+
+
+def compact_views(report: Report, level: str) -> list[View]:
+    """``(title, header, rows)`` per compact table; ``level`` is ``runs`` or ``folders``
+    (`mlhpc.report.render.resolve_level` has resolved ``auto``)."""
+    if level == "runs":
+        return [(run_view_title(f), *_run_rows(f, any_energy(report))) for f in report.folders]
+    views = []
+    for kinds, title, cell in ((("strong", "runs"), STRONG_TITLE, strong_cell), (("weak",), WEAK_TITLE, weak_cell)):
+        folders = sorted((f for f in report.folders if f.kind in kinds),
+                         key=lambda f: (f.benchmark or "?", system_key(f)))
+        if folders:
+            views.append((title, *_folder_rows(folders, cell, "models/min (models x accelerators)"
+                                               if kinds == ("weak",) else "minutes (RCP)")))
+    return views
+
+
+def _run_rows(f: FolderResult, measured: bool) -> tuple[list[str], list[list[str]]]:
+    eunit, per = energy_unit(r.energy_to_train_j for r in f.runs)
+    header = ["run", "status", "compliant", "time to train s"] + ([f"energy {eunit}"] if measured else [])
+    header += ["staging s", "epochs", "samples/s", "resumed"]
+    body = []
+    for r in f.runs:
+        body.append([r.path.rsplit("/", 1)[-1], r.status, fmt(r.compliant), fmt(r.time_to_train_s)]
+                    + ([energy(r.energy_to_train_j, per)] if measured else [])
+                    + [staging_cell(r, wide=False), fmt(r.n_epochs), fmt(r.samples_per_s, 1), resumed_cell(r)])
+    return header, body
+
+
+def _folder_rows(folders: list[FolderResult], cell, score: str) -> tuple[list[str], list[list[str]]]:  # type: ignore[no-untyped-def]
+    multi_round = len({f.round for f in folders}) > 1
+    measured = any(f.energy_olympic_j is not None for f in folders)
+    header = ["benchmark", "system", "division", "nodes x accelerators", score]
+    header += ["energy kWh"] if measured else []
+    body = []
+    for f in folders:
+        system = f"{f.round} {folder_name(f)}" if multi_round and f.round else folder_name(f)
+        body.append([f.benchmark or "?", system, f.division or "?", scale(f), cell(f)]
+                    + ([energy(f.energy_olympic_j, 3.6e6)] if measured else []))
+    return header, body
+
+
+#: A cell up to this many columns stays on one line (``not staged``, ``82944 x 4``).
+SHORT = 12
+
+
+def _least(text: str) -> int:
+    """The narrowest a cell may be: whole when short (`SHORT`), else its longest word."""
+    if cell_len(text) <= SHORT:
+        return cell_len(text)
+    return max((cell_len(word) for word in text.split()), default=0)
+
+
+def _lines(text: str) -> int:
+    return max((cell_len(line) for line in text.splitlines()), default=0)
+
+
+def fit_widths(header: list[str], body: list[list[str]], width: int, whole: set[int]) -> list[int] | None:
+    """Content widths (padding and borders excluded) for a rich table of ``header`` and ``body``
+    to be at most ``width`` columns wide, or None when even the narrowest layout is wider.
+
+    A column is never narrower than its longest word (so no number is folded or cut short) nor
+    than its longest cell of at most `SHORT` columns (a header may wrap), and the columns in ``whole`` never narrower than their longest cell (a name kept on one line).
+    Room beyond the minimums goes to the columns in proportion to the room their longest lines
+    would take, up to that. Widths are terminal cells (`rich.cells.cell_len`).
+    """
+    columns = list(zip(header, *body))
+    longest = [max(_lines(text) for text in col) for col in columns]
+    least = [max([_least(text) for text in col[1:]] + [_least(col[0] + " " * SHORT)]) for col in columns]
+    least = [longest[i] if i in whole else least[i] for i in range(len(columns))]
+    room = width - (3 * len(columns) + 1)  # a border and two padding cells per column, one border more
+    if sum(least) > room:
+        return None
+    if sum(longest) <= room:
+        return longest
+    extra, want = room - sum(least), [b - a for a, b in zip(least, longest)]
+    widths = [a + extra * w // sum(want) for a, w in zip(least, want)]
+    for i in sorted(range(len(widths)), key=lambda i: widths[i] - longest[i]):  # most short of room first
+        if sum(widths) < room and widths[i] < longest[i]:
+            widths[i] += 1
+    return widths
