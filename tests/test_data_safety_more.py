@@ -13,9 +13,9 @@ import errno
 import os
 import stat
 import subprocess
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import cosmoflow_writers as w
 import h5py
@@ -164,8 +164,8 @@ def test_package_files_never_wider_than_the_logs(tmp_path: Path) -> None:
 # ---- 2. the one destination check ------------------------------------------------------------
 
 
-def destination_case(tmp_path: Path, command: str, tfdata: Path, raw: Path, repo: Path,
-                     dest: Path) -> list[str]:
+def destination_case(command: str, tfdata: Path, raw: Path, repo: Path, dest: Path) -> list[str]:
+    """The command line of ``command`` writing to ``dest``."""
     return {"stage": lambda: stage_args(repo, tfdata, dest),
             "convert": lambda: convert_args(tfdata, dest),
             "prepare": lambda: prepare_args(raw, dest),
@@ -182,9 +182,9 @@ def test_a_destination_others_can_write_is_refused(tmp_path: Path, tfdata: Path,
     dest = tmp_path / "shared"
     dest.mkdir()
     dest.chmod(mode)
-    code, err = cli(*destination_case(tmp_path, command, tfdata, raw, repo, dest))
+    code, err = cli(*destination_case(command, tfdata, raw, repo, dest))
     me = f"(uid {os.geteuid()})"
-    one_line(code, err, str(dest), f"owned by ", me, f"with mode {mode:04o}", "writable by nobody else")
+    one_line(code, err, str(dest), "owned by ", me, f"with mode {mode:04o}", "writable by nobody else")
     assert os.listdir(dest) == []
 
 
@@ -195,7 +195,7 @@ def test_a_linked_destination_is_refused(tmp_path: Path, tfdata: Path, raw: Path
     target.mkdir(mode=0o700)
     dest = tmp_path / "link"
     dest.symlink_to(target)
-    code, err = cli(*destination_case(tmp_path, command, tfdata, raw, repo, dest))
+    code, err = cli(*destination_case(command, tfdata, raw, repo, dest))
     one_line(code, err, str(dest), "symbolic link")
     assert os.listdir(target) == []
 
@@ -204,7 +204,7 @@ def test_a_linked_destination_is_refused(tmp_path: Path, tfdata: Path, raw: Path
 def test_a_new_destination_is_created_0700(tmp_path: Path, tfdata: Path, raw: Path, repo: Path,
                                            command: str) -> None:
     dest = tmp_path / "fresh" / "dest"
-    code, err = cli(*destination_case(tmp_path, command, tfdata, raw, repo, dest))
+    code, err = cli(*destination_case(command, tfdata, raw, repo, dest))
     assert code == 0, err
     assert stat.S_IMODE(dest.stat().st_mode) == 0o700
 
@@ -283,15 +283,11 @@ def test_a_linked_output_file_is_replaced_not_written_through(tmp_path: Path, tf
 # ---- 5. file-system faults ---------------------------------------------------------------------
 
 
-def faulty_dest(tmp_path: Path, command: str, tfdata: Path, raw: Path, repo: Path, dest: Path) -> list[str]:
-    return destination_case(tmp_path, command, tfdata, raw, repo, dest)
-
-
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_read_only_destination_is_one_line(tmp_path: Path, tfdata: Path, raw: Path, repo: Path,
                                              command: str) -> None:
     with tmpfs(tmp_path / "ro", 1 << 20, read_only=True) as dest:
-        code, err = cli(*destination_case(tmp_path, command, tfdata, raw, repo, dest))
+        code, err = cli(*destination_case(command, tfdata, raw, repo, dest))
     one_line(code, err, str(dest), "read-only file system")
 
 
@@ -299,7 +295,7 @@ def test_a_read_only_destination_is_one_line(tmp_path: Path, tfdata: Path, raw: 
 def test_a_full_destination_is_one_line(tmp_path: Path, tfdata: Path, raw: Path, repo: Path,
                                         command: str) -> None:
     with tmpfs(tmp_path / "full", 8192) as dest:
-        code, err = cli(*destination_case(tmp_path, command, tfdata, raw, repo, dest))
+        code, err = cli(*destination_case(command, tfdata, raw, repo, dest))
     one_line(code, err, str(dest), "no space left on device")
 
 

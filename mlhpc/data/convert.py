@@ -21,9 +21,10 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mlhpc.data import manifest
 from mlhpc.data.files import (
@@ -40,7 +41,14 @@ from mlhpc.data.files import (
     refuse_overlap,
     resolved,
 )
-from mlhpc.data.formats import DataTools, detect, list_split, split_dirs, splits_of, tools_of
+from mlhpc.data.formats import (
+    DataTools,
+    detect,
+    list_split,
+    split_dirs,
+    splits_of,
+    tools_of,
+)
 from mlhpc.data.pool import run_all
 from mlhpc.errors import DataError
 
