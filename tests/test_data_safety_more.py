@@ -407,8 +407,10 @@ def test_quick_check_catches_a_contiguous_hdf5_cut_inside_its_counts(tmp_path: P
 
 
 def test_check_help_stays_true() -> None:
+    """Quick does what costs no more than headers and framing; the size a header implies is
+    such a thing, so the help's promise covers it."""
     text = " ".join(CliRunner().invoke(main, ["data", "check", "--help"]).output.split())
-    assert "headers and record framing" in text and "npy headers" in text
+    assert "headers and record framing" in text
 
 
 # ---- 7. the link opt-in named in the message exists --------------------------------------------
