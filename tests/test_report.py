@@ -261,7 +261,10 @@ def test_cli_formats_and_errors(tmp_path):
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["compliance_checked"] is False
     result = runner.invoke(report_command, [str(MINI_RUNS), "--format", "markdown", "--plots", str(tmp_path / "p")])
-    assert result.exit_code == 0 and (tmp_path / "p" / "report-scaling.png").is_file()
+    assert result.exit_code == 0 and (tmp_path / "p" / "report-time-split.png").is_file()
+    # the mini runs stop at max_epochs: no compliant run, no score, so no scaling plot, and why
+    assert not (tmp_path / "p" / "report-scaling.png").exists()
+    assert "no scaling plot: no strong-scaling result has a score (olympic mean)" in result.stderr
     result = runner.invoke(report_command, [str(tmp_path / "nowhere")])
     assert result.exit_code == 2 and "nowhere" in result.stderr and len(result.stderr.splitlines()) == 1
     result = runner.invoke(report_command, [str(MINI_RUNS), "--org", "x"])

@@ -215,10 +215,17 @@ def scaling_figure(report: Report) -> Figure | None:
     return fig
 
 
+def _scaling_why(report: Report) -> str:
+    scored = [f for f in report.folders if f.kind in ("strong", "runs") and f.olympic_min is not None]
+    if not scored:
+        return "no strong-scaling result has a score (olympic mean)"
+    return "no scored result carries a node count"
+
+
 #: ``(file name, figure, why it is not written when the figure is None)``.
-FIGURES = (("time-split", time_split_figure, "no run has run_start, run_stop and epochs"),
-           ("convergence", convergence_figure, "no run logs a quality metric (eval records)"),
-           ("scaling", scaling_figure, "no scored result carries a node count"))
+FIGURES = (("time-split", time_split_figure, lambda _: "no run has run_start, run_stop and epochs"),
+           ("convergence", convergence_figure, lambda _: "no run logs a quality metric (eval records)"),
+           ("scaling", scaling_figure, _scaling_why))
 
 
 @dataclass
@@ -247,7 +254,7 @@ def write_plots(report: Report, out_dir: Path | str, prefix: str = "report-") ->
     for name, make, why in FIGURES:
         fig = make(report)
         if fig is None:
-            files.skipped.append(f"no {name} plot: {why}")
+            files.skipped.append(f"no {name} plot: {why(report)}")
             continue
         path = out / f"{prefix}{name}.png"
         try:
