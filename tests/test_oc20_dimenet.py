@@ -79,10 +79,10 @@ def _copy_into_pyg(ours, theirs):
     assert not unexpected and not [m for m in missing if "sbf" not in m], (missing, unexpected)
 
 
-def test_energy_matches_torch_geometric(monkeypatch):
-    """Same weights, same graph: our energy equals torch-geometric's DimeNetPlusPlus (whose
-    radius graph and triplets need compiled companions, so they are replaced by brute-force
-    enumerations written here)."""
+def _energy_and_torch_geometrics(monkeypatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(our energy, torch-geometric's DimeNetPlusPlus energy) with the same weights on the same
+    graph; torch-geometric's radius graph and triplets need compiled companions, so they are
+    replaced by brute-force enumerations written here."""
     pyg = pytest.importorskip("torch_geometric.nn.models.dimenet")
     batch = structure(1, n=7, box=6.0)
     ours = model(2, use_pbc=False)
@@ -109,13 +109,114 @@ def test_energy_matches_torch_geometric(monkeypatch):
     expected = theirs(batch["atomic_numbers"], pos, batch["batch"]).reshape(-1)
     stored = {**batch, "edge_index": edge_index, "cell_offsets": torch.zeros(edge_index.size(1), 3)}
     energy, _ = ours(stored)
+    return energy.detach(), expected.detach()
+
+
+def test_energy_matches_torch_geometric(monkeypatch):
+    """Same weights, same graph: our energy equals torch-geometric's DimeNetPlusPlus."""
+    energy, expected = _energy_and_torch_geometrics(monkeypatch)
     # torch-geometric evaluates its bases as sympy-simplified expressions: in float64 they
     # differ from ours by about 1e-7 relative (measured); a wrong basis or block is O(1) off
+    # (test_a_wrong_basis_block_or_triplet_fails_the_comparison)
     assert torch.allclose(energy, expected, rtol=1e-6, atol=1e-8), (energy, expected)
-    assert (ours.sbf.forward(torch.tensor([1.5], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64),
-                             torch.tensor([0])) - theirs.sbf(torch.tensor([1.5], dtype=torch.float64),
-                                                             torch.tensor([1.0], dtype=torch.float64),
-                                                             torch.tensor([0]))).abs().max() < 1e-5
+    pyg = pytest.importorskip("torch_geometric.nn.models.dimenet")
+    theirs = pyg.SphericalBasisLayer(SMALL["num_spherical"], SMALL["num_radial"], SMALL["cutoff"], 5)
+    ours = model(2, use_pbc=False)
+    d, a, kj = (torch.tensor([1.5], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64),
+                torch.tensor([0]))
+    assert (ours.sbf.forward(d, a, kj) - theirs(d, a, kj)).abs().max() < 1e-5
+
+
+def _legendre_of_minus_cos(order, x):
+    return _REAL["legendre"](order, -x)
+
+
+def _envelope_without_pole(self, x):
+    return _REAL["Envelope.forward"](self, x) - 1.0 / x * (x < 1.0).to(x.dtype)
+
+
+def _interaction_without_skip(self, x, rbf, sbf, idx_kj, idx_ji):
+    return _REAL["InteractionPPBlock.forward"](self, x, rbf, sbf, idx_kj, idx_ji) - x
+
+
+def _residual_one_layer(self, x):
+    return x + torch.nn.functional.silu(self.lin1(x))
+
+
+def _triplets_keeping_k_equal_i(edge_index, num_nodes):
+    row, col = edge_index
+    found = [(int(col[e]), int(row[e]), int(row[f]), f, e) for e in range(row.numel())
+             for f in range(row.numel()) if col[f] == row[e]]
+    return tuple(torch.tensor(c, dtype=torch.long) for c in zip(*found))
+
+
+_REAL = {"legendre": dimenet.legendre, "Envelope.forward": dimenet.Envelope.forward,
+         "InteractionPPBlock.forward": dimenet.InteractionPPBlock.forward}
+MUTATIONS = {  # what is made wrong -> (where, attribute, the wrong version)
+    "spherical basis: Legendre polynomials of -cos(angle)": (dimenet, "legendre", _legendre_of_minus_cos),
+    "radial basis: envelope without its 1/x term": (dimenet.Envelope, "forward", _envelope_without_pole),
+    "interaction block: no skip connection": (dimenet.InteractionPPBlock, "forward", _interaction_without_skip),
+    "residual layer: one linear layer of two": (dimenet.ResidualLayer, "forward", _residual_one_layer),
+    "triplets: k == i kept": (dimenet, "triplets", _triplets_keeping_k_equal_i),
+}
+
+
+@pytest.mark.parametrize("mutation", list(MUTATIONS))
+def test_a_wrong_basis_block_or_triplet_fails_the_comparison(monkeypatch, mutation):
+    """The comparison with torch-geometric catches each of these mistakes (energy off by far
+    more than the 1e-6 relative the true model agrees to)."""
+    where, name, wrong = MUTATIONS[mutation]
+    monkeypatch.setattr(where, name, wrong)
+    energy, expected = _energy_and_torch_geometrics(monkeypatch)
+    assert not torch.allclose(energy, expected, rtol=1e-3, atol=1e-6), mutation
+
+
+def _drop_images(real):
+    def radius_graph_pbc(*args):
+        edge_index, offsets = real(*args)
+        home = (offsets == 0).all(dim=1)
+        return edge_index[:, home], offsets[home]
+    return radius_graph_pbc
+
+
+def _offsets_reversed(real):
+    def graph(self, batch):
+        edge_index, offsets = real(self, batch)
+        return edge_index, -offsets
+    return graph
+
+
+def test_wrong_periodic_images_fail_the_checks(monkeypatch):
+    """A radius graph that misses the periodic images disagrees with the brute-force search; a
+    model that drops the images' cell offsets from its distances loses the periodic energy's
+    invariance to moving an atom into another image (here: the offsets added with the wrong
+    sign, so each edge measures the distance to another image than the one it names)."""
+    batch = structure(5, n=4, box=2.6)
+    real_graph = dimenet.radius_graph_pbc
+    assert _edges_agree_with_brute_force(batch)
+    monkeypatch.setattr(dimenet, "radius_graph_pbc", _drop_images(real_graph))
+    assert not _edges_agree_with_brute_force(batch)
+    monkeypatch.setattr(dimenet, "radius_graph_pbc", real_graph)
+    assert _image_gap(batch) < 1e-9
+    monkeypatch.setattr(dimenet.DimeNetPlusPlus, "graph", _offsets_reversed(dimenet.DimeNetPlusPlus.graph))
+    assert _image_gap(batch) > 1e-4
+
+
+def _edges_agree_with_brute_force(batch) -> bool:
+    edge_index, offsets = dimenet.radius_graph_pbc(batch["pos"], batch["cell"], batch["natoms"], 3.0, 500)
+    ours = sorted((int(j), int(i), tuple(int(o) for o in off)) for (j, i), off in zip(edge_index.T, offsets))
+    return ours == sorted(brute_force_edges(batch, 3.0))
+
+
+def _image_gap(batch) -> float:
+    """|E(one atom moved into another image) - E|: zero for a periodic energy."""
+    m = model(6, max_neighbors=500)
+    cell = batch["cell"][0]
+    moved = batch["pos"].clone()
+    moved[0] += cell[1] - cell[2]
+    gap = float((m({**batch, "pos": moved})[0] - m(batch)[0]).detach().abs().max())
+    assert math.isfinite(gap)
+    return gap
 
 
 def test_forces_are_the_negative_gradient_of_the_energy():
