@@ -30,16 +30,12 @@ from mlhpc.data import manifest
 from mlhpc.data.files import (
     atomic_output,
     check_no_links,
-    checksum,
     common_mode,
     copy_mode,
-    is_under,
     make_private_dir,
-    narrow_mode,
     output_mode,
     reason,
     refuse_overlap,
-    resolved,
 )
 from mlhpc.data.formats import (
     DataTools,
@@ -92,14 +88,12 @@ class _Writing:
 
 
 def _describe(path: Path, root: Path, samples: int, source: str | None, mode: int) -> dict[str, Any]:
-    """The manifest entry of an output just written, its permission bits narrowed to ``mode``
-    (`mlhpc.data.files.narrow_mode`). Raises DataError when it lies outside ``root``; OSError."""
-    path = Path(path)
-    if not is_under(resolved(path), resolved(root)):
-        raise DataError(f"{path}: the converter of {source} wrote outside the output folder {root}")
-    narrow_mode(path, mode)
-    return {"path": path.relative_to(root).as_posix(), "bytes": path.stat().st_size,
-            "xxh3_128": checksum(path), "samples": samples, "from": source}
+    """The manifest entry of an output just written (`mlhpc.data.manifest.describe_output`:
+    its bits narrowed to ``mode``). Raises DataError when it lies outside ``root``; OSError."""
+    try:
+        return {**manifest.describe_output(root, path, samples, mode), "from": source}
+    except ValueError:
+        raise DataError(f"{path}: the converter of {source} wrote outside the output folder {root}") from None
 
 
 def _convert_one(writing: _Writing, rel: str, source: Path, out_dir: Path) -> dict[str, Any]:

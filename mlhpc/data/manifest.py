@@ -33,8 +33,11 @@ from typing import Any, Iterator, Optional
 
 from mlhpc.data.files import (
     CHECKSUM,
+    checksum,
     dest_error,
     is_part_file,
+    is_under,
+    narrow_mode,
     reason,
     resolved,
     safe_name,
@@ -53,6 +56,24 @@ MANIFEST_FORMAT = "mlhpc-manifest"
 MANIFEST_VERSION = 3  # 3: one schema for staging, conversion and preparation; "complete"
 MAX_MANIFEST_BYTES = 1 << 30  # a manifest of ~10 million files; anything larger is not ours
 IDENTITY = ("source_mtime_ns", "source_ctime_ns", "source_ino")  # with bytes: "same file"
+def describe_output(root: Path, path: Path, samples: int, mode: int) -> dict[str, Any]:
+    """The manifest entry ``{path (POSIX, relative to root), bytes, xxh3_128, samples}`` of a
+    file a workload's converter just wrote, its permission bits first narrowed to ``mode``
+    (`mlhpc.data.files.narrow_mode`: never wider than its source). The one description of a
+    converted file, for ``data convert | prepare`` and for staging that converts.
+
+    Raises:
+        ValueError: ``path`` lies outside ``root`` (after resolving links).
+        OSError: it cannot be read or changed (ELOOP: it is a link).
+    """
+    path = Path(path)
+    if not is_under(resolved(path), resolved(root)):
+        raise ValueError(f"{path} lies outside {root}")
+    rel = path.relative_to(root).as_posix()
+    narrow_mode(path, mode)
+    return {"path": rel, "bytes": os.stat(path).st_size, "xxh3_128": checksum(path), "samples": samples}
+
+
 def load(folder: Path) -> Optional[dict[str, Any]]:
     """The manifest of ``folder`` when it is a valid, complete one of this schema; ``None`` when
     it is missing, unreadable, of another version, incomplete or malformed. The one parser:

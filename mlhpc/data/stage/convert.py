@@ -16,7 +16,6 @@ from mlhpc.data.files import (
     common_mode,
     copy_mode,
     dest_error,
-    narrow_mode,
     output_mode,
     reason,
     resolved,
@@ -24,6 +23,7 @@ from mlhpc.data.files import (
 from mlhpc.data.manifest import (
     MANIFEST_NAME,
     Journal,
+    describe_output,
     drop_journals,
     finish_files_recorded,
     identity,
@@ -57,14 +57,10 @@ def _describe_output(dest: Path, path: Path, samples: int, src: Path, mode: int)
     """``{path (relative to dest), bytes, xxh3_128, samples}`` of a file just written, its
     permission bits narrowed to ``mode`` (`mlhpc.data.files.narrow_mode`)."""
     try:
-        rel = Path(path).relative_to(dest).as_posix()
+        return describe_output(dest, Path(path), samples, mode)
     except ValueError:
         raise StagingError(f"{path}: the converter of {src} wrote outside the staging "
                            f"destination {dest}") from None
-    try:
-        narrow_mode(Path(path), mode)
-        return {"path": rel, "bytes": os.stat(path).st_size, "xxh3_128": checksum(path),
-                "samples": samples}
     except OSError as exc:
         raise StagingError(f"{path}: cannot read back converted file ({reason(exc)}; "
                            f"converting {src})") from None
