@@ -92,11 +92,13 @@ def table_rows(series: list[Series]) -> list[dict[str, Any]]:
             for s in series for p in (s.points[n] for n in sorted(s.points))]
 
 
-#: One colour and one marker per series, in order (matplotlib's tab10, then markers that
-#: stay apart in print): series i gets colour i mod 10 and marker i mod 11, so no two of the
-#: first 10 series share either, and no two of the first 110 share both.
+#: One colour and one marker per series, in order (matplotlib's tab10, then ten more that stay
+#: apart from them; markers that stay apart in print): series i gets colour i mod 20 and marker
+#: i mod 11, so no two of the first 11 series share either, no two of the first 20 share a
+#: colour, and no two of the first 220 share both.
 COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
-           "tab:gray", "tab:olive", "tab:cyan")
+           "tab:gray", "tab:olive", "tab:cyan", "black", "gold", "navy", "lime", "magenta", "sienna",
+           "darkslategray", "crimson", "teal", "indigo")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "*")
 
 
@@ -132,16 +134,17 @@ def figure(series: list[Series], title: str, mode: str = "strong") -> Any:
         ax.grid(True, which="both", alpha=0.3)
     ax_t.set_yscale("log")
     ax_t.set_ylabel("time to train (min, log scale)")
-    ax_e.set_ylabel(f"{mode}-scaling parallel efficiency (ratio, 1 = ideal)")
+    ax_e.set_ylabel(f"{mode}-scaling efficiency (ratio, 1 = ideal)")
     ax_e.axhline(1.0, color="grey", linewidth=0.8)
     handles, labels = ax_t.get_legend_handles_labels()
     rows = (len(labels) + 2) // 3
-    fig.set_size_inches(11, 4.5 + 0.25 * rows)
+    legend_in = 0.2 * (rows + 1) + 0.25  # the legend's rows and its title, inches
+    fig.set_size_inches(11, 4.5 + legend_in)
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize="small", frameon=False,
                title="solid, filled: own runs; dashed, hollow: published (MLCommons)",
                title_fontsize="small")
     fig.suptitle(title)
-    fig.tight_layout(rect=(0, (0.3 * rows + 0.45) / (4.5 + 0.25 * rows), 1, 1))
+    fig.tight_layout(rect=(0, legend_in / (4.5 + legend_in), 1, 1))
     return fig
 
 
