@@ -2,7 +2,10 @@
 
 Two views: ``folders`` (one row per result folder: the MLCommons results table, systems x
 benchmarks for strong scaling, models/min for weak scaling) and ``runs`` (one row per run: the
-phases of time to train). Rendering functions return text or rich renderables; they never print.
+phases of time to train). Tables show every column (``wide``) or the compact views of
+`mlhpc.report.compact`, fitted to a width; Markdown and CSV always hold every column. The text of
+each cell comes from `mlhpc.report.cells`. Rendering functions return text or rich renderables;
+they never print.
 """
 
 from __future__ import annotations
