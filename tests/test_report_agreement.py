@@ -225,7 +225,7 @@ def test_package_onto_an_unwritable_place_is_one_line(tmp_path, mlperf_results):
     shutil.copytree(mlperf_results / V3 / DEEPCAM, runs)
     result = CliRunner().invoke(report_command, [str(runs), "--package", "/proc/mlhpc-package"])
     assert result.exit_code == 2 and len(result.stderr.splitlines()) == 1
-    assert "cannot write into /proc/mlhpc-package" in result.stderr
+    assert "/proc/mlhpc-package: cannot create the --package destination" in result.stderr
 
 
 RCP_COLUMN = {"RCP found": "Fail", "RCP Interpolation": "Interp. Fail", "Cannot find any RCPs": "No RCP"}
