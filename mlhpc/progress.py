@@ -71,8 +71,9 @@ class SynthLines:
     def progress(self, event: dict[str, Any]) -> None:
         done, total = event.get("done"), event.get("samples")
         if self.bar is not None:
+            counts = f" {done}/{total} samples," if total is not None else ""
             self.bar.update(self.task, completed=done or 0,
-                            description=f"synthesising ({size_text(event['bytes'])})")
+                            description=f"synthesising{counts} {size_text(event['bytes'])}")
             return
         now = time.monotonic()
         tenth = max(1, -(-(total or 0) // 10))
