@@ -499,3 +499,37 @@ def test_submit_cosmoflow_mini_to_target_passes_compliance(slurm_cluster, tmp_pa
     assert (end.state, end.exit_code) == ("COMPLETED", "0:0"), end.details + log_text
     status, failed, text = _compliance(out / "result_0.txt", tmp_path)
     assert status == 0 and failed == [] and "SUCCESS" in text, text
+
+
+@pytest.mark.slurm
+def test_submit_sweep_two_points_record_one_campaign(slurm_cluster, tmp_path: Path) -> None:
+    """``mlhpc submit --sweep``: two real jobs (1 epoch and 2 epochs of the tiny CosmoFlow run),
+    each run recorded by ``mlhpc run`` under the one campaign id, each in its point's folder."""
+    config = REPO / "configs" / "cosmoflow-mini.yaml"
+    tiny = [t for t in TINY if not t.startswith("train.max_epochs=")] + [f"data.path={tmp_path / 'data'}"]
+    synth = subprocess.run([sys.executable, "-m", "mlhpc", "data", "synth", "cosmoflow", "--out",
+                            str(tmp_path / "data"), "--config", str(config)] + [a for t in TINY for a in ("--set", t)],
+                           capture_output=True, text=True, timeout=300)
+    assert synth.returncode == 0, synth.stderr
+    store = tmp_path / "store.db"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MLHPC_STORE": str(store)}  # the jobs inherit both
+    sets = tiny + ["data.synthesize_if_missing=false", f"output.dir={tmp_path / 'out'}"]
+    proc = subprocess.run([sys.executable, "-m", "mlhpc", "submit", str(config), "--time", "10",
+                           "--partition", slurm_cluster.partition, "--sweep", "train.max_epochs=1,2"]
+                          + [a for t in sets for a in ("--set", t)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    job_ids = proc.stdout.split()
+    assert len(job_ids) == 2
+    campaign = re.search(r"mlhpc: campaign (\S+): 2 job\(s\)", proc.stderr).group(1)
+    for job_id in job_ids:
+        end = wait_for_job(job_id, timeout_s=300)
+        assert end.state in ("COMPLETED", "FAILED"), end.details  # the target is never reached
+    listed = subprocess.run([sys.executable, "-m", "mlhpc", "results", "list", "--store", str(store),
+                             "--format", "json"], capture_output=True, text=True, timeout=120)
+    runs = json.loads(listed.stdout)
+    assert len(runs) == 2 and {r["campaign_id"] for r in runs} == {campaign}
+    for epochs in (1, 2):
+        logs = list((tmp_path / "out" / campaign / f"train.max_epochs-{epochs}").glob("result_*.txt"))
+        assert len(logs) == 1
+        assert sum(e["key"] == "epoch_start" for e in _events(logs[0])) == epochs
