@@ -203,8 +203,10 @@ def test_run_says_first_where_data_and_results_go(tmp_path, repo):
                         f"current folder {tmp_path})")
     assert lines[1] == f"results: {tmp_path / 'out'}"  # absolute in the config: nothing to say
     assert lines[2].startswith("synthesising the embedded cosmoflow dataset")
-    assert re.fullmatch(rf"writing 12 samples \(about \d+ kB\) into {re.escape(str(tmp_path / 'd'))}",
+    plan = re.fullmatch(rf"writing 12 samples \(about (\d+) kB\) into {re.escape(str(tmp_path / 'd'))}",
                         lines[3])
+    assert plan, lines[3]  # and the estimate is within 5% of the bytes written
+    assert abs(int(plan.group(1)) * 1e3 - _bytes(tmp_path / "d")) < 0.05 * _bytes(tmp_path / "d")
     synth = [line for line in lines if line.startswith("  synth ")]
     assert synth and synth[-1].startswith("  synth 12/12 samples"), proc.stdout
     assert any(line.startswith("synthesised") for line in lines)

@@ -468,9 +468,10 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int, progress: Any = None)
     _execute(tasks, cfg.workers, progress)
 
 
-#: HDF5 header, dataset headers and attributes of one file, in bytes (measured with h5py 3 on
-#: files of 8^3 and 16^3 cubes: 10,240 bytes beside the counts and parameters).
-FILE_OVERHEAD_BYTES = 10_240
+#: HDF5 header, dataset headers and attributes of one ``lognormal`` file, in bytes (measured
+#: with h5py 3 on one-sample files of 8^3 and 16^3 cubes: 10,208 bytes beside the counts and
+#: parameters; a ``2lpt`` file's attributes differ by a few bytes).
+FILE_OVERHEAD_BYTES = 10_208
 
 
 def estimated_bytes(cfg: SynthConfig, file_samples: list[int]) -> int:
