@@ -15,7 +15,13 @@ package data, with `render_template`):
   the job's exit status is 1 when any run failed;
 - with ``instances > 1`` (weak scaling, MLPerf HPC rules section "Weak scaling"), each run starts
   that many concurrent ``srun`` steps, each with its share of nodes and tasks, its own
-  ``MASTER_PORT`` and its own folder ``<output_dir>/instance_<i>``.
+  ``MASTER_PORT`` and its own folder ``<output_dir>/instance_<i>``;
+- power (docs/power.md, "On Slurm"): after each run of a multi-node, one-instance job, the power
+  files ``power/result_N/node_K.txt`` missing on the batch host (a node-local output folder) are
+  fetched from the K-th node, never over a file and never through a link; at the end, each run's
+  time and energy (``mlhpc report --level runs``) and Slurm's ``sacct ... ConsumedEnergy``,
+  guarded so that neither can fail the job;
+- ``env`` is exported first (``mlhpc submit --sweep`` exports ``MLHPC_CAMPAIGN`` there).
 
 Quoting: every value that reaches the body is quoted with `shlex.quote` (`render_template`
 quotes any plain string it inserts), so config paths, overrides and output folders arrive in
