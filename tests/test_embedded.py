@@ -15,6 +15,7 @@ import pytest
 
 from mlhpc import config as cfg
 from mlhpc.data import embedded
+from mlhpc.data.files import is_part_file, part_path
 from mlhpc.errors import ConfigError, DataError
 from mlhpc.workload import get
 
@@ -100,22 +101,23 @@ def test_missing_data_without_synthesis_is_refused(tmp_path):
 
 
 def test_leftover_partial_files_are_removed_and_the_folder_completed(tmp_path):
-    """A folder an older mlhpc (or a writer killed in place) left: partial ``.part`` and
-    ``.tmp-PID`` files beside complete ones. It is completed; the partial files are gone."""
+    """A folder a writer killed in place left: temporaries under the project's one name rule
+    (`mlhpc.data.files.part_path`, which the workloads' writers use) beside complete files. It is
+    completed; the partial files are gone."""
     path = tmp_path / "data"
     cosmo = get("cosmoflow")
     cosmo.synthesize(path, config_for(path).synth, 0)  # the workload's writer alone: no marker
     names = files(path, "validation")
     for name in names[3:]:
         (path / "validation" / name).unlink()
-    (path / "validation" / f".{names[3]}.4242.part").write_bytes(b"half")
-    (path / "train" / ".data-2100-01-01-00-0.h5.tmp-77").write_bytes(b"half")
+    part_path(path / "validation" / names[3]).write_bytes(b"half")
+    part_path(path / "train" / "data-2100-01-01-00-0.h5").write_bytes(b"half")
     assert embedded.describe(path) == "interrupted"
     with pytest.raises(DataError, match="interrupted synthesis"):
         embedded.ensure_data(config_for(path, synthesize=False), cosmo, ONE_RANK)
     assert embedded.ensure_data(config_for(path), cosmo, ONE_RANK) > 0
     assert files(path, "validation") == names
-    assert not [n for n in all_names(path) if n.endswith(".part") or ".tmp-" in n]
+    assert not [n for n in all_names(path) if is_part_file(n)]
     assert embedded.describe(path) == "complete"
 
 

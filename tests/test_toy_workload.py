@@ -85,14 +85,6 @@ NAMES = ("cosmoflow", "deepcam", "oc20", "opencatalyst", "openfold", "tfrecord",
 ALLOWED: dict[tuple[str, str], str] = {
     ("report/runs.py", "openfold"): "the report's table of MLPerf benchmarks: OpenFold's epoch_num "
         "counts samples (SAMPLE_COUNTED_EPOCHS), a fact of the published logs, not a workload here",
-    # Known debt, not a licence: data/embedded.py's PARTIAL_FILE comment names the bundled
-    # writers whose temporary names its pattern hard-codes; the pattern belongs with the
-    # workloads' data tools (or one temporary-name rule in mlhpc.data.files). Remove these two
-    # entries when that moves; the test below fails once they are no longer needed.
-    ("data/embedded.py", "cosmoflow"): "KNOWN DEBT: PARTIAL_FILE hard-codes the bundled writers' "
-        "temporary names (owned elsewhere; to move into the workloads' data tools)",
-    ("data/embedded.py", "deepcam"): "KNOWN DEBT: PARTIAL_FILE hard-codes the bundled writers' "
-        "temporary names (owned elsewhere; to move into the workloads' data tools)",
 }
 
 #: Keyword arguments whose strings are help texts: click's options and commands, and the config

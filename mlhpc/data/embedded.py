@@ -26,7 +26,6 @@ import fcntl
 import inspect
 import json
 import os
-import re
 import shutil
 import threading
 import time
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from mlhpc.config import SEED_MAX
-from mlhpc.data.files import is_part_file
+from mlhpc.data.files import is_part_file, write_text_atomic
 from mlhpc.data.formats import splits_of
 from mlhpc.data.manifest import require_complete
 from mlhpc.errors import ConfigError, DataError
@@ -48,9 +47,6 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 MARKER = ".mlhpc-complete.json"
 INTENT = ".mlhpc-intent.json"
 MARKER_FORMAT = 1
-#: Per-file temporaries of the workloads' writers (cosmoflow ``.NAME.PID.part``, deepcam
-#: ``.NAME.tmp-PID``) and of this module; a folder holding one was left by an interrupted writer.
-PARTIAL_FILE = re.compile(r"^\..+(\.part|\.tmp-\d+)$")
 #: Synth settings that change how fast data are written, not which bytes.
 NOT_CONTENT = frozenset({"workers"})
 #: The longest a synthesis goes without a ``synth_progress`` event, in seconds.
@@ -167,9 +163,10 @@ def staging_folder(path: Path) -> Path:
 
 
 def is_partial_file(path: Path) -> bool:
-    """True for a leftover per-file temporary of an interrupted writer (never data to read):
-    the project's own rule (`mlhpc.data.files.is_part_file`) or a workload writer's."""
-    return is_part_file(path.name) or bool(PARTIAL_FILE.match(path.name))
+    """True for a leftover per-file temporary of an interrupted writer (never data to read): the
+    project's one temporary-name rule (`mlhpc.data.files.part_path`), which the workloads'
+    writers use too."""
+    return is_part_file(path.name)
 
 
 def _settings(workload: str, synth: Any, seed: int) -> dict[str, Any]:
@@ -386,12 +383,7 @@ def _read_json(path: Path) -> Any:
 
 
 def _write_json(path: Path, value: Any) -> None:
-    partial = path.with_name(f".{path.name}.{os.getpid()}.part")
-    with open(partial, "w") as f:
-        f.write(json.dumps(value, indent=1, sort_keys=True, allow_nan=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, path)
+    write_text_atomic(path, json.dumps(value, indent=1, sort_keys=True, allow_nan=False) + "\n")
 
 
 def _fsync_dir(path: Path) -> None:

@@ -75,6 +75,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from mlhpc.config import Section
+from mlhpc.data.files import part_path, write_text_atomic
 from mlhpc.errors import DataError
 
 #: The four targets, in ``unitPar`` / ``physPar`` order.
@@ -364,7 +365,7 @@ def _write_file(path: Path, cfg: SynthConfig, seed: int, split: str, first: int,
     phys = np.stack([s[2] for s in samples])
     if cfg.samples_per_file == 1:
         full, unit, phys = full[0], unit[0], phys[0]
-    partial = path.with_name(f".{path.name}.{os.getpid()}.part")
+    partial = part_path(path)
     with h5py.File(partial, "w", track_order=False) as f:
         f.create_dataset("full", data=full, track_times=False)
         f.create_dataset("unitPar", data=unit, track_times=False)
@@ -449,9 +450,7 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int, progress: Any = None)
                         f"config asks for {fingerprint.get(key)!r}; delete {out_dir} or choose "
                         f"another data.path")
         else:
-            partial = record.with_name(f".{record.name}.{os.getpid()}.part")
-            partial.write_text(json.dumps(fingerprint, indent=1, sort_keys=True) + "\n")
-            os.replace(partial, record)
+            write_text_atomic(record, json.dumps(fingerprint, indent=1, sort_keys=True) + "\n")
         tasks = []
         for split in SPLITS:
             folder = out_dir / split

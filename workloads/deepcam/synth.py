@@ -48,6 +48,7 @@ from pydantic import Field
 from scipy import ndimage
 
 from mlhpc.config import Section
+from mlhpc.data.files import part_path
 from mlhpc.errors import DataError
 from .data import CHANNELS, DATA_KEY, LABEL_KEY, STATS_FILE, TRAIN_DIR, VALIDATION_DIR
 
@@ -336,7 +337,7 @@ def sample_name(split: str, index: int) -> str:
 
 
 def _write_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = part_path(path)
     try:
         with h5py.File(tmp, "w") as f:
             for key, value in arrays.items():
