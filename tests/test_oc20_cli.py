@@ -24,7 +24,7 @@ from mlhpc_workloads.opencatalyst import lmdb_io, synth
 
 from mlhpc import config as cfg
 from mlhpc.cli import main
-from mlhpc.data.stage import Shard, read_manifest, stage
+from mlhpc.data.stage import read_manifest, stage_dataset, staged_copy_present
 from mlhpc.runtime import Runtime
 from mlhpc.workload import get
 from test_oc20_run import TINY
@@ -167,23 +167,34 @@ def test_stage_copies_the_lmdb_folders_for_one_node(tiny, tmp_path):
 
 
 def test_two_nodes_stage_disjoint_lmdb_shards_whose_records_are_the_dataset(tiny, tmp_path):
-    """Per-node shards (``data.staging.shard: node``), the two nodes played one after the other
-    in this process: each node's folder is a readable OC20 dataset of whole LMDB files, the
-    nodes' files are disjoint, and their records together are the source's, each once."""
-    held: dict[str, list[bytes]] = {"train": [], "validation": []}
+    """Per-node shards (``data.staging.shard: node``, the default on two nodes), the two nodes
+    played one after the other in this process, on the reference's folder names (``train`` and
+    ``val_id``): each node's folder is a readable OC20 dataset of whole LMDB files, the nodes'
+    files are disjoint, and their records together are the source's, each once (val_id too: a
+    split the shard did not name would be staged whole on both nodes and evaluated twice).
+    With the source gone, each node's copy is found complete."""
+    source = tmp_path / "oc20"
+    shutil.copytree(tiny / "train", source / "train")
+    shutil.copytree(tiny / "validation", source / "val_id")
+    overrides = (*[v for v in TINY if v != "--set"], f"data.path={source}", "data.synthesize_if_missing=false",
+                 f"data.staging.dest={tmp_path / 'node{node_rank}'}")
+    config = cfg.load(MINI, overrides)
+    held: dict[str, list[bytes]] = {"train": [], "val_id": []}
     names: list[set[str]] = []
     for node in range(2):
+        result = stage_dataset(config, Runtime(node_rank=node, num_nodes=2))
+        assert result.shard["mode"] == "node" and result.shard["splits"] == ["train", "val_id"]
         dest = tmp_path / f"node{node}"
-        result = stage(tiny, dest, Runtime(node_rank=node, num_nodes=2), shard=Shard(node, 2, seed=1))
-        assert result.shard["mode"] == "node" and result.shard["num_nodes"] == 2
         names.append(set(read_manifest(dest)))
         train, val = oc20_data.find_split_dirs(dest)
         held["train"] += _records(train)
-        held["validation"] += _records(val)
+        held["val_id"] += _records(val)
     assert names[0] & names[1] == set() and all(len(n) == 2 for n in names)
     for split, records in held.items():
-        source = _records(tiny / split)
-        assert sorted(records) == sorted(source) and len(set(records)) == len(source)
+        everything = _records(source / split)
+        assert sorted(records) == sorted(everything) and len(set(records)) == len(everything)
+    source.rename(tmp_path / "gone")
+    assert all(staged_copy_present(config, Runtime(node_rank=n, num_nodes=2)) for n in range(2))
 
 
 # ------------------------------------------------------------------------ the mini baselines

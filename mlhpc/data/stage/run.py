@@ -188,7 +188,7 @@ def stage_dataset(config: "Config", runtime: "Runtime") -> Optional[StagingResul
     This is the one staging function of the project: ``mlhpc run`` and ``mlhpc stage`` both call
     it, so a separate stage step leaves exactly what a run's own staging would (and the run then
     finds it complete and copies nothing). ``staging.shard`` (`shard_mode`): ``node`` stages on
-    node ``n`` of ``N`` its share of ``train/`` and ``validation/`` (`Shard`, permuted with
+    node ``n`` of ``N`` its share of the split folders (`node_shard`, `Shard`, permuted with
     ``train.seed``); ``none`` stages everything on every node. ``staging.dest``: see
     `staging_dest`. ``staging.to``: convert the data files with the data tools of
     ``config.workload`` (`mlhpc.data.formats.DataTools`) instead of copying them; the run's reader
@@ -204,18 +204,48 @@ def stage_dataset(config: "Config", runtime: "Runtime") -> Optional[StagingResul
     if not options.enabled:
         return None
     source = Path(config.data.path)
-    shard = None
-    if shard_mode(config, runtime) == "node":
-        if getattr(config.train, "instances", 1) > 1:
-            raise StagingError("data.staging.shard: node stages one share per node of one model; "
-                               "with train.instances > 1 each instance needs the whole dataset "
-                               "(set data.staging.shard: none)")
-        shard = Shard(runtime.node_rank, runtime.num_nodes, config.train.seed)
+    if shard_mode(config, runtime) == "node" and getattr(config.train, "instances", 1) > 1:
+        raise StagingError("data.staging.shard: node stages one share per node of one model; "
+                           "with train.instances > 1 each instance needs the whole dataset "
+                           "(set data.staging.shard: none)")
+    shard = node_shard(config, runtime)
     to = getattr(options, "to", "none")
     tools = _conversion_tools(config) if to != "none" else None
     return stage(source, staging_dest(config, runtime), runtime, StageOptions(
         workers=options.workers, verify=options.verify, shard=shard, to=to, tools=tools,
         follow_links=getattr(options, "follow_links", False)))
+
+
+def node_shard(config: "Config", runtime: "Runtime") -> Optional[Shard]:
+    """This node's `Shard` when ``staging.shard`` is ``node`` (`shard_mode`), else None. Its
+    split folders are the ones the workload's data tools name (``find_splits``, e.g. OC20's
+    ``train`` and ``val_id``) in ``data.path``, or in this node's copy when the source is gone;
+    ``train`` and ``validation`` for a workload without ``find_splits``. A split folder the
+    shard does not name would be staged whole on every node and read once per node."""
+    if shard_mode(config, runtime) != "node":
+        return None
+    return Shard(runtime.node_rank, runtime.num_nodes, config.train.seed, _split_names(config, runtime))
+
+
+def _split_names(config: "Config", runtime: "Runtime") -> tuple[str, ...]:
+    from mlhpc.data import formats
+    from mlhpc.errors import MlhpcError
+    from mlhpc.workload import get as get_workload
+
+    default = Shard.__dataclass_fields__["splits"].default
+    if getattr(config, "workload", None) is None:
+        return default
+    try:
+        finder = getattr(formats.tools_of(get_workload(config.workload)), "find_splits", None)
+        roots = [Path(config.data.path), staging_dest(config, runtime)]
+    except MlhpcError:
+        return default
+    for root in (r for r in roots if callable(finder) and r.is_dir()):
+        try:
+            return tuple(finder(root))
+        except MlhpcError:
+            continue
+    return default
 
 
 def _conversion_tools(config: "Config") -> Any:
@@ -254,9 +284,7 @@ def staged_copy_present(config: "Config", runtime: "Runtime") -> bool:
     options = config.data.staging
     if not options.enabled:
         return False
-    shard = None
-    if shard_mode(config, runtime) == "node":
-        shard = Shard(runtime.node_rank, runtime.num_nodes, config.train.seed)
+    shard = node_shard(config, runtime)
     try:
         dest = staging_dest(config, runtime)
     except StagingError:
