@@ -229,7 +229,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         *([("time to train, all attempts (resumed: not a scored run)",
             f"{_secs(s.get('time_to_train_total_s'))} ({_secs(s.get('earlier_attempts_s'))} before "
             "the resume)")] if s.get("resumed") else []),
-        ("staging", f"{_secs(s.get('staging_s'))} ({(s.get('staged_bytes') or 0) / 1e6:.1f} MB)"),
+        ("staging", _staging_text(s)),
         *_staging_rows(s),
         ("init", _secs(s.get("init_s"))),
         ("data synthesis (before init)", _secs(s.get("synthesis_s"))),
@@ -265,13 +265,24 @@ def _staging_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     nodes = staged.get("nodes_summary") or {}
     rows = [("staging placement", "inside the run (after run_start)" if s.get("staging_in_run")
              else "initialisation (before run_start)")] if staged else []
-    if nodes.get("nodes", 0) > 1:
+    if nodes.get("nodes", 0) > 1 and not nodes.get("aggregate_gb_per_s"):
+        rows.append((f"staging per node ({nodes['nodes']} nodes)",
+                     "not staged: every node's copy already in place (nothing copied)"))
+    elif nodes.get("nodes", 0) > 1:
         per_node = ", ".join(f"{b / 1e6:.1f} MB @ {g:.2f} GB/s" for b, g in
                              zip(nodes["node_staged_bytes"], nodes["node_gb_per_s"]))
         rows.append((f"staging per node ({nodes['nodes']} nodes, shard {'node' if staged.get('shard') else 'none'})",
                      f"slowest {nodes['slowest_node_s']:.2f} s, mean {nodes['mean_node_s']:.2f} s, "
                      f"aggregate {nodes['aggregate_gb_per_s']:.2f} GB/s; {per_node}"))
     return rows
+
+
+def _staging_text(s: dict[str, Any]) -> str:
+    """Staging seconds and the bytes the nodes hold; ``not staged`` where the data were read in
+    place (no staging records)."""
+    if not s.get("staging"):
+        return "not staged (read in place)"
+    return f"{_secs(s.get('staging_s'))} ({(s.get('staged_bytes') or 0) / 1e6:.1f} MB held)"
 
 
 def _secs(value: float | None) -> str:

@@ -211,3 +211,19 @@ def test_run_says_first_where_data_and_results_go(tmp_path, repo):
     assert synth and synth[-1].startswith("  synth 12/12 samples"), proc.stdout
     assert any(line.startswith("synthesised") for line in lines)
     assert any(f"logging to {tmp_path / 'out'}/result_0.txt" in line for line in lines)
+
+
+def test_the_run_summary_says_not_staged_never_zero_bandwidth():
+    """The end-of-run table: a run that read in place, and a resumed multi-node run whose
+    copies were all in place, say "not staged"; neither shows a bandwidth of 0.00 GB/s."""
+    from mlhpc.progress import _staging_rows, _staging_text
+
+    assert _staging_text({"staging": {}, "staging_s": None}) == "not staged (read in place)"
+    resumed = {"staging": {"staged_files": 8}, "staging_s": 0.4, "staged_bytes": 8_000_000,
+               "staging_in_run": False}
+    resumed["staging"]["nodes_summary"] = {"nodes": 2, "aggregate_gb_per_s": 0.0,
+                                           "node_staged_bytes": [4e6, 4e6], "node_gb_per_s": [0.0, 0.0]}
+    rows = dict(_staging_rows(resumed))
+    assert "not staged" in rows["staging per node (2 nodes)"]
+    assert not any("0.00 GB/s" in v for v in rows.values())
+    assert _staging_text(resumed) == "0.40 s (8.0 MB held)"
