@@ -366,7 +366,7 @@ def check_command(workload_name: str, path: Path, full: bool, form: str, workers
       output), every split holds files of one form; per file, what costs no
       more than its headers and record framing: it opens in its format, sample
       count, stored shape and dtype, record framing and stored checksums of
-      the framing (uncompressed TFRecord length CRCs, HDF5 and npy headers,
+      the framing (uncompressed TFRecord length CRCs, HDF5 and npy headers and the file size each implies,
       LMDB entry counts); no file listed twice.
     --full: also every sample decoded and its values checked (data CRCs,
       finite values, counts >= 0, valid labels).
