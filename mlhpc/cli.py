@@ -366,8 +366,8 @@ def check_command(workload_name: str, path: Path, full: bool, form: str, workers
       output), every split holds files of one form; per file, what costs no
       more than its headers and record framing: it opens in its format, sample
       count, stored shape and dtype, record framing and stored checksums of
-      the framing (uncompressed TFRecord length CRCs, HDF5 and npy headers and the file size each implies,
-      LMDB entry counts); no file listed twice.
+      the framing (uncompressed TFRecord length CRCs, HDF5 and npy headers
+      and the file size each implies, LMDB entry counts); no file listed twice.
     --full: also every sample decoded and its values checked (data CRCs,
       finite values, counts >= 0, valid labels).
     Exit status 2 when a file is bad; each bad file is named.
