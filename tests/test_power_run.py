@@ -165,7 +165,7 @@ def test_instances_sharing_a_node_each_get_the_node_file(tmp_path, repo, tiny_da
         assert records[0]["metadata"]["instances_on_node"] == 3
     assert "shared by 3 instances" in proc.stdout + proc.stderr
     folder = report_json(out, tmp_path)
-    assert folder["kind"] == "weak" and not any("no power" in note for note in folder.get("notes", []))
+    assert folder["kind"] == "weak" and not any("no power" in note for note in folder["notes"])
     for run in folder["runs"]:
         assert run["energy_to_train_j"] == pytest.approx(WATTS * run_window_s(Path(run["path"])), rel=1e-9)
     summarize(layout(out, tmp_path / "package", "weak"), tmp_path)
@@ -183,3 +183,18 @@ def _flatten(value, prefix: str = ""):  # type: ignore[no-untyped-def]
             yield from _flatten(item, f"{prefix}/{index}")
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         yield prefix, float(value)
+
+
+def test_one_sampler_per_instance_on_a_shared_node_and_one_per_node_otherwise():
+    from mlhpc.power import samples_node
+    from mlhpc.runtime import Runtime
+
+    # two one-rank instances on one node: instance 1's rank 0 is the node's local rank 1
+    assert samples_node(Runtime(rank=0, local_rank=0, instances_per_node=2))
+    assert samples_node(Runtime(rank=0, local_rank=1, instances_per_node=2))
+    # two-rank instances on a four-rank node: ranks 0 and 2 sample, 1 and 3 do not
+    assert [samples_node(Runtime(rank=local % 2, local_rank=local, local_world_size=2, instances_per_node=2))
+            for local in range(4)] == [True, False, True, False]
+    # no throughput mode: local rank 0 alone, whatever the rank
+    assert [samples_node(Runtime(rank=r, world_size=4, local_rank=r % 2, local_world_size=2))
+            for r in range(4)] == [True, False, True, False]
