@@ -43,10 +43,21 @@ def _run_folders(tmp_path: Path, results: Path) -> list[Path]:
 
 def test_package_is_accepted_by_the_official_package_checker(tmp_path, mlperf_results):
     folders = _run_folders(tmp_path, mlperf_results)
+    reading = ':::MLLOG {"key": "power_reading", "value": "250.0"}\n'
+    for folder in folders:  # every run measured: power travels beside each packaged log
+        for i in range(5):
+            node_file = folder / "power" / f"result_{i}" / "node_0.txt"
+            node_file.parent.mkdir(parents=True)
+            node_file.write_text(reading if (folder, i) != (folders[1], 2) else reading * 2)
+    (folders[0] / "power" / "result_0" / "notes.txt").write_text("not a power log")
     out = tmp_path / "submission"
     result = package_runs(folders, out, org="TestOrg", system="perlmutter_128x4")
     bench = out / "TestOrg" / "results" / "perlmutter_128x4" / "strong" / "cosmoflow"
-    assert sorted(p.name for p in bench.iterdir()) == sorted(f"result_{i}.txt" for i in range(10))
+    assert sorted(p.name for p in bench.iterdir() if p.is_file()) == sorted(f"result_{i}.txt" for i in range(10))
+    assert sorted(p.name for p in (bench / "power").iterdir()) == sorted(f"result_{i}" for i in range(10))
+    assert [p.name for p in (bench / "power" / "result_0").iterdir()] == ["node_0.txt"]
+    # result_2 of the second folder is the package's result_7
+    assert (bench / "power" / "result_7" / "node_0.txt").read_text() == reading * 2
     desc = json.loads((out / "TestOrg" / "systems" / "perlmutter_128x4.json").read_text())
     assert set(SYSTEM_FIELDS) <= set(desc)
     assert desc["division"] == "closed" and desc["number_of_nodes"] == "128"
@@ -76,3 +87,18 @@ def test_mini_run_package_layout_and_an_honest_rejection(tmp_path):
         package_runs([MINI_RUNS], out)
     with pytest.raises(ConfigError, match="folder name"):
         package_runs([MINI_RUNS], tmp_path / "other", system="bad/name")
+
+
+def test_power_logs_of_only_some_runs_are_left_out_with_a_warning(tmp_path, mlperf_results):
+    """package_checker refuses a benchmark where some results have power logs and others not:
+    the package leaves them all out and says why."""
+    folders = _run_folders(tmp_path, mlperf_results)
+    node_file = folders[1] / "power" / "result_2" / "node_0.txt"
+    node_file.parent.mkdir(parents=True)
+    node_file.write_text(':::MLLOG {"key": "power_reading", "value": "250.0"}\n')
+    result = package_runs(folders, tmp_path / "submission", org="TestOrg", system="perlmutter_128x4")
+    bench = result.root / "results" / "perlmutter_128x4" / "strong" / "cosmoflow"
+    assert not (bench / "power").exists()
+    assert any("power logs left out for cosmoflow: 1 of 10 runs" in w for w in result.warnings)
+    check_package(result)
+    assert result.checker_ok, result.checker_messages

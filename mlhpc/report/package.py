@@ -54,6 +54,7 @@ from mlhpc.data.files import (
 )
 from mlhpc.errors import ConfigError, LogFormatError
 from mlhpc.report.mlperf_adapter import package_checker_command
+from mlhpc.report.energy import POWER_DIR, power_folder
 from mlhpc.report.parse import parse_log
 from mlhpc.report.runs import RunSummary, is_resumed, summarize_run, superseded_logs
 from mlhpc.report.score import RESULT_RE, _natural, sidecars
@@ -71,6 +72,10 @@ SYSTEM_FIELDS = (
     "accelerator_memory_capacity", "accelerator_interconnect", "accelerator_interconnect_topology",
     "cooling", "hw_notes", "framework", "other_software_stack", "operating_system", "sw_notes",
 )
+
+
+#: The power logs of a result (mlperf_logging's power layout: one per node, one per switch).
+POWER_LOG_RE = re.compile(r"(node|sw)_\d+\.txt")
 
 
 @dataclass
@@ -338,10 +343,39 @@ def _copy_results(result: PackageResult, runs: list[tuple[Path, RunSummary]], sy
         rel = folder.relative_to(root.parent) / f"result_{counters[benchmark]}.txt"
         counters[benchmark] += 1
         result.result_files.append(_copy_into(root.parent, rel, log))
+    _copy_power(result, runs)
     for benchmark in counters:
         configs = [c for log, run in runs if run.benchmark == benchmark
                    for c in [_sidecar(log, "config", ".yaml")] if c is not None]
         _copy_sources(root, benchmark, sorted(set(configs)))
+
+
+def _has_power(log: Path) -> bool:
+    folder = power_folder(log)
+    return not folder.is_symlink() and folder.is_dir() and any(
+        POWER_LOG_RE.fullmatch(e.name) and e.is_file() for e in folder.iterdir())
+
+
+def _copy_power(result: PackageResult, runs: list[tuple[Path, RunSummary]]) -> None:
+    """The runs' power logs (`mlhpc.report.energy.power_folder`: ``power/result_N/node_K.txt``
+    and ``sw_K.txt``) beside their packaged logs as ``power/result_<i>/``, the layout of MLPerf's
+    power track. package_checker accepts a power folder only when every result of the benchmark
+    has one, so a benchmark whose runs are not all measured gets none, with a warning."""
+    for benchmark in sorted({str(run.benchmark) for _, run in runs}):
+        pairs = [(log, packaged) for (log, run), packaged in zip(runs, result.result_files)
+                 if str(run.benchmark) == benchmark]
+        measured = [log for log, _ in pairs if _has_power(log)]
+        if measured and len(measured) < len(pairs):
+            result.warnings.append(
+                f"--package: power logs left out for {benchmark}: {len(measured)} of {len(pairs)} "
+                "runs have them, and package_checker accepts power for all results or none")
+        if len(measured) != len(pairs):
+            continue
+        for log, packaged in pairs:
+            rel = packaged.relative_to(result.root.parent)
+            for entry in sorted(power_folder(log).iterdir()):
+                if POWER_LOG_RE.fullmatch(entry.name) and entry.is_file():
+                    _copy_into(result.root.parent, rel.parent / POWER_DIR / rel.stem / entry.name, entry)
 
 
 def _write_system(result: PackageResult, sub: _Submission) -> None:
