@@ -8,7 +8,6 @@ when it came after run_start). Anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from pathlib import Path
@@ -16,21 +15,12 @@ from typing import Any, Callable
 
 import click
 
-from mlhpc.errors import ConfigError, MlhpcError
+from mlhpc.errors import ConfigError, one_line_errors
 
 SET_HELP = "Override a config value, e.g. --set train.max_epochs=5 (repeatable)."
 
 
-def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except MlhpcError as exc:
-            click.echo("mlhpc: error: " + " ".join(str(exc).splitlines()), err=True)
-            sys.exit(getattr(exc, "exit_status", 2))
-
-    return wrapper
+_friendly = one_line_errors()  # every command: an MlhpcError is one line and exit 2
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})  # inherited by every command

@@ -6,6 +6,10 @@ line on stderr and exits with status 2; anything else escaping is a bug.
 
 from __future__ import annotations
 
+import functools
+import sys
+from typing import Any, Callable
+
 
 class MlhpcError(Exception):
     """Base class: a user-facing problem with one clear message naming the file, key or sample."""
@@ -30,3 +34,29 @@ class LogFormatError(MlhpcError):
 class OutputError(MlhpcError):
     """A results folder or file cannot be written: a file in the way, permissions, a read-only
     or full file system (names the folder or file and the config key)."""
+
+
+def one_line_errors(os_errors: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A decorator for CLI commands: an `MlhpcError` (and, with ``os_errors``, an `OSError`)
+    becomes one line ``mlhpc: error: ...`` on stderr and the exit status the error carries
+    (``exit_status``, else 2); anything else keeps its traceback (a bug)."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            import click
+
+            try:
+                return fn(*args, **kwargs)
+            except MlhpcError as exc:
+                click.echo("mlhpc: error: " + " ".join(str(exc).splitlines()), err=True)
+                sys.exit(getattr(exc, "exit_status", 2))
+            except OSError as exc:
+                if not os_errors:
+                    raise
+                click.echo(f"mlhpc: error: {exc.filename or ''}: {exc.strerror or exc}", err=True)
+                sys.exit(2)
+
+        return wrapper
+
+    return decorate

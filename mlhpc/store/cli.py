@@ -3,7 +3,6 @@ prints; bad input is one line on stderr and exit status 2."""
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from collections.abc import Callable
@@ -12,27 +11,14 @@ from typing import Any
 
 import click
 
+from mlhpc.errors import one_line_errors
 from mlhpc.store.queries import FORMATS
 
 STORE_HELP = ("Store URL (SQLAlchemy, e.g. postgresql+psycopg://user@host/db) or SQLite file; default "
               "$MLHPC_STORE, else $XDG_DATA_HOME/mlhpc/results.db.")
 
 
-def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from mlhpc.errors import MlhpcError
-
-        try:
-            return fn(*args, **kwargs)
-        except MlhpcError as exc:
-            click.echo("mlhpc: error: " + " ".join(str(exc).splitlines()), err=True)
-            sys.exit(2)
-        except OSError as exc:
-            click.echo(f"mlhpc: error: {exc.filename or ''}: {exc.strerror or exc}", err=True)
-            sys.exit(2)
-
-    return wrapper
+_friendly = one_line_errors(os_errors=True)  # a store's file errors are one line too
 
 
 def _open(url: str | None):
