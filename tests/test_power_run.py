@@ -166,6 +166,8 @@ def test_instances_sharing_a_node_each_get_the_node_file(tmp_path, repo, tiny_da
     assert "shared by 3 instances" in proc.stdout + proc.stderr
     folder = report_json(out, tmp_path)
     assert folder["kind"] == "weak" and not any("no power" in note for note in folder["notes"])
+    # the report says the instances' energies overlap (one folder note, each run's power_note)
+    assert [n for n in folder["notes"] if "node power shared by 3 instances" in n and "do not add" in n]
     for run in folder["runs"]:
         assert run["energy_to_train_j"] == pytest.approx(WATTS * run_window_s(Path(run["path"])), rel=1e-9)
     summarize(layout(out, tmp_path / "package", "weak"), tmp_path)

@@ -31,6 +31,8 @@ POWER_DIR = "power"
 CONVERSION_EFF = "conversion_eff"  # no constant in mlperf_logging.mllog.constants
 #: How every note that a run or folder has no power readings begins (the human formats fold them into one).
 POWER_NOTE_PREFIX = "no power counter"
+#: How the note of a run whose node file is shared by throughput instances begins.
+SHARED_NOTE_PREFIX = "node power shared by"
 _NODE = re.compile(r"^node_(\d+)\.txt$")
 _SWITCH = re.compile(r"^sw_(\d+)\.txt$")
 
@@ -127,7 +129,21 @@ def run_energy(log: Path, time_to_train_ms: float | None) -> RunEnergy:
             return RunEnergy(note=f"{path}: {exc}: no energy")
         out.node_energy_j[path.stem] = joules
         out.energy_j += joules
+        shared = _instances_on_node(parsed.events)
+        if shared > 1:
+            out.note = (f"{SHARED_NOTE_PREFIX} {shared} instances: {path.name} holds the whole "
+                        "node's energy over this run; the instances' energies overlap, do not add them")
     return out
+
+
+def _instances_on_node(events: list[Event]) -> int:
+    """``instances_on_node`` of a node file's ``power_measurement_start`` (1 when absent): how
+    many throughput instances shared the node whose whole readings the file holds."""
+    for event in events:
+        if event.key == constants.POWER_MEASUREMENT_START and isinstance(event.metadata, dict):
+            value = event.metadata.get("instances_on_node", 1)
+            return value if isinstance(value, int) and not isinstance(value, bool) else 1
+    return 1
 
 
 def energy_between(energy: RunEnergy, start_ms: float, stop_ms: float) -> float | None:
@@ -173,6 +189,10 @@ def score_energy(result: Any, scored: list[tuple["RunSummary", float, float]], m
     ``_compute_olympic_average(power_scores, 1, 1)`` (weak). ``scored``: the counted runs."""
     energies = [run.energy_to_train_j for run, _, _ in scored]
     measured = [e for e in energies if e is not None]
+    shared = next((run.power_note for run, _, _ in scored
+                   if run.power_note and run.power_note.startswith(SHARED_NOTE_PREFIX)), None)
+    if shared:
+        result.notes.append(f"energy: {shared}")
     if not measured:
         if result.kind == "runs" and result.runs:
             result.notes.append(f"{POWER_NOTE_PREFIX}: no power readings (power/result_N/node_K.txt), "
