@@ -105,13 +105,13 @@ def test_zeldovich_displacement_has_the_linear_divergence():
     delta_k[0, 0, 0] = 0
     # band-limit: a derivative of the Nyquist modes is not a real field
     delta_k[n // 2, :, :] = delta_k[:, n // 2, :] = delta_k[:, :, n // 2] = 0
-    delta = np.fft.irfftn(delta_k, s=(n, n, n))
+    delta = np.fft.irfftn(delta_k, s=(n, n, n), axes=(0, 1, 2))
     psi1, psi2 = displacements(delta_k, n, box, order=2)
     k = np.fft.fftfreq(n, 1.0 / n) * 2 * np.pi / box
     kz = np.fft.rfftfreq(n, 1.0 / n) * 2 * np.pi / box
     ks = (k[:, None, None], k[None, :, None], kz[None, None, :])
     div_k = sum(1j * kc * np.fft.rfftn(psi1[:, i].reshape(n, n, n)) for i, kc in enumerate(ks))
-    np.testing.assert_allclose(np.fft.irfftn(div_k, s=(n, n, n)), -delta, atol=1e-9)
+    np.testing.assert_allclose(np.fft.irfftn(div_k, s=(n, n, n), axes=(0, 1, 2)), -delta, atol=1e-9)
     assert psi2.shape == (n ** 3, 3) and np.isfinite(psi2).all()
 
 
