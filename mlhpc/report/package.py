@@ -350,10 +350,13 @@ def _copy_results(result: PackageResult, runs: list[tuple[Path, RunSummary]], sy
         _copy_sources(root, benchmark, sorted(set(configs)))
 
 
-def _has_power(log: Path) -> bool:
+def _power_logs(log: Path) -> list[Path]:
+    """The power logs of ``log`` (`POWER_LOG_RE` files of its `power_folder`), sorted; none
+    when that folder is a link or missing."""
     folder = power_folder(log)
-    return not folder.is_symlink() and folder.is_dir() and any(
-        POWER_LOG_RE.fullmatch(e.name) and e.is_file() for e in folder.iterdir())
+    if folder.is_symlink() or not folder.is_dir():
+        return []
+    return sorted(e for e in folder.iterdir() if POWER_LOG_RE.fullmatch(e.name) and e.is_file())
 
 
 def _copy_power(result: PackageResult, runs: list[tuple[Path, RunSummary]]) -> None:
@@ -362,20 +365,19 @@ def _copy_power(result: PackageResult, runs: list[tuple[Path, RunSummary]]) -> N
     power track. package_checker accepts a power folder only when every result of the benchmark
     has one, so a benchmark whose runs are not all measured gets none, with a warning."""
     for benchmark in sorted({str(run.benchmark) for _, run in runs}):
-        pairs = [(log, packaged) for (log, run), packaged in zip(runs, result.result_files)
+        pairs = [(_power_logs(log), packaged) for (log, run), packaged in zip(runs, result.result_files)
                  if str(run.benchmark) == benchmark]
-        measured = [log for log, _ in pairs if _has_power(log)]
-        if measured and len(measured) < len(pairs):
+        measured = sum(1 for logs, _ in pairs if logs)
+        if measured and measured < len(pairs):
             result.warnings.append(
-                f"--package: power logs left out for {benchmark}: {len(measured)} of {len(pairs)} "
+                f"--package: power logs left out for {benchmark}: {measured} of {len(pairs)} "
                 "runs have them, and package_checker accepts power for all results or none")
-        if len(measured) != len(pairs):
+        if measured != len(pairs):
             continue
-        for log, packaged in pairs:
+        for logs, packaged in pairs:
             rel = packaged.relative_to(result.root.parent)
-            for entry in sorted(power_folder(log).iterdir()):
-                if POWER_LOG_RE.fullmatch(entry.name) and entry.is_file():
-                    _copy_into(result.root.parent, rel.parent / POWER_DIR / rel.stem / entry.name, entry)
+            for entry in logs:
+                _copy_into(result.root.parent, rel.parent / POWER_DIR / rel.stem / entry.name, entry)
 
 
 def _write_system(result: PackageResult, sub: _Submission) -> None:
