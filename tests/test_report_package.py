@@ -102,3 +102,16 @@ def test_power_logs_of_only_some_runs_are_left_out_with_a_warning(tmp_path, mlpe
     assert any("power logs left out for cosmoflow: 1 of 10 runs" in w for w in result.warnings)
     check_package(result)
     assert result.checker_ok, result.checker_messages
+
+
+def test_a_power_folder_linked_out_of_its_run_folder_is_refused(tmp_path, mlperf_results):
+    """A ``power`` link to another folder of the node would carry that folder's files into a
+    package meant to be published: refused, naming the folder, as a linked log is."""
+    folders = _run_folders(tmp_path, mlperf_results)
+    elsewhere = tmp_path / "elsewhere"
+    for i in range(5):
+        (elsewhere / f"result_{i}").mkdir(parents=True)
+        (elsewhere / f"result_{i}" / "node_0.txt").write_text(':::MLLOG {"key": "power_reading", "value": "1"}\n')
+    (folders[0] / "power").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(ConfigError, match="power/result_0: symbolic link out of its run folder"):
+        package_runs(folders, tmp_path / "submission", org="TestOrg", system="perlmutter_128x4")

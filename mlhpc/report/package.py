@@ -352,10 +352,14 @@ def _copy_results(result: PackageResult, runs: list[tuple[Path, RunSummary]], sy
 
 def _power_logs(log: Path) -> list[Path]:
     """The power logs of ``log`` (`POWER_LOG_RE` files of its `power_folder`), sorted; none
-    when that folder is a link or missing."""
+    when that folder is a link or missing. Raises ConfigError when a link (``power`` itself)
+    takes the folder out of the log's run folder."""
     folder = power_folder(log)
     if folder.is_symlink() or not folder.is_dir():
         return []
+    if not is_under(resolved(folder), resolved(Path(log).parent)):
+        raise ConfigError(f"{folder}: symbolic link out of its run folder (to {resolved(folder)}); links "
+                          "are not followed into a package (copy the power logs there)")
     return sorted(e for e in folder.iterdir() if POWER_LOG_RE.fullmatch(e.name) and e.is_file())
 
 
