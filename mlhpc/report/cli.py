@@ -56,6 +56,7 @@ def report_command(paths: tuple[Path, ...], fmt: str, level: str, wide: bool, co
     from mlhpc.errors import ConfigError, MlhpcError
     from mlhpc.report import PackageOptions, ReportOptions, run_report
 
+    width = _console_width()
     try:
         if package_dir is None and (org is not None or system_name is not None or rcp_bypass):
             raise ConfigError("--org/--system/--rcp-bypass: only used with --package OUT")
@@ -65,7 +66,7 @@ def report_command(paths: tuple[Path, ...], fmt: str, level: str, wide: bool, co
                                                         ruleset=ruleset, plots_dir=plots_dir, package=package,
                                                         price_per_node_hour=price_per_node_hour,
                                                         price_per_kwh=price_per_kwh, wide=wide,
-                                                        width=_console_width()))
+                                                        width=width))
     except MlhpcError as exc:  # the project's convention: one line on stderr, exit status 2
         click.echo(f"mlhpc: error: {exc}", err=True)
         raise SystemExit(2) from None
@@ -76,7 +77,6 @@ def report_command(paths: tuple[Path, ...], fmt: str, level: str, wide: bool, co
 
         from mlhpc.report.render import natural_width
 
-        width = _console_width()
         Console(width=max(width, natural_width(outcome.output)) if wide else width).print(outcome.output)
     for path in outcome.plots:
         click.echo(f"wrote {path}", err=True)
@@ -93,8 +93,9 @@ def _console_width() -> int:
 
     from rich.console import Console
 
-    if Console().is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
-        return max(Console().width, 20)
+    console = Console()
+    if console.is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
+        return max(console.width, 20)
     return 100
 
 
