@@ -269,6 +269,11 @@ def _multi_node_job(tmp_path: Path, shared: bool, sacct: str | None) -> tuple[Pa
     stray = tmp_path / "nodes" / "n1" / str(out).lstrip("/") / "power" / "result_0"
     stray.mkdir(parents=True)
     (stray / "node_0.txt").write_text("stray")
+    # n1 also holds another job's files: a node_3.txt of run 0 (not n1's file in this job) and its
+    # own node_1.txt of the older run 9: neither fetched in
+    (stray / "node_3.txt").write_text("another job's node 3")
+    (stray.parent / "result_9").mkdir()
+    (stray.parent / "result_9" / "node_1.txt").write_text("older run")
     # and a folder planted as a link on the batch host, which n1 sends too: not written through
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
