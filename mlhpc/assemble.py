@@ -30,7 +30,7 @@ from mlhpc.data import sampler as sampling
 from mlhpc.data import stage as staging
 from mlhpc.errors import DataError
 from mlhpc.mllog import ComplianceLog, constants
-from mlhpc.outcome import Stop
+from mlhpc.outcome import Stop, staged_source
 from mlhpc.results import RunFiles
 from mlhpc.runtime import Runtime
 from mlhpc.step import Step, precision, wrap_model
@@ -233,14 +233,10 @@ def sample_name(dataset: Dataset, index: int, data_dir: Path, config: Config) ->
         path, name = Path(dataset.files[index]), str(dataset.files[index])
     else:
         return f"{config.data.path} sample {index}"
-    source = Path(config.data.path)
-    try:
-        rel = Path(path).relative_to(data_dir)
-    except ValueError:
+    original = staged_source(path, data_dir, config.data.path)
+    if original is None:
         return name
-    if Path(data_dir).resolve() == source.resolve():
-        return name
-    return name.replace(str(path), str(source / rel), 1) + f" [read from the staged copy {path}]"
+    return name.replace(str(path), str(original), 1) + f" [read from the staged copy {path}]"
 
 
 def model_settings(config: Config) -> str:

@@ -81,16 +81,30 @@ def name_source(job: Job, exc: BaseException) -> None:
     if not isinstance(exc, DataError) or staged is None or not exc.args or \
             "[read from the staged copy" in str(exc.args[0]):  # named already (`sample_name`)
         return
-    dest, source, message = str(staged.dest).rstrip("/"), Path(staged.source), str(exc.args[0])
+    dest, message = str(staged.dest).rstrip("/"), str(exc.args[0])
     start = message.find(dest + "/")
-    if start < 0 or Path(dest).resolve() == source.resolve():
+    if start < 0:
         return
     end = next((i for i in range(start, len(message)) if message[i] in ": \t"), len(message))
     copy = message[start:end]
-    original = source / Path(copy).relative_to(dest)
-    if original.is_file():
+    original = staged_source(copy, dest, staged.source)
+    if original is not None and original.is_file():
         exc.args = (f"{message[:start]}{original}{message[end:]} [read from the staged copy {copy}]",
                     *exc.args[1:])
+
+
+def staged_source(path: str | Path, dest: str | Path, source: str | Path) -> Path | None:
+    """The path in ``source`` that ``path``, under ``source``'s staged copy ``dest``, was copied
+    from (``source / path.relative_to(dest)``); None when ``path`` is not under ``dest`` or
+    ``dest`` is ``source`` itself (the data were read in place). Nothing is read but the two
+    folders' resolved names."""
+    try:
+        rel = Path(path).relative_to(dest)
+    except ValueError:
+        return None
+    if Path(dest).resolve() == Path(source).resolve():
+        return None
+    return Path(source) / rel
 
 
 def set_aside(files: RunFiles) -> Path | None:
