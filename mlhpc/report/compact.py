@@ -30,12 +30,12 @@ def compact_views(report: Report, level: str) -> list[View]:
     if level == "runs":
         return [(run_view_title(f), *_run_rows(f, any_energy(report))) for f in report.folders]
     views = []
-    for kinds, title, cell in ((("strong", "runs"), STRONG_TITLE, strong_cell), (("weak",), WEAK_TITLE, weak_cell)):
+    for kinds, title, cell, score in ((("strong", "runs"), STRONG_TITLE, strong_cell, "minutes (RCP)"),
+                                      (("weak",), WEAK_TITLE, weak_cell, "models/min (models x accelerators)")):
         folders = sorted((f for f in report.folders if f.kind in kinds),
                          key=lambda f: (f.benchmark or "?", system_key(f)))
         if folders:
-            views.append((title, *_folder_rows(folders, cell, "models/min (models x accelerators)"
-                                               if kinds == ("weak",) else "minutes (RCP)")))
+            views.append((title, *_folder_rows(folders, cell, score)))
     return views
 
 
