@@ -28,7 +28,8 @@ def compact_views(report: Report, level: str) -> list[View]:
     """``(title, header, rows)`` per compact table; ``level`` is ``runs`` or ``folders``
     (`mlhpc.report.render.resolve_level` has resolved ``auto``)."""
     if level == "runs":
-        return [(run_view_title(f), *_run_rows(f, any_energy(report))) for f in report.folders]
+        measured = any_energy(report)
+        return [(run_view_title(f), *_run_rows(f, measured)) for f in report.folders]
     views = []
     for kinds, title, cell, score in ((("strong", "runs"), STRONG_TITLE, strong_cell, "minutes (RCP)"),
                                       (("weak",), WEAK_TITLE, weak_cell, "models/min (models x accelerators)")):
