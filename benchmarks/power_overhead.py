@@ -144,26 +144,15 @@ def thread_cost(kind: str, interval_s: float, seconds: float, tmp: Path) -> dict
             "thread_cpu_per_reading_ms": 1e3 * cpu / n, "children_cpu_per_reading_ms": 1e3 * child_cpu / n}
 
 
-def training_step(config: cfg.Config) -> tuple[Callable[[int], float], int]:
+def training_step(config: cfg.Config) -> tuple[Callable[[int], tuple[float, float]], int]:
     """``(run(steps) -> (wall seconds, process CPU seconds), batch)``: the training step of
-    `mlhpc run`, built once, on one batch kept in memory (as benchmarks/throughput.py's
-    `measure`). The process CPU time includes a running sampler thread's."""
-    from mlhpc import assemble, runtime
-    from mlhpc import workload as workloads
-    from mlhpc.data import loader
-    from mlhpc.data.embedded import ensure_data
+    `mlhpc run`, built once, on one batch kept in memory (benchmarks/throughput.py's
+    `one_batch`, fp32 on the CPU). The process CPU time includes a running sampler thread's."""
     from mlhpc.step import train_step
+    from throughput import one_batch
 
-    rt = runtime.detect(device="cpu")
-    if config.train.threads:
-        import torch
-
-        torch.set_num_threads(config.train.threads)
-    job = assemble.tool_job(config, workloads.get(config.workload), rt)
-    ensure_data(config, job.workload, rt)
     batch = config.train.global_batch_size
-    parts = assemble.build(job, None, batch, precision_name="fp32")
-    x, y = loader.to_device(next(iter(parts.train_loader)), rt.device, loader.device_transform(parts.train_ds))
+    _, parts, x, y = one_batch(config, batch, "fp32", "cpu")
     parts.model.train()
 
     def run(steps: int) -> tuple[float, float]:

@@ -29,6 +29,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -44,10 +45,13 @@ from mlhpc.step import compile_mode, train_step  # noqa: E402
 from mlhpc.data.embedded import ensure_data  # noqa: E402
 
 
-def measure(config: cfg.Config, batch_size: int, steps: int, warmup: int, precision: str,
-            device: str) -> dict:
-    """Samples/s, FLOPs per sample, achieved FLOP/s and MFU of ``steps`` timed training steps
-    after ``warmup`` untimed ones (compilation happens there), local batch ``batch_size``.
+def one_batch(config: cfg.Config, batch_size: int, precision: str,
+              device: str) -> tuple[assemble.Job, assemble.Parts, torch.Tensor, Any]:
+    """The run's parts (`mlhpc.assemble.build`: model, optimizer, compiled step) at local batch
+    ``batch_size`` and ``precision`` (``"fp32"`` or ``"bf16"``) on ``device``, the data
+    synthesised first when missing (as `mlhpc run`), and ``(x, y)``: their first training batch,
+    decoded on the device (``x`` of shape ``(batch_size, ...)``). Returns ``(job, parts, x, y)``;
+    benchmarks/power_overhead.py times the same step on it.
 
     Raises:
         ConfigError, DataError: as `mlhpc run`; DataError also when the training split holds
@@ -60,14 +64,25 @@ def measure(config: cfg.Config, batch_size: int, steps: int, warmup: int, precis
         torch.set_num_threads(config.train.threads)
     job = assemble.tool_job(config, workloads.get(config.workload), rt)
     ensure_data(config, job.workload, rt)
-    # the run's parts (model, optimizer, compiled step), at this local batch and precision
     parts = assemble.build(job, None, batch_size, precision_name=precision)
     if len(parts.train_ds) < batch_size:
         raise DataError(f"{config.data.path}: {len(parts.train_ds)} training samples, fewer than "
                         f"the batch of {batch_size}")
     x, y = loader.to_device(next(iter(parts.train_loader)), rt.device,
                             loader.device_transform(parts.train_ds))
-    workload, model, flops, train = job.workload, parts.model, parts.flops, parts.step
+    return job, parts, x, y
+
+
+def measure(config: cfg.Config, batch_size: int, steps: int, warmup: int, precision: str,
+            device: str) -> dict:
+    """Samples/s, FLOPs per sample, achieved FLOP/s and MFU of ``steps`` timed training steps
+    after ``warmup`` untimed ones (compilation happens there), local batch ``batch_size``.
+
+    Raises:
+        ConfigError, DataError: as `one_batch`.
+    """
+    job, parts, x, y = one_batch(config, batch_size, precision, device)
+    rt, workload, model, flops, train = job.rt, job.workload, parts.model, parts.flops, parts.step
     mode = compile_mode(config.train.compile)
     cuda = rt.device.type == "cuda"
 

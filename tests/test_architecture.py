@@ -110,7 +110,6 @@ ALLOWED: dict[str, str] = {
     "workloads/deepcam/synth.py::detect": "the TECA-style detector, one pass read top to bottom",
     "benchmarks/baseline_deepcam.py::logistic_baseline": "the baseline's data and fit settings",
     "benchmarks/run.py::bench_data": "one benchmark's set-up, run and report in order",
-    "benchmarks/throughput.py::measure": "one measurement's set-up, warm-up, timing and report",
 }
 SCANNED = ("mlhpc", "workloads", "benchmarks")
 MAX_FILE_LINES = 500
