@@ -111,7 +111,7 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
 @click.argument("config_path", type=click.Path(path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
-              show_default=True, help="A table for people, JSON for scripts.")
+              show_default=True, help=FORMAT_HELP)
 @_friendly
 def stage_command(config_path: Path, overrides: tuple[str, ...], fmt: str) -> None:
     """Copy CONFIG's dataset to node-local storage, timed and verified (copies refuse links out
