@@ -37,6 +37,12 @@ _NODE = re.compile(r"^node_(\d+)\.txt$")
 _SWITCH = re.compile(r"^sw_(\d+)\.txt$")
 
 
+def is_power_log(name: str) -> bool:
+    """Whether a file name in a result's power folder is a power log: ``node_K.txt`` (one per
+    node) or ``sw_K.txt`` (one per switch), mlperf_logging's power layout."""
+    return bool(_NODE.match(name) or _SWITCH.match(name))
+
+
 @dataclass
 class RunEnergy:
     """A run's energy from its power files.

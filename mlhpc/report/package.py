@@ -54,7 +54,7 @@ from mlhpc.data.files import (
 )
 from mlhpc.errors import ConfigError, LogFormatError
 from mlhpc.report.mlperf_adapter import package_checker_command
-from mlhpc.report.energy import POWER_DIR, power_folder
+from mlhpc.report.energy import POWER_DIR, is_power_log, power_folder
 from mlhpc.report.parse import parse_log
 from mlhpc.report.runs import RunSummary, is_resumed, summarize_run, superseded_logs
 from mlhpc.report.score import RESULT_RE, _natural, sidecars
@@ -72,10 +72,6 @@ SYSTEM_FIELDS = (
     "accelerator_memory_capacity", "accelerator_interconnect", "accelerator_interconnect_topology",
     "cooling", "hw_notes", "framework", "other_software_stack", "operating_system", "sw_notes",
 )
-
-
-#: The power logs of a result (mlperf_logging's power layout: one per node, one per switch).
-POWER_LOG_RE = re.compile(r"(node|sw)_\d+\.txt")
 
 
 @dataclass
@@ -351,7 +347,8 @@ def _copy_results(result: PackageResult, runs: list[tuple[Path, RunSummary]], sy
 
 
 def _power_logs(log: Path) -> list[Path]:
-    """The power logs of ``log`` (`POWER_LOG_RE` files of its `power_folder`), sorted; none
+    """The power logs of ``log`` (`mlhpc.report.energy.is_power_log` files of its
+    `power_folder`), sorted; none
     when that folder is a link or missing. Raises ConfigError when a link (``power`` itself)
     takes the folder out of the log's run folder."""
     folder = power_folder(log)
@@ -360,7 +357,7 @@ def _power_logs(log: Path) -> list[Path]:
     if not is_under(resolved(folder), resolved(Path(log).parent)):
         raise ConfigError(f"{folder}: symbolic link out of its run folder (to {resolved(folder)}); links "
                           "are not followed into a package (copy the power logs there)")
-    return sorted(e for e in folder.iterdir() if POWER_LOG_RE.fullmatch(e.name) and e.is_file())
+    return sorted(e for e in folder.iterdir() if is_power_log(e.name) and e.is_file())
 
 
 def _copy_power(result: PackageResult, runs: list[tuple[Path, RunSummary]]) -> None:
