@@ -13,7 +13,6 @@ The model, loaders, optimizer and step are those of a run: `mlhpc.assemble.build
 
 from __future__ import annotations
 
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from torch.profiler import ProfilerActivity, record_function
 from torch.utils.data import DataLoader
 
 from mlhpc import assemble, outdir, perf, runtime
+from mlhpc.data.files import atomic_output
 from mlhpc.config import Config
 from mlhpc.errors import ConfigError, OutputError
 from mlhpc.data.embedded import ensure_data
@@ -133,16 +133,15 @@ def _profile(config: Config, rt: Runtime, steps: int, warmup: int, trace_path: P
 
 
 def _write_trace(prof: Any, trace: Path) -> Path:
-    """Export the Chrome trace to ``trace`` through a temporary sibling renamed into place.
+    """Export the Chrome trace to ``trace`` through a temporary sibling renamed into place
+    (`mlhpc.data.files.atomic_output`: created new, never through a link; the file is 0600).
 
     Raises:
         OutputError: it cannot be written (the temporary file is removed)."""
-    tmp = trace.with_name(f".{trace.name}.{os.getpid()}.part")
     try:
-        prof.export_chrome_trace(str(tmp))
-        os.replace(tmp, trace)
+        with atomic_output(trace) as tmp:  # the one temporary-name rule; no link followed
+            prof.export_chrome_trace(str(tmp))
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise OutputError(f"--trace {trace}: cannot write the trace ({exc.strerror or exc})") from None
     return trace
 
