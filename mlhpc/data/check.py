@@ -168,14 +168,15 @@ def check(workload: Any, root: Path, *, full: bool = False, fmt: str = "auto", w
         _not_theirs(workload, root)
         raise
     firsts = {split: path for path, split in reversed(split_of.items())}
-    if all(isinstance(_check_one(tools, p, form, False)[1], str) for p in firsts.values()):
+    asked = all(isinstance(_check_one(tools, p, form, False)[1], str) for p in firsts.values())
+    if asked:  # every split's first file bad: another workload's data? (asked once per check)
         _not_theirs(workload, root)
     jobs = [(tools, path, form, full) for path in split_of]
     progress({"kind": "start", "what": "check", "files": len(jobs)})
     for done, (path, found) in enumerate(run_all(_check_one, jobs, workers), 1):
         _count(report.splits[split_of[path]], path, found)
         progress({"kind": "file", "done": done, "files": len(jobs), "path": str(path)})
-    if 2 * sum(len(split.bad) for split in report.splits.values()) > len(jobs):
+    if not asked and 2 * sum(len(split.bad) for split in report.splits.values()) > len(jobs):
         _not_theirs(workload, root)
     for split in report.splits.values():
         split.bad.sort()
