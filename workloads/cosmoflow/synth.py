@@ -75,7 +75,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from mlhpc.config import Section
-from mlhpc.data.files import part_path, write_text_atomic
+from mlhpc.data.files import atomic_output, write_text_atomic
 from mlhpc.errors import DataError
 
 #: The four targets, in ``unitPar`` / ``physPar`` order.
@@ -365,8 +365,9 @@ def _write_file(path: Path, cfg: SynthConfig, seed: int, split: str, first: int,
     phys = np.stack([s[2] for s in samples])
     if cfg.samples_per_file == 1:
         full, unit, phys = full[0], unit[0], phys[0]
-    partial = part_path(path)
-    with h5py.File(partial, "w", track_order=False) as f:
+    # the temporary created O_EXCL | O_NOFOLLOW (never written through a planted link), with
+    # the bits an h5py-created file has (0666 less the umask); removed when writing fails
+    with atomic_output(path, 0o666) as partial, h5py.File(partial, "w", track_order=False) as f:
         f.create_dataset("full", data=full, track_times=False)
         f.create_dataset("unitPar", data=unit, track_times=False)
         f.create_dataset("physPar", data=phys, track_times=False)
@@ -394,7 +395,6 @@ def _write_file(path: Path, cfg: SynthConfig, seed: int, split: str, first: int,
             f.attrs["generator"] = ("mlhpc Lagrangian perturbation theory (Zel'dovich / 2LPT) displacement "
                                     "of particles from a Gaussian field with colossus Eisenstein-Hu linear "
                                     "P(k), D(z) growth, nearest-grid-point counts")
-    os.replace(partial, path)
 
 
 def _needs_writing(path: Path, count: int, sharded: bool) -> bool:

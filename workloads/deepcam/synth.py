@@ -38,7 +38,6 @@ file was written or it is missing.
 from __future__ import annotations
 
 import datetime as dt
-import os
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,7 @@ from pydantic import Field
 from scipy import ndimage
 
 from mlhpc.config import Section
-from mlhpc.data.files import part_path
+from mlhpc.data.files import atomic_output
 from mlhpc.errors import DataError
 from .data import CHANNELS, DATA_KEY, LABEL_KEY, STATS_FILE, TRAIN_DIR, VALIDATION_DIR
 
@@ -337,15 +336,11 @@ def sample_name(split: str, index: int) -> str:
 
 
 def _write_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    tmp = part_path(path)
-    try:
-        with h5py.File(tmp, "w") as f:
-            for key, value in arrays.items():
-                f.create_dataset(key, data=value)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    # the temporary created O_EXCL | O_NOFOLLOW (never written through a planted link), with
+    # the bits an h5py-created file has (0666 less the umask)
+    with atomic_output(path, 0o666) as tmp, h5py.File(tmp, "w") as f:
+        for key, value in arrays.items():
+            f.create_dataset(key, data=value)
 
 
 def write_stats(data_dir: Path, files: list[Path]) -> None:
