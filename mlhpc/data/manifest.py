@@ -56,6 +56,8 @@ MANIFEST_FORMAT = "mlhpc-manifest"
 MANIFEST_VERSION = 3  # 3: one schema for staging, conversion and preparation; "complete"
 MAX_MANIFEST_BYTES = 1 << 30  # a manifest of ~10 million files; anything larger is not ours
 IDENTITY = ("source_mtime_ns", "source_ctime_ns", "source_ino")  # with bytes: "same file"
+
+
 def describe_output(root: Path, path: Path, samples: int, mode: int) -> dict[str, Any]:
     """The manifest entry ``{path (POSIX, relative to root), bytes, xxh3_128, samples}`` of a
     file a workload's converter just wrote, its permission bits first narrowed to ``mode``
