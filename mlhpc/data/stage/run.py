@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -224,28 +225,34 @@ def node_shard(config: "Config", runtime: "Runtime") -> Optional[Shard]:
     shard does not name would be staged whole on every node and read once per node."""
     if shard_mode(config, runtime) != "node":
         return None
-    return Shard(runtime.node_rank, runtime.num_nodes, config.train.seed, _split_names(config, runtime))
+    shard = Shard(runtime.node_rank, runtime.num_nodes, config.train.seed)
+    names = _split_names(config, runtime)
+    return shard if names is None else replace(shard, splits=names)
 
 
-def _split_names(config: "Config", runtime: "Runtime") -> tuple[str, ...]:
+def _split_names(config: "Config", runtime: "Runtime") -> Optional[tuple[str, ...]]:
+    """The split folders ``find_splits`` of the workload's data tools names (`node_shard`);
+    None where it has none or no root answers (`Shard`'s default splits then)."""
     from mlhpc.data import formats
     from mlhpc.errors import MlhpcError
     from mlhpc.workload import get as get_workload
 
-    default = Shard.__dataclass_fields__["splits"].default
     if getattr(config, "workload", None) is None:
-        return default
+        return None
     try:
         finder = getattr(formats.tools_of(get_workload(config.workload)), "find_splits", None)
         roots = [Path(config.data.path), staging_dest(config, runtime)]
     except MlhpcError:
-        return default
-    for root in (r for r in roots if callable(finder) and r.is_dir()):
-        try:
-            return tuple(finder(root))
-        except MlhpcError:
-            continue
-    return default
+        return None
+    if not callable(finder):
+        return None
+    for root in roots:
+        if root.is_dir():
+            try:
+                return tuple(finder(root))
+            except MlhpcError:
+                continue
+    return None
 
 
 def _conversion_tools(config: "Config") -> Any:
