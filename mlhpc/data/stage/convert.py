@@ -154,7 +154,6 @@ def record_converted(job: Copy, plan: list[Planned], counts: Counts) -> None:
                      for path in written]
     keep |= {f["path"] for f in finished}
     counts.pruned_files += prune_to(job.dest, keep)  # file lists of a split that left the plan
-    files = sorted(outputs + finished, key=lambda e: e["path"])
     try:
         doc = write(job.dest, "stage", outputs + finished, source=str(resolved(job.source)),
                     shard=job.shard_doc, to=conv.to, sources=sources, **{"from": conv.fmt})
