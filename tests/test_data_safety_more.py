@@ -491,3 +491,21 @@ def test_package_never_carries_a_linked_log_out_of_its_run_folder(tmp_path: Path
     code, err = cli(*package_args(tmp_path / "pkg", run))
     one_line(code, err, "config_1.yaml: symbolic link out of its run folder")
     assert not [p for p in (tmp_path / "pkg").rglob("*") if p.is_file() and b"hunter2" in p.read_bytes()]
+
+
+def test_read_only_output_mode_leaves_the_writer_able_to_write(tmp_path):
+    """A 0444 source's outputs are written through a temporary the owner can still open for
+    writing by path (h5py reopens it; as a user other than root a 0444 file would refuse it),
+    and end with the source's bits, no more."""
+    from mlhpc.data.files import atomic_output, output_mode
+
+    old = os.umask(0o022)
+    try:
+        with output_mode(0o444), atomic_output(tmp_path / "x.h5") as tmp:
+            assert stat.S_IMODE(os.stat(tmp).st_mode) & 0o600 == 0o600
+            with h5py.File(tmp, "w") as f:
+                f.create_dataset("x", data=np.arange(3))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "x.h5").st_mode) == 0o444
+    assert [p.name for p in tmp_path.iterdir()] == ["x.h5"]

@@ -94,7 +94,8 @@ def atomic_output(final: Path, mode: Optional[int] = None) -> Iterator[Path]:
     The temporary file is created here with ``O_EXCL | O_NOFOLLOW`` (a link planted at that
     name is not followed: the creation fails) and permission bits ``mode`` (default: those of
     the enclosing `output_mode`, else ``0600``; the umask may take more away), then handed to
-    the writer, which may reopen it by path (h5py, numpy: the file keeps its bits).
+    the writer, which may reopen it by path (h5py, numpy): owner read/write until the rename,
+    so a read-only ``mode`` (a ``0444`` source) does not lock the writer out.
     ``final``'s folder must not be a link.
 
     Raises:
@@ -105,10 +106,12 @@ def atomic_output(final: Path, mode: Optional[int] = None) -> Iterator[Path]:
     parent = final.parent
     if parent.is_symlink():
         raise OSError(errno.ELOOP, "folder is a symbolic link", str(parent))
+    bits = _OUTPUT_MODE.get() if mode is None else mode & 0o666
     unlink_quietly(tmp)  # a leftover of this very process id (a recycled pid)
-    os.close(os.open(tmp, _NEW_FILE_FLAGS, _OUTPUT_MODE.get() if mode is None else mode & 0o666))
+    os.close(os.open(tmp, _NEW_FILE_FLAGS, bits | PRIVATE_FILE_MODE))
     try:
         yield tmp
+        narrow_mode(tmp, bits)
         os.replace(tmp, final)
     except BaseException:
         unlink_quietly(tmp)
