@@ -162,13 +162,6 @@ def staging_folder(path: Path) -> Path:
     return path.parent / f".{path.name}.mlhpc-synth"
 
 
-def is_partial_file(path: Path) -> bool:
-    """True for a leftover per-file temporary of an interrupted writer (never data to read): the
-    project's one temporary-name rule (`mlhpc.data.files.part_path`), which the workloads'
-    writers use too."""
-    return is_part_file(path.name)
-
-
 def _settings(workload: str, synth: Any, seed: int) -> dict[str, Any]:
     dumped = synth.model_dump(mode="json") if hasattr(synth, "model_dump") else dict(synth or {})
     return {"workload": workload, "seed": seed,
@@ -195,7 +188,7 @@ def inventory(path: Path) -> dict[str, dict[str, int]]:
 
 
 def _partial_files(path: Path) -> list[Path]:
-    return [p for p in Path(path).rglob(".*") if p.is_file() and is_partial_file(p)]
+    return [p for p in Path(path).rglob(".*") if p.is_file() and is_part_file(p.name)]
 
 
 def read_marker(path: Path) -> dict[str, Any] | None:
@@ -469,7 +462,7 @@ def _require_splits(path: Path, workload: "Workload", state: str) -> None:
     """Raises DataError when a split folder of ``path`` is missing or holds no data file."""
     for split in splits_of(getattr(workload, "data_tools", None)):
         folder = path / split
-        if not folder.is_dir() or not any(p.is_file() and not is_partial_file(p)
+        if not folder.is_dir() or not any(p.is_file() and not is_part_file(p.name)
                                           for p in folder.iterdir()):
             hint = ""
             if state == "unmarked" and not folder.exists():  # someone's own data, not ours
