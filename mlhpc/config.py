@@ -143,8 +143,12 @@ class StagingConfig(Section):
         "copy the dataset to node-local storage before reading it (false: read data.path in "
         "place)"))
     dest: Optional[Path] = Field(None, strict=False, description=(
-        "node-local folder to stage into; may hold {node_rank} and {hostname}; null: a fresh "
-        "temporary folder on each node"))
+        "node-local folder to stage into; may hold {node_rank} and {hostname}; null: "
+        "$TMPDIR (else /tmp)/mlhpc-<user>-<job id>-<hash of data.path>, one per dataset and job "
+        "(mlhpc stage --list shows each copy and its size)"))
+    keep: bool = Field(False, description=(
+        "keep the staged copy when the run ends (a later run on the node reuses it, verified); "
+        "false: a run removes the copy it made, and leaves one that was in place before it"))
     workers: int = Field(4, ge=1, le=256, description="copy threads per rank")
     shard: Optional[Literal["node", "none"]] = Field(None, description=(
         "node: each node stages and reads its own share of the samples; none: every node holds"
