@@ -74,7 +74,7 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
     never are (an estimate may be added as power/result_N/sw_K.txt). No readable counter: the
     run says so and claims no energy. power.enabled=false turns sampling off. See docs/power.md."""
     from mlhpc import config as cfg
-    from mlhpc import train
+    from mlhpc.run import train
     from mlhpc.progress import RunProgress, print_summary
 
     if instances is not None:
@@ -94,7 +94,7 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
         click.echo(f"mlhpc: stopped by {result.signal}; continue with: mlhpc run --resume "
                    f"{Path(result.result_file).parent if result.result_file else '<run folder>'}",
                    err=True)
-    # agreed by every rank (`mlhpc.outcome.agree`): 0 reached, 1 not, 128 + N signal N
+    # agreed by every rank (`mlhpc.run.outcome.agree`): 0 reached, 1 not, 128 + N signal N
     sys.exit(result.exit_status)
 
 
@@ -124,7 +124,7 @@ def stage_command(config_path: Path | None, overrides: tuple[str, ...], fmt: str
     if config_path is None:
         raise ConfigError("stage: give a CONFIG file (or --list / --clean)")
     from mlhpc import config as cfg
-    from mlhpc.train import stage_only
+    from mlhpc.run.train import stage_only
 
     result, reports = stage_only(cfg.load(config_path, overrides))
     if not reports:

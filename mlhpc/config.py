@@ -209,7 +209,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 
 class TrainConfig(Section):
-    """The training loop (`mlhpc.train`)."""
+    """The training loop (`mlhpc.run.train`)."""
 
     global_batch_size: int = Field(..., ge=1, le=2**31 - 1, description=(
         "samples per optimizer step over all ranks (local batch = global / (ranks x "
@@ -256,7 +256,7 @@ class TrainConfig(Section):
 
 class OutputConfig(Section):
     """Where results go: run N writes ``<dir>/result_N.txt`` (the MLLOG) and its side files
-    ``measured_N.json``, ``summary_N.json``, ``config_N.yaml``, ``env_N.json`` (`mlhpc.results`)."""
+    ``measured_N.json``, ``summary_N.json``, ``config_N.yaml``, ``env_N.json`` (`mlhpc.run.result`)."""
 
     dir: Path = Field(Path("results"), strict=False, description=(
         "results folder: run N writes result_N.txt and its side files there, never over an "

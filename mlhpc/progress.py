@@ -1,10 +1,10 @@
 """What `mlhpc run` shows (part of the command line, which alone prints): its progress and its
 end-of-run table.
 
-`RunProgress` receives the events `mlhpc.train.run` reports (start, synthesis, step, epoch,
+`RunProgress` receives the events `mlhpc.run.train.run` reports (start, synthesis, step, epoch,
 warning) and prints one line each: through rich on a terminal, plain and flushed when stdout is
 a file (a Slurm log), at the same cadence (a ``step N/M`` line every ``train.log_every_steps``).
-`print_summary` prints the `mlhpc.results` figures read back from the run's log.
+`print_summary` prints the `mlhpc.run.result` figures read back from the run's log.
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ class DataProgress:
 
 
 def print_summary(summary: dict[str, Any]) -> None:
-    """The end-of-run table: `mlhpc.results` figures, read back from the run's log."""
+    """The end-of-run table: `mlhpc.run.result` figures, read back from the run's log."""
     from rich.console import Console
     from rich.table import Table
 

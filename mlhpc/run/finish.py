@@ -1,17 +1,18 @@
 """After run_stop: the run's side files, written by the rank that holds the log (`finish`):
 ``measured_N.json`` (what the log cannot hold), ``summary_N.json`` read back from the log
-(`mlhpc.results`), ``config_N.yaml`` and ``env_N.json``."""
+(`mlhpc.run.result`), ``config_N.yaml`` and ``env_N.json``."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from mlhpc import env as envinfo
-from mlhpc import perf, results
-from mlhpc.assemble import Job, Parts
-from mlhpc.outcome import Outcome
-from mlhpc.results import RunResult
-from mlhpc.step import compile_mode
+from mlhpc import perf
+from mlhpc.run import result as results
+from mlhpc.run.assemble import Job, Parts
+from mlhpc.run.outcome import Outcome
+from mlhpc.run.result import RunResult
+from mlhpc.run.step import compile_mode
 
 
 def finish(job: Job, parts: Parts, outcome: Outcome, synthesis_s: float) -> RunResult:
