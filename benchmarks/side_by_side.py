@@ -8,8 +8,8 @@ WORKLOAD is any registered workload (cosmoflow, deepcam, oc20, ...); its config 
 or the ``*-mini.yaml`` under configs/ that names it (its data are synthesised first when missing,
 as `mlhpc run` does). Comparisons, in this order (``--only`` picks some):
 
-- ``harness``: the training step `mlhpc run` trains with (`mlhpc.step.train_step` on the parts
-  `mlhpc.assemble.build` makes, through benchmarks/throughput.py's ``one_batch``) against a bare
+- ``harness``: the training step `mlhpc run` trains with (`mlhpc.run.step.train_step` on the parts
+  `mlhpc.run.assemble.build` makes, through benchmarks/throughput.py's ``one_batch``) against a bare
   PyTorch loop of the same model, loss, optimizer and scheduler, on the same batches already
   decoded in memory; samples/s; goal 0.95.
 - ``model`` (OC20 only): mlhpc's DimeNet++ training step against torch-geometric's

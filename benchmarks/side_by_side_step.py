@@ -20,13 +20,13 @@ from throughput import one_batch
 
 from mlhpc import config as cfg
 from mlhpc.data import loader
-from mlhpc.step import train_step
+from mlhpc.run.step import train_step
 
 
 @dataclass
 class Prepared:
     """The parts `mlhpc run` builds for ``config`` (``job``, ``parts``: throughput.py's
-    `one_batch`, i.e. `mlhpc.assemble.build`) and ``batches``: ``(x, y, samples)`` on the
+    `one_batch`, i.e. `mlhpc.run.assemble.build`) and ``batches``: ``(x, y, samples)`` on the
     device, the first batches of the training loader."""
 
     config: cfg.Config
@@ -59,7 +59,7 @@ def prepare(config: cfg.Config, device: str, max_batches: int) -> Prepared:
 
 
 def mlhpc_work(prep: Prepared, step: Any) -> Callable[[], int]:
-    """One pass of `mlhpc.step.train_step` (the step `mlhpc run` trains with) over the batches."""
+    """One pass of `mlhpc.run.step.train_step` (the step `mlhpc run` trains with) over the batches."""
     def work() -> int:
         for x, y, _ in prep.batches:
             train_step(step, x, y)
@@ -98,7 +98,7 @@ def harness(prep: Prepared, repeats: int, min_s: float, load: LoadWatch) -> Meas
              calibrate(bare_work(prep), min_s))
     result = interleave("harness", "samples/s", sides, repeats, load)
     result.goal = 0.95
-    result.sides = {"mlhpc": "mlhpc.step.train_step on the parts mlhpc.assemble.build makes "
+    result.sides = {"mlhpc": "mlhpc.run.step.train_step on the parts mlhpc.run.assemble.build makes "
                              "(benchmarks/throughput.py one_batch)",
                     "reference": "bare PyTorch loop: the workload's model, loss, optimizer and "
                                  "scheduler built directly; forward, backward, step, zero_grad"}
