@@ -90,9 +90,11 @@ class SynthLines:
         parts = [f"  synth {event['done']}/{event['samples']} samples"] if event.get("samples") \
             else ["  synth"]
         planned = event.get("planned_bytes")
-        if planned or event["bytes"]:  # nothing for a workload writing elsewhere first
+        if planned or event["bytes"] >= 1000:
             parts.append(size_text(event["bytes"]) + (f" of about {size_text(planned)}"
                                                        if planned else " written"))
+        else:  # a workload that computes samples before it writes them: say so, not "0 kB"
+            parts.append("no data on disk yet")
         parts.append(f"{event['elapsed_s']:.0f} s")
         if event.get("eta_s") is not None:
             parts.append(f"about {event['eta_s']:.0f} s left")
@@ -147,6 +149,8 @@ class RunProgress:
             self._line(line)
         elif kind == "warning":
             self.console.print(f"[yellow]warning:[/yellow] {event['message']}", highlight=False)
+        elif kind == "note":  # one whole line: a path in it is never wrapped
+            self._line(event["message"])
         elif kind == "step":  # every train.log_every_steps, on a terminal and in a log file
             self._line(f"  step {event['step']}/{event['steps']} (epoch {event['epoch']}) "
                        f"loss {event['loss']:.4f}")
@@ -253,17 +257,23 @@ def print_summary(summary: dict[str, Any]) -> None:
          f"({100 * (perf.get('mfu') or 0):.1f}% of {perf.get('peak_source', '?')})"),
         ("global batch size / ranks / nodes",
          f"{s.get('global_batch_size')} / {s.get('world_size')} / {s.get('num_nodes')}"),
-        ("result log", str(s["path"])),
-        *([("resumed from", s["resumed_from"])] if s.get("resumed_from") else []),
-        *([("checkpoint", s["checkpoint"])] if s.get("checkpoint") else []),
     ]
     for name, value in rows:
         table.add_row(name, value)
     console = Console()
     console.print(table)
+    for name, value in _path_lines(s):  # whole lines: a path is never cut or wrapped by the table
+        print(f"{name}: {value}", flush=True)
     if s.get("departs_from_reference"):
         console.print("departs from the reference: " + "; ".join(s["departs_from_reference"]),
                       highlight=False)
+
+
+def _path_lines(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary's paths: the result log, where the run resumed from and its checkpoint. (The
+    staged copy's place and size are said when the run ends: `mlhpc.data.stage.copies.release`.)"""
+    return [("result log", str(s["path"]))] + [
+        (name, s[key]) for name, key in (("resumed from", "resumed_from"), ("checkpoint", "checkpoint")) if s.get(key)]
 
 
 def _staging_rows(s: dict[str, Any]) -> list[tuple[str, str]]:

@@ -195,6 +195,13 @@ def required_result_count(benchmark: str | None, ruleset: rules.Ruleset) -> int:
     return int(ruleset.runs.get(benchmark or "", 1))
 
 
+def weak_throughput(spans_ms: list[tuple[float, float]]) -> tuple[float, float | None]:
+    """result_summarizer's weak-scaling score of M counted runs ``(run_start_ms, run_stop_ms)``:
+    TTTa = (latest stop - earliest start) / 60000 min and M / TTTa models/min (None if TTTa is 0)."""
+    ttta_min = (max(t for _, t in spans_ms) - min(s for s, _ in spans_ms)) / 60 / 1000
+    return ttta_min, (len(spans_ms) / ttta_min if ttta_min > 0 else None)
+
+
 def rules_of(result: "FolderResult") -> rules.Ruleset:
     """The rules a folder is scored by: its ruleset's, else its round's, else the current."""
     version = result.ruleset or (f"{result.round.lstrip('v')}.0" if result.round else None)
@@ -446,10 +453,7 @@ def _score_weak(result: FolderResult, scored: list[tuple[RunSummary, float, floa
     result.number_of_models = len(scored)
     result.instance_scale = scale_seen
     if scored and len(scored) >= needed:
-        first = min(s for _, s, _ in scored)
-        last = max(t for _, _, t in scored)
-        result.ttta_min = (last - first) / 60 / 1000
-        result.models_per_min = len(scored) / result.ttta_min if result.ttta_min > 0 else None
+        result.ttta_min, result.models_per_min = weak_throughput([(s, t) for _, s, t in scored])
     else:
         result.notes.append(f"not enough converging weak-scaling runs: {len(scored)} < {needed}")
     nodes = _int_or_none(result.system_desc.get("number_of_nodes"))

@@ -50,6 +50,7 @@ from mlhpc.run.assemble import Job, Parts, ProgressFn, build, stage
 from mlhpc.config import Config
 from mlhpc.data import embedded, loader
 from mlhpc.data import stage as staging
+from mlhpc.data.stage.copies import release
 from mlhpc.data.sampler import ShardSampler
 from mlhpc.errors import ConfigError
 from mlhpc.run.evaluate import all_reduce, evaluate
@@ -98,10 +99,14 @@ def run(config: Config | None, *, on_progress: ProgressFn | None = None,
         on_progress(_where(config))
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
+    job = Job(config, workload, world, world, None, resume, on_progress or (lambda event: None))
     with runtime.process_group(world):
-        result = _run_instance(Job(config, workload, world, world, None, resume,
-                                   on_progress or (lambda event: None)))
-        return agree(result, world)  # rank 0 has written every file; no rank exits before
+        try:
+            return agree(_run_instance(job), world)  # rank 0 has written every file; no rank exits before
+        finally:  # every rank of the node is done reading: the copy this run made goes (staging.keep)
+            said = release(job.staged, config.data.staging.keep, world.local_rank, world.node_rank)
+            if said and world.is_main:
+                job.progress({"kind": "note", "message": said})
 
 
 def _where(config: Config) -> dict[str, Any]:
