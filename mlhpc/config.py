@@ -461,4 +461,6 @@ def load(path: Path | str, overrides: tuple[str, ...] = ()) -> Config:
 
 def save(config: Config, path: Path) -> None:
     """Write the resolved config as YAML (what the run actually used)."""
-    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    from mlhpc.data.files import write_text_atomic
+
+    write_text_atomic(Path(path), yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -57,6 +57,10 @@ class RaplDomain:
             delta = raw - self._last_raw
             if delta < 0:  # the counter wrapped past max_energy_range_uj
                 delta += self.max_range_uj
+            if delta < 0:  # reset (or no range known): resynchronise, refuse this interval
+                previous, self._last_raw = self._last_raw, raw
+                raise SourceError(f"{self.name}: energy_uj went back from {previous} to {raw} "
+                                  "(counter reset); this interval is not measured")
             self._total_uj += delta
         self._last_raw = raw
         return self._total_uj / 1e6

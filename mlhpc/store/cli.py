@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from mlhpc.errors import one_line_errors
+from mlhpc.text import echo
 from mlhpc.store.queries import FORMATS
 
 STORE_HELP = ("Store URL (SQLAlchemy, e.g. postgresql+psycopg://user@host/db) or SQLite file; default "
@@ -26,7 +27,7 @@ def _open(url: str | None):
 
     store = open_store(url)
     for warning in store.warnings:
-        click.echo(f"warning: {warning}", err=True)
+        echo(f"warning: {warning}", err=True)
     return store
 
 
@@ -76,8 +77,8 @@ def ingest_command(paths: tuple[Path, ...], url: str | None, campaign: str | Non
     store = _open(url)
     result = ingest_paths(store, list(paths), campaign)
     for line in result.refused:
-        click.echo(f"mlhpc: refused: {line}", err=True)
-    click.echo(f"{len(result.added)} run(s) added, {result.already} already stored, "
+        echo(f"mlhpc: refused: {line}", err=True)
+    echo(f"{len(result.added)} run(s) added, {result.already} already stored, "
                f"{len(result.refused)} refused ({store.url})")
     if result.refused:
         sys.exit(2)
@@ -93,7 +94,7 @@ def list_command(fmt: str, url: str | None, **kw: Any) -> None:
     from mlhpc.store.queries import list_runs, render_rows
 
     output = render_rows(list_runs(_open(url), _filters(kw)), fmt)
-    click.echo(output, nl=not output.endswith("\n"))
+    echo(output, nl=not output.endswith("\n"))
 
 
 @results_group.command("show")
@@ -106,7 +107,7 @@ def show_command(run: str, with_log: bool, url: str | None) -> None:
     from mlhpc.store.queries import get_run, show_text
 
     row = get_run(_open(url), run)
-    click.echo(row["log"] if with_log else show_text(row), nl=not (with_log and row["log"].endswith("\n")))
+    echo(row["log"] if with_log else show_text(row), nl=not (with_log and row["log"].endswith("\n")))
 
 
 @results_group.command("compare")
@@ -125,12 +126,12 @@ def compare_command(a: str, b: str, alpha: float, fmt: str, url: str | None) -> 
 
     result = compare_selections(_open(url), a, b, alpha)
     if fmt == "json":
-        click.echo(json.dumps({"a": {"selection": a, "times_s": result.a.times_s, "olympic_s": result.a.olympic_s},
+        echo(json.dumps({"a": {"selection": a, "times_s": result.a.times_s, "olympic_s": result.a.olympic_s},
                                "b": {"selection": b, "times_s": result.b.times_s, "olympic_s": result.b.olympic_s},
                                "test": TEST_NAME, "p_value": result.p_value, "ci_low_s": result.ci_low_s,
                                "ci_high_s": result.ci_high_s, "verdict": result.verdict}, indent=2))
     else:
-        click.echo(render(result))
+        echo(render(result))
 
 
 @results_group.command("scaling")
@@ -150,9 +151,9 @@ def scaling_command(mode: str, png: Path | None, fmt: str, url: str | None, **kw
     rows, written = scaling_report(_open(url), _filters(kw), mode, png)
     columns = ("series", "source", "nodes", "runs", "time_to_train_min", "how", "efficiency", "global_batch_size")
     output = render_rows(rows, fmt, columns).replace(" run(s)", " point(s)")
-    click.echo(output, nl=not output.endswith("\n"))
+    echo(output, nl=not output.endswith("\n"))
     if written is not None:
-        click.echo(f"wrote {written}", err=True)
+        echo(f"wrote {written}", err=True)
 
 
 @results_group.command("check")
@@ -170,6 +171,6 @@ def check_command(references: Path, window: int, since: str | None, url: str | N
 
     filters = Filters(since_ms=parse_date_ms(since) if since else None)
     verdicts = check_references(_open(url), references, window, filters)
-    click.echo(render(verdicts))
+    echo(render(verdicts))
     if any(v.verdict == "regression" for v in verdicts):
         sys.exit(1)
