@@ -41,23 +41,15 @@ FORMAT_HELP = "A table for people, JSON for scripts."
 @_friendly
 def list_command(fmt: str, as_json: bool) -> None:
     """The registered workloads: data formats, configs (under ./configs) and quality targets."""
-    from mlhpc.workload import describe
+    from mlhpc.workload import describe, describe_text
 
     rows = describe()
     if as_json or fmt == "json":
         echo(json.dumps(rows, indent=2))
         return
-    from rich.table import Table
+    import shutil
 
-    table = Table(title="mlhpc workloads (entry-point group mlhpc.workloads)")
-    for column in ("workload", "data formats", "converts to", "splits", "quality target", "configs"):
-        table.add_column(column, overflow="fold")
-    for r in rows:
-        sign = "<=" if r["direction"] == "min" else ">="
-        table.add_row(r["name"], ", ".join(r["formats"]) or "-", ", ".join(r["convert_to"]) or "-",
-                      ", ".join(r["splits"]), f"{r['metric']} {sign} {r['target']}",
-                      "\n".join(r["configs"]) or "-")
-    console().print(table)
+    echo(describe_text(rows, shutil.get_terminal_size().columns))
 
 
 @main.command("run")
@@ -83,7 +75,7 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
     never are (an estimate may be added as power/result_N/sw_K.txt). No readable counter: the
     run says so and claims no energy. power.enabled=false turns sampling off. See docs/power.md."""
     from mlhpc import config as cfg
-    from mlhpc import train
+    from mlhpc.run import train
     from mlhpc.progress import RunProgress, print_summary
 
     if instances is not None:
@@ -103,21 +95,37 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
         echo(f"mlhpc: stopped by {result.signal}; continue with: mlhpc run --resume "
                    f"{Path(result.result_file).parent if result.result_file else '<run folder>'}",
                    err=True)
-    # agreed by every rank (`mlhpc.outcome.agree`): 0 reached, 1 not, 128 + N signal N
+    # agreed by every rank (`mlhpc.run.outcome.agree`): 0 reached, 1 not, 128 + N signal N
     sys.exit(result.exit_status)
 
 
 @main.command("stage")
-@click.argument("config_path", type=click.Path(path_type=Path))
+@click.argument("config_path", type=click.Path(path_type=Path), required=False)
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True, help=FORMAT_HELP)
+@click.option("--list", "list_copies", is_flag=True,
+              help="List this node's staged copies (yours, made by mlhpc) with their sizes.")
+@click.option("--clean", is_flag=True, help="Remove this node's staged copies (yours, made by mlhpc).")
+@click.option("--in", "roots", multiple=True, type=click.Path(path_type=Path),
+              help="Folder to look in for --list/--clean (repeatable; default $TMPDIR, else /tmp).")
 @_friendly
-def stage_command(config_path: Path, overrides: tuple[str, ...], fmt: str) -> None:
+def stage_command(config_path: Path | None, overrides: tuple[str, ...], fmt: str, list_copies: bool,
+                  clean: bool, roots: tuple[Path, ...]) -> None:
     """Copy CONFIG's dataset to node-local storage, timed and verified (copies refuse links out
-    of the source and never write through one; a destination must be yours and private)."""
+    of the source and never write through one; a destination must be yours and private).
+    --list / --clean: this node's copies in $TMPDIR (else /tmp) or each --in folder, only real
+    folders owned by you and marked by mlhpc (links never followed). A run removes the copy it
+    made when it ends unless data.staging.keep is true."""
+    if list_copies or clean:
+        if config_path is not None or overrides:
+            raise ConfigError("stage --list/--clean: give no CONFIG (use --in FOLDER to look elsewhere)")
+        _staged_copies(list(roots) or None, clean, fmt)
+        return
+    if config_path is None:
+        raise ConfigError("stage: give a CONFIG file (or --list / --clean)")
     from mlhpc import config as cfg
-    from mlhpc.train import stage_only
+    from mlhpc.run.train import stage_only
 
     result, reports = stage_only(cfg.load(config_path, overrides))
     if not reports:
@@ -128,6 +136,16 @@ def stage_command(config_path: Path, overrides: tuple[str, ...], fmt: str) -> No
         echo(json.dumps(result.to_dict(), indent=2, default=str))
     else:
         _print_staging(result.to_dict())
+
+
+def _staged_copies(roots: list[Path] | None, clean: bool, fmt: str) -> None:
+    """`mlhpc stage --list` / `--clean` (`mlhpc.data.stage.copies`)."""
+    from mlhpc.data.stage.copies import find_copies, remove_copy, render
+
+    copies = find_copies(roots)
+    if clean:
+        copies = [remove_copy(c.path) for c in copies]
+    echo(json.dumps([c.to_dict() for c in copies], indent=2) if fmt == "json" else render(copies, clean))
 
 
 def _print_staging(staged: dict[str, Any]) -> None:
@@ -255,9 +273,9 @@ def profile_command(config_path: Path, steps: int, warmup: int, trace_path: Path
     mem.add_row(*("n/a" if v is None else f"{v / 1e6:.2f}" for v in result.memory.values()))
     out.print(mem)
     out.print(f"FLOPs per sample: forward {result.flops['forward_flops'] / 1e9:.3f} GFLOP, "
-              f"forward+backward {result.flops['train_flops'] / 1e9:.3f} GFLOP", highlight=False)
+                  f"forward+backward {result.flops['train_flops'] / 1e9:.3f} GFLOP", highlight=False)
     out.print(f"trace: {result.trace} (open in chrome://tracing or ui.perfetto.dev)", highlight=False,
-              soft_wrap=True)  # the path in one piece, to be copied
+                  soft_wrap=True)  # the path in one piece, to be copied
 
 
 @main.group("config")
@@ -315,6 +333,11 @@ def synth_command(workload_name: str, out_dir: Path, config_path: Path | None, s
         f"{' and the --set values' if overrides else ''}"))
     try:  # atomic: a hidden sibling folder renamed into place, marked complete (mlhpc.data.embedded)
         wrote = embedded.synthesize(out_dir, workload, config.synth, seed, on_progress=lines)
+    except KeyboardInterrupt:  # Ctrl-C: one line and 128 + SIGINT, as a run exits
+        lines.close()
+        echo(f"mlhpc: interrupted (SIGINT): {out_dir} not completed; nothing half-written is in "
+                   "its place", err=True)
+        sys.exit(130)
     finally:
         lines.close()
     if wrote:

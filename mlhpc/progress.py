@@ -1,10 +1,10 @@
 """What `mlhpc run` shows (part of the command line, which alone prints): its progress and its
 end-of-run table.
 
-`RunProgress` receives the events `mlhpc.train.run` reports (start, synthesis, step, epoch,
+`RunProgress` receives the events `mlhpc.run.train.run` reports (start, synthesis, step, epoch,
 warning) and prints one line each: through rich on a terminal, plain and flushed when stdout is
 a file (a Slurm log), at the same cadence (a ``step N/M`` line every ``train.log_every_steps``).
-`print_summary` prints the `mlhpc.results` figures read back from the run's log.
+`print_summary` prints the `mlhpc.run.result` figures read back from the run's log.
 """
 
 from __future__ import annotations
@@ -91,9 +91,11 @@ class SynthLines:
         parts = [f"  synth {event['done']}/{event['samples']} samples"] if event.get("samples") \
             else ["  synth"]
         planned = event.get("planned_bytes")
-        if planned or event["bytes"]:  # nothing for a workload writing elsewhere first
+        if planned or event["bytes"] >= 1000:
             parts.append(size_text(event["bytes"]) + (f" of about {size_text(planned)}"
                                                        if planned else " written"))
+        else:  # a workload that computes samples before it writes them: say so, not "0 kB"
+            parts.append("no data on disk yet")
         parts.append(f"{event['elapsed_s']:.0f} s")
         if event.get("eta_s") is not None:
             parts.append(f"about {event['eta_s']:.0f} s left")
@@ -146,6 +148,8 @@ class RunProgress:
             self._line(line)
         elif kind == "warning":
             self.console.print(joined(styled("warning:", "yellow"), " ", event["message"]))
+        elif kind == "note":  # one whole line: a path in it is never wrapped
+            self._line(event["message"])
         elif kind == "step":  # every train.log_every_steps, on a terminal and in a log file
             self._line(f"  step {event['step']}/{event['steps']} (epoch {event['epoch']}) "
                        f"loss {event['loss']:.4f}")
@@ -211,7 +215,7 @@ class DataProgress:
 
 
 def print_summary(summary: dict[str, Any]) -> None:
-    """The end-of-run table: `mlhpc.results` figures, read back from the run's log."""
+    """The end-of-run table: `mlhpc.run.result` figures, read back from the run's log."""
     from rich.table import Table
 
     s, perf = summary, summary.get("perf", {})
@@ -242,17 +246,23 @@ def print_summary(summary: dict[str, Any]) -> None:
          f"({100 * (perf.get('mfu') or 0):.1f}% of {perf.get('peak_source', '?')})"),
         ("global batch size / ranks / nodes",
          f"{s.get('global_batch_size')} / {s.get('world_size')} / {s.get('num_nodes')}"),
-        ("result log", str(s["path"])),
-        *([("resumed from", s["resumed_from"])] if s.get("resumed_from") else []),
-        *([("checkpoint", s["checkpoint"])] if s.get("checkpoint") else []),
     ]
     for name, value in rows:
         table.add_row(name, value)
     out = console()
     out.print(table)
+    for name, value in _path_lines(s):  # whole lines: a path is never cut or wrapped by the table
+        echo(f"{name}: {value}", file=sys.stdout)
     if s.get("departs_from_reference"):
         out.print("departs from the reference: " + "; ".join(s["departs_from_reference"]),
                       highlight=False)
+
+
+def _path_lines(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary's paths: the result log, where the run resumed from and its checkpoint. (The
+    staged copy's place and size are said when the run ends: `mlhpc.data.stage.copies.release`.)"""
+    return [("result log", str(s["path"]))] + [
+        (name, s[key]) for name, key in (("resumed from", "resumed_from"), ("checkpoint", "checkpoint")) if s.get(key)]
 
 
 def _staging_rows(s: dict[str, Any]) -> list[tuple[str, str]]:

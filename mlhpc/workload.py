@@ -1,7 +1,7 @@
 """The `Workload` spec: what a benchmark declares so that one harness can train it.
 
 Follows the shape of torchtitan's ``TrainSpec`` (torchtitan/protocols/train_spec.py): the harness
-(`mlhpc.train`) is model-agnostic and never branches on a workload's name; a workload is a frozen
+(`mlhpc.run.train`) is model-agnostic and never branches on a workload's name; a workload is a frozen
 record of constructors. Third parties add one through the ``mlhpc.workloads`` entry-point group;
 the registry (`get`, `names`, `register`) lives here, beside the spec, so that nothing in ``mlhpc``
 imports a workload package (the bundled ones are installed as ``mlhpc_workloads``).
@@ -201,3 +201,27 @@ def describe(config_dirs: tuple[Path, ...] = (Path("configs"),)) -> list[dict[st
                      "metric": workload.metric.key, "target": workload.metric.target,
                      "direction": workload.metric.direction, "configs": configs.get(name, [])})
     return rows
+
+
+def describe_text(rows: list[dict[str, Any]], width: int = 80) -> str:
+    """`describe`'s rows as lines for a terminal of ``width`` columns: per workload its name and
+    quality target, then its data formats, splits and configs under it. Lines wrap between
+    words only; a config path is one line of its own, never broken (a path longer than the
+    width overflows it whole)."""
+    import textwrap
+
+    def wrapped(label: str, text: str) -> list[str]:
+        return textwrap.wrap(text, max(width, 40), initial_indent=f"  {label:<13} ", subsequent_indent=" " * 16,
+                             break_long_words=False, break_on_hyphens=False) or [f"  {label}"]
+
+    lines = ["mlhpc workloads (entry-point group mlhpc.workloads)"]
+    for r in rows:
+        sign = "<=" if r["direction"] == "min" else ">="
+        formats = ", ".join(r["formats"]) or "-"
+        if r["convert_to"]:
+            formats += f" (converts to {', '.join(r['convert_to'])})"
+        lines += ["", f"{r['name']}  {r['metric']} {sign} {r['target']}", *wrapped("data formats", formats),
+                  *wrapped("splits", ", ".join(r["splits"]))]
+        configs = r["configs"] or ["-"]
+        lines += [f"  {'configs':<13} {configs[0]}", *(" " * 16 + c for c in configs[1:])]
+    return "\n".join(lines)

@@ -9,7 +9,6 @@ import json
 import os
 import pwd
 import shutil
-import stat
 import subprocess
 import sys
 from pathlib import Path

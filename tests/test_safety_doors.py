@@ -68,7 +68,7 @@ H5_WRITE_MODES = {"w", "w-", "x", "a", "r+"}
 
 #: ``(path, call) -> reason``: the calls that may go around a door, and why.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("mlhpc/checkpoint.py", "os.open"): "claims resumed_N.json with O_CREAT|O_EXCL: a planted link "
+    ("mlhpc/run/checkpoint.py", "os.open"): "claims resumed_N.json with O_CREAT|O_EXCL: a planted link "
         "fails with EEXIST, never followed",
     ("mlhpc/config.py", "os.open"): "the config reader opens O_NONBLOCK and refuses FIFOs, devices "
         "and files over MAX_CONFIG_BYTES with its own config-key messages, the reader's rules",
@@ -91,7 +91,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("mlhpc/env.py", "read_text"): "/proc/cpuinfo, a kernel file, read for the environment record",
     ("mlhpc/mllog.py", "os.open"): "claims result_N.txt with O_CREAT|O_EXCL|O_NOFOLLOW; the log grows "
         "line by line as the run goes (a rename at the end would hide a crashed run's log)",
-    ("mlhpc/outcome.py", "os.link"): "sets a failed log aside with a hard link that never replaces "
+    ("mlhpc/run/outcome.py", "os.link"): "sets a failed log aside with a hard link that never replaces "
         "a file (exclusive), then removes the original name",
     ("mlhpc/outdir.py", "os.open"): "the writability probe: created O_CREAT|O_EXCL, written, removed",
     ("mlhpc/power/sampler.py", "os.open"): "the power log grows while the run goes: created "

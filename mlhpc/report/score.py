@@ -32,7 +32,6 @@ result and shown run by run.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import time
@@ -44,7 +43,7 @@ from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import DataError, LogFormatError
 from mlhpc.report.compliance import check_run, not_checked_reason, round_of, ruleset_for
 from mlhpc.report.energy import attach_energy, score_energy
-from mlhpc.report.parse import ParsedLog, file_kind, parse_log
+from mlhpc.report.parse import ParsedLog, file_kind, parse_log, read_scaling_factor
 from mlhpc.report.rcp import RcpVerdict, check_folder
 from mlhpc.report.runs import (RunSummary, is_resumed, official_instance_scale, official_start_stop,
                                summarize_run, superseded_logs)
@@ -187,29 +186,18 @@ def compute_olympic_average(scores: list[float], dropped: int, max_dropped: int 
     return sum(kept) * 1.0 / len(kept) if kept else None
 
 
+def weak_throughput(spans_ms: list[tuple[float, float]]) -> tuple[float, float | None]:
+    """result_summarizer's weak-scaling score of M counted runs ``(run_start_ms, run_stop_ms)``:
+    TTTa = (latest stop - earliest start) / 60000 min and M / TTTa models/min (None if TTTa is 0)."""
+    ttta_min = (max(t for _, t in spans_ms) - min(s for s, _ in spans_ms)) / 60 / 1000
+    return ttta_min, (len(spans_ms) / ttta_min if ttta_min > 0 else None)
+
+
 def required_result_count(benchmark: str | None) -> int:
     """Result files a benchmark needs (mlperf_logging.benchmark_meta, hpc); 1 if unknown."""
     from mlhpc.report.mlperf_adapter import result_file_counts
 
     return int(result_file_counts("hpc").get(benchmark or "", 1))
-
-
-def read_scaling_factor(folder: Path) -> float:
-    """``scaling_factor`` from ``folder/scaling.json``; 1.0 when the file is absent.
-
-    Raises:
-        LogFormatError: the file exists but is not JSON with a numeric ``scaling_factor``.
-    """
-    path = folder / "scaling.json"
-    if not path.is_file():
-        return 1.0
-    try:
-        value = float(json.loads(read_text_input(path, root=folder, error=LogFormatError))["scaling_factor"])
-    except (ValueError, KeyError, TypeError, RecursionError):
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise LogFormatError(f"{path}: expected JSON {{\"scaling_factor\": <positive number>}}") from None
-    return value
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -439,10 +427,7 @@ def _score_weak(result: FolderResult, scored: list[tuple[RunSummary, float, floa
     result.number_of_models = len(scored)
     result.instance_scale = scale_seen
     if scored and len(scored) >= needed:
-        first = min(s for _, s, _ in scored)
-        last = max(t for _, _, t in scored)
-        result.ttta_min = (last - first) / 60 / 1000
-        result.models_per_min = len(scored) / result.ttta_min if result.ttta_min > 0 else None
+        result.ttta_min, result.models_per_min = weak_throughput([(s, t) for _, s, t in scored])
     else:
         result.notes.append(f"not enough converging weak-scaling runs: {len(scored)} < {needed}")
     nodes = _int_or_none(result.system_desc.get("number_of_nodes"))

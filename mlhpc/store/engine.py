@@ -188,14 +188,18 @@ def check_store_file(path: Path) -> None:
                          "rewrite results")
 
 
+def shown_url(url: str | None = None) -> str:
+    """`resolve_url` as it may be shown to a user: every credential masked (`mlhpc.text.show_url`)."""
+    return show_url(resolve_url(url))
+
+
 def open_store(url: str | None = None, *, migrate: bool = True) -> Store:
     """Open (and create or migrate) the store at ``url`` (see `resolve_url`).
 
     Raises:
         StoreError: switched off, a bad URL, a missing driver, or the database cannot be reached.
     """
-    resolved = resolve_url(url)
-    shown = show_url(resolved)
+    resolved, shown = resolve_url(url), shown_url(url)
     try:
         if resolved.startswith("sqlite"):
             engine, warnings = _sqlite_engine(resolved)
