@@ -105,6 +105,9 @@ class Section(BaseModel):
     def _int64(cls, value: Any, info: ValidationInfo) -> Any:
         if _out_of_int64(value):
             raise ValueError(f"integers must lie within {INT64_MIN} .. {INT64_MAX}")
+        if isinstance(value, (str, Path)) and any(ord(c) < 32 or ord(c) == 127 for c in str(value)):
+            raise ValueError("holds a control character (a newline, tab or escape); a name or path "
+                             "may not (a folder whose name ends in a newline is no one's to find)")
         return value
 
 

@@ -445,3 +445,56 @@ def test_flipped_bytes_in_an_lmdb_file_are_one_line_never_a_signal(tmp_path):
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     tried, refused = map(int, proc.stdout.split())
     assert tried > 800 and refused > 50
+
+
+# ---- 8, 9. checked at load; children bounded --------------------------------------------------------
+
+
+def _pids_running(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_hanging_node_meter_is_killed_with_its_children_within_its_bound():
+    import time
+
+    from mlhpc.power.sources import NodeMeter, SourceError
+
+    marker = f"mlhpc-meter-child-{os.getpid()}"
+    meter = NodeMeter(f"sh -c 'exec -a {marker} sleep 60 & echo 5; sleep 60'", timeout_s=1.0)
+    started = time.monotonic()
+    with pytest.raises(SourceError, match="timed out after 1.0 s; its process group was killed"):
+        meter.read()
+    assert time.monotonic() - started < 5
+    time.sleep(0.2)
+    assert not _pids_running(marker)
+    with pytest.raises(SourceError, match="printed more than 4096 bytes"):
+        NodeMeter("yes 1", timeout_s=5.0).read()
+
+
+def _config_with(tmp_path: Path, section: str, key: str, value) -> Path:
+    import yaml
+
+    data = yaml.safe_load((ROOT / "configs" / "cosmoflow-mini.yaml").read_text())
+    data.setdefault(section, {})[key] = value
+    data.setdefault("output", {}).setdefault("dir", str(tmp_path / "results"))
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("section, key, value, says", [
+    ("power", "node_meter_command", 'ipmitool "dcmi power reading', "No closing quotation"),
+    ("output", "dir", "results\n", "control character"),
+])
+def test_what_can_be_checked_is_checked_when_the_config_is_loaded(tmp_path, section, key, value, says):
+    config = _config_with(tmp_path, section, key, value)
+    line = one_line_error(cli("run", str(config)), str(config), f"{section}.{key}", says)
+    assert "\n" not in line
+    assert not (tmp_path / "results").exists() and not (tmp_path / "results\n").exists()

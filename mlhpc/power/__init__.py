@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mlhpc.data.files import reason
 from mlhpc.power.sampler import Clock, Sampler
@@ -49,6 +49,19 @@ class PowerConfig(BaseModel):
     interval_s: float = Field(1.0, ge=0.05, le=1.0)
     node_meter_command: str = ""
     powercap_root: Path = Field(Path("/sys/class/powercap"), strict=False)
+
+    @field_validator("node_meter_command")
+    @classmethod
+    def _splits(cls, value: str) -> str:
+        """The command is split as it will be run (no shell), at load: an unbalanced quote is a
+        config error before the run starts, not a failure after run_start."""
+        import shlex
+
+        try:
+            shlex.split(value)
+        except ValueError as exc:
+            raise ValueError(f"cannot be split into a command and its arguments ({exc})") from None
+        return value
 
 
 def node_file(out_dir: Path, result_name: str, node: int) -> Path:
