@@ -498,3 +498,15 @@ def test_what_can_be_checked_is_checked_when_the_config_is_loaded(tmp_path, sect
     line = one_line_error(cli("run", str(config)), str(config), f"{section}.{key}", says)
     assert "\n" not in line
     assert not (tmp_path / "results").exists() and not (tmp_path / "results\n").exists()
+
+
+def test_a_sweep_of_a_million_points_is_refused_before_anything_is_rendered(tmp_path):
+    import time
+
+    config = _config_with(tmp_path, "train", "seed", 1)
+    values = ",".join(str(i) for i in range(1000))
+    started = time.monotonic()
+    result = cli("submit", str(config), "--dry-run", "--sweep", f"train.seed={values}",
+                 "--sweep", f"train.max_epochs={values}")
+    line = one_line_error(result, "1000 x 1000 = 1000000 points")
+    assert "split the sweep" in line and time.monotonic() - started < 30
