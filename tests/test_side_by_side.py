@@ -93,14 +93,22 @@ def test_quick_run_prints_one_line_per_comparison_and_writes_every_figure(tmp_pa
 
 @pytest.mark.parametrize("args, says", [
     (["nosuchworkload"], "unknown workload 'nosuchworkload'"),
-    (["cosmoflow", "--json", "missing-folder/out.json"], "missing-folder"),
+    (["cosmoflow", "--json", "{tmp}/missing-folder/out.json"], "missing-folder"),
+    (["cosmoflow", "--json", "{tmp}"], "is a folder"),
     (["cosmoflow", "--only", "harness,speed"], "--only 'speed'"),
 ])
-def test_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
-    proc = script(*args, cwd=tmp_path)
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
-    assert proc.stdout == ""
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, says):
+    import side_by_side
+
+    status = side_by_side.main([arg.format(tmp=tmp_path) for arg in args])
+    out, err = capsys.readouterr()
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("side_by_side: ") and says in err, err
+
+
+def test_bad_input_from_the_command_line_exits_2(tmp_path):
+    proc = script("nosuchworkload", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stdout == ""
 
 
 def test_oc20_reference_is_the_same_model_and_a_different_one_is_refused():
