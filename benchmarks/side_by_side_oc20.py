@@ -175,7 +175,25 @@ def model_comparison(config: Any, loss_fn: Any, batches: list[tuple[Any, Any, in
                         parameters={"mlhpc": sum(p.numel() for p in ours.parameters()),
                                     "reference": sum(p.numel() for p in theirs.parameters())})
     result.extra["profile"] = profile(ours, theirs, loss_fn, graphs)
+    result.extra["profile"]["radius_graph_ms_per_batch"] = radius_graph_ms(batches, cutoff,
+                                                                           neighbours)
     return result
+
+
+def radius_graph_ms(batches: list[tuple[Any, Any, int]], cutoff: float, neighbours: int) -> float:
+    """Median milliseconds of `dimenet.radius_graph_pbc` on one batch: what mlhpc's step adds
+    when the data store no edges (as the mini data), outside this comparison."""
+    import statistics
+    import time
+
+    from mlhpc_workloads.opencatalyst import dimenet
+
+    times = []
+    for x, _, _ in batches:
+        start = time.perf_counter()
+        dimenet.radius_graph_pbc(x["pos"], x["cell"], x["natoms"], cutoff, neighbours)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
 
 
 # ------------------------------------------------------------------------------------ profile
