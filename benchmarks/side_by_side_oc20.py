@@ -21,10 +21,10 @@ cost as ours). Batches without stored edges get them once, before timing, from
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
-
 from side_by_side_core import LoadWatch, Measured, Skipped, calibrate, interleave
 
 RTOL_FORCES = 1e-4  # float32: relative to the largest force component
@@ -89,9 +89,8 @@ def twin_models(model_cfg: Any) -> tuple[torch.nn.Module, torch.nn.Module]:
 
 def reference_forward(net: torch.nn.Module, x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """OCP's periodic DimeNet++ forward over torch-geometric's layers: (energy (B,), forces (N, 3))."""
-    from torch_geometric.utils import scatter
-
     from mlhpc_workloads.opencatalyst import dimenet
+    from torch_geometric.utils import scatter
 
     pos = x["pos"].detach().requires_grad_(True)
     edge_index = x["edge_index"]
