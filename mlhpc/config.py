@@ -105,6 +105,9 @@ class Section(BaseModel):
     def _int64(cls, value: Any, info: ValidationInfo) -> Any:
         if _out_of_int64(value):
             raise ValueError(f"integers must lie within {INT64_MIN} .. {INT64_MAX}")
+        if isinstance(value, (str, Path)) and any(ord(c) < 32 or ord(c) == 127 for c in str(value)):
+            raise ValueError("holds a control character (a newline, tab or escape); a name or path "
+                             "may not (a folder whose name ends in a newline is no one's to find)")
         return value
 
 
@@ -160,7 +163,7 @@ class StagingConfig(Section):
         "read each staged file back and check its checksum against the source's"))
     to: str = Field("none", pattern=r"^[a-z][a-z0-9_-]*$", description=(
         "none: copy the files as they are; else a form the workload's data convert writes "
-        "(e.g. npy, hdf5), converted on the way to the node"))
+        "(`mlhpc list` shows them), converted on the way to the node"))
     follow_links: bool = Field(False, description=(
         "read a symbolic link to a file inside the source as that file (links out of the "
         "source, and links to folders, are refused either way); false: every link is refused"))
@@ -299,17 +302,24 @@ def _describe(error: dict[str, Any]) -> str:
     return _show(error["msg"][0].lower() + error["msg"][1:])
 
 
+def _ordered_errors(exc: ValidationError) -> list[dict[str, Any]]:
+    """The errors in the order they are reported: unknown keys before the rest (a misspelt key
+    also leaves its required namesake missing), else as pydantic gives them."""
+    return sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+
+
 def _first_error(exc: ValidationError) -> dict[str, Any]:
-    """The error to report: an unknown key before the rest (a misspelt key also leaves its
-    required namesake missing), else the first."""
-    return sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
+    """The error to report first (`_ordered_errors`)."""
+    return _ordered_errors(exc)[0]
 
 
 def _raise(source: str, exc: ValidationError, prefix: tuple[str, ...] = (), hint: str = "") -> None:
-    first = _first_error(exc)
+    first, *rest = _ordered_errors(exc)
     key = _key_path(prefix + tuple(first["loc"]))
-    more = len(exc.errors()) - 1
-    tail = f" (and {more} more)" if more else ""
+    others = [f"{_key_path(prefix + tuple(e['loc']))}: {_describe(e)}" for e in rest]
+    tail = ""
+    if others:  # each other problem named (up to two), so that fixing the first is not a surprise
+        tail = f" (also {'; '.join(others[:2])}" + (f"; and {len(others) - 2} more)" if len(others) > 2 else ")")
     raise ConfigError(f"{source}: {key}: {_describe(first)}{hint}{tail}") from None
 
 
@@ -451,7 +461,7 @@ def _check_format(config: Any, workload: Any, source: str) -> None:
         ConfigError: it names another form (the message lists the workload's).
     """
     fmt = config.data.format
-    known = tuple(getattr(workload.data_tools, "formats", ()) or ())
+    known = tuple(workload.data_tools.formats) if workload.data_tools is not None else ()
     if fmt != "auto" and fmt not in known:
         listed = ", ".join(("auto",) + known)
         raise ConfigError(f"{source}: data.format: {fmt!r} is not a form workload "
@@ -465,4 +475,6 @@ def load(path: Path | str, overrides: tuple[str, ...] = ()) -> Config:
 
 def save(config: Config, path: Path) -> None:
     """Write the resolved config as YAML (what the run actually used)."""
-    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    from mlhpc.data.files import write_text_atomic
+
+    write_text_atomic(Path(path), yaml.safe_dump(config.to_dict(), sort_keys=False))
