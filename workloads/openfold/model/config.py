@@ -75,6 +75,10 @@ class AlphaFoldConfig:
     template_max_bin: float = 50.75
     template_num_bins: int = 39
     template_use_unit_vector: bool = False
+    #: zero the template torsion features of angles whose atoms are missing. The reference
+    #: feeds them unmasked (False reproduces its numbers), which makes the network depend on
+    #: where a template sits in space (residue 0's missing predecessor is taken at the origin).
+    zero_missing_template_angles: bool = True
     template_blocks: int = 2
     template_tri_att_hidden: int = 16
     template_tri_mul_hidden: int = 64
