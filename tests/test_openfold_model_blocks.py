@@ -230,3 +230,18 @@ def test_frames_from_the_true_structure_rebuild_its_atoms(seed):
     torch.testing.assert_close(rebuilt * gt["atom14_gt_exists"][..., None],
                                gt["atom14_gt_positions"], atol=2e-3, rtol=1e-4)
     torch.testing.assert_close(compute_plddt(torch.zeros(3, 50)), torch.full((3,), 50.0))
+
+
+def test_template_torsion_features_of_missing_angles_follow_the_config():
+    """The reference feeds residue 0's pre-omega and phi (no predecessor) unmasked, so they
+    move with the template's position in space; zeroing missing angles removes that."""
+    from mlhpc_workloads.openfold.model.template import template_angle_feat
+    batch = make_batch(n_res=5, seed=8)
+    moved = _rigid_motion(batch, torch.eye(3), torch.tensor([4.0, -3.0, 2.0]))
+    for zero_missing, invariant in ((True, True), (False, False)):
+        a, mask = template_angle_feat(batch, zero_missing)
+        b, _ = template_angle_feat(moved, zero_missing)
+        assert torch.allclose(a, b, atol=1e-4) is invariant
+        assert mask[..., 0, :2].sum() == 0  # residue 0: no pre-omega, no phi
+    assert AlphaFoldConfig.reference().zero_missing_template_angles is False
+    assert AlphaFoldConfig.mini().zero_missing_template_angles is True

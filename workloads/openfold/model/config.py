@@ -76,9 +76,10 @@ class AlphaFoldConfig:
     template_num_bins: int = 39
     template_use_unit_vector: bool = False
     #: zero the template torsion features of angles whose atoms are missing. The reference
-    #: feeds them unmasked (False reproduces its numbers), which makes the network depend on
-    #: where a template sits in space (residue 0's missing predecessor is taken at the origin).
-    zero_missing_template_angles: bool = True
+    #: feeds them unmasked (False, kept by ``reference()``), which makes the network depend on
+    #: where a template sits in space (residue 0's missing predecessor is taken at the
+    #: origin); ``mini()`` zeroes them, a departure of the small configuration.
+    zero_missing_template_angles: bool = False
     template_blocks: int = 2
     template_tri_att_hidden: int = 16
     template_tri_mul_hidden: int = 64
@@ -134,7 +135,7 @@ class AlphaFoldConfig:
             "evoformer_blocks": 2, "msa_att_hidden": 8, "msa_heads": 4, "opm_hidden": 8,
             "tri_mul_hidden": 32, "tri_att_hidden": 8, "tri_heads": 2, "transition_n": 2,
             "structure_blocks": 4, "ipa_hidden": 16, "ipa_heads": 4, "angle_resnet_hidden": 32,
-            "plddt_hidden": 32, "checkpoint_blocks": False,
+            "plddt_hidden": 32, "checkpoint_blocks": False, "zero_missing_template_angles": True,
         }
         small.update(overrides)
         return dataclasses.replace(cls(), **small)
