@@ -3,13 +3,16 @@ training step of a reduced copy, and block-level checks that fail when a block i
 
 from __future__ import annotations
 
+import pytest
 import torch
 from mlhpc_workloads.openfold.model import AlphaFold, AlphaFoldConfig, openfold_loss
-from openfold_model_batch import make_batch
+from openfold_model_batch import make_batch, one_thread
 
 #: mlperf_logging 4.1, compliance_checker/hpc_3.0.0/closed_openfold.yaml:
 #: ``model_parameters_count`` CHECK "v['value'] == 93229082".
 REFERENCE_PARAMETER_COUNT = 93_229_082
+
+_threads = pytest.fixture(scope="module", autouse=True)(one_thread)
 
 
 def test_reference_configuration_counts_the_pinned_parameters():

@@ -21,7 +21,9 @@ from mlhpc_workloads.openfold.model.pair import (
     TriangleMultiplication,
 )
 from mlhpc_workloads.openfold.model.structure import StructureModule
-from openfold_model_batch import make_batch, rotation_about
+from openfold_model_batch import make_batch, one_thread, rotation_about
+
+_threads = pytest.fixture(scope="module", autouse=True)(one_thread)
 
 
 def _perturb(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from mlhpc_workloads.openfold.model import AlphaFold, AlphaFoldConfig, openfold_loss
-from openfold_model_batch import make_batch
+from openfold_model_batch import make_batch, one_thread
 
 REFERENCE = os.environ.get("MLHPC_OPENFOLD_REFERENCE")
 pytestmark = pytest.mark.skipif(
@@ -44,6 +44,8 @@ RENAMES = [
     (r"^aux_heads\.plddt\.([135])\.", lambda m: f"auxiliary_heads.plddt.linear_{(int(m.group(1)) + 1) // 2}."),
     (r"^aux_heads\.(distogram|masked_msa|experimentally_resolved)\.", r"auxiliary_heads.\1.linear."),
 ]
+
+_threads = pytest.fixture(scope="module", autouse=True)(one_thread)
 
 
 def _rename(name: str) -> str:
