@@ -80,3 +80,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def with_sequence(batch: dict[str, torch.Tensor], sequence: str, seed: int = 0) -> dict:
+    """The batch (one chain, len(sequence) residues) with that sequence and a structure
+    built for it."""
+    from mlhpc_workloads.openfold.residue_constants import sequence_to_aatype
+    aatype = torch.as_tensor(sequence_to_aatype(sequence)).unsqueeze(0)
+    pos, mask = structure(aatype, torch.Generator().manual_seed(seed))
+    out = dict(batch, aatype=aatype, all_atom_positions=pos, all_atom_mask=mask)
+    out["target_feat"] = F.one_hot(aatype + 1, 22).float()
+    return out
