@@ -102,3 +102,15 @@ def test_training_on_one_chain_moves_the_structure_towards_it():
         losses.append(_step(model, batch, cfg, optimiser, recycles=0)[0].item())
     assert lddt() > before + 0.12
     assert sum(losses[-5:]) < 0.7 * sum(losses[:5])
+
+
+def test_config_from_a_mapping_names_an_unknown_key():
+    cfg = AlphaFoldConfig.from_mapping("mini", {"c_z": 24, "loss": {"plddt_weight": 0.0}})
+    assert cfg.c_z == 24 and cfg.c_m == AlphaFoldConfig.mini().c_m
+    assert cfg.loss.plddt_weight == 0.0 and cfg.loss.distogram_weight == 0.3
+    assert AlphaFoldConfig.from_mapping("reference", {}) == AlphaFoldConfig.reference()
+    for base, mapping, named in (("mini", {"c_q": 1}, "model.c_q"),
+                                 ("mini", {"loss": {"fape": 1}}, "model.loss.fape"),
+                                 ("huge", {}, "huge")):
+        with pytest.raises(ValueError, match=named):
+            AlphaFoldConfig.from_mapping(base, mapping)

@@ -126,6 +126,28 @@ class AlphaFoldConfig:
         return dataclasses.replace(cls(), **overrides)
 
     @classmethod
+    def from_mapping(cls, base: str, overrides: dict[str, Any]) -> AlphaFoldConfig:
+        """``reference()`` or ``mini()`` (``base``) with overrides read from a config file;
+        a "loss" mapping overrides LossConfig fields.
+
+        Raises ValueError naming the first unknown base or key (e.g. "model.c_q").
+        """
+        if base not in ("reference", "mini"):
+            raise ValueError(f"unknown model base {base!r} (reference or mini)")
+        known = {f.name for f in dataclasses.fields(cls)}
+        loss_known = {f.name for f in dataclasses.fields(LossConfig)}
+        values = dict(overrides)
+        loss = values.pop("loss", None) or {}
+        for key in values:
+            if key not in known:
+                raise ValueError(f"unknown model key model.{key}")
+        for key in loss:
+            if key not in loss_known:
+                raise ValueError(f"unknown model key model.loss.{key}")
+        values["loss"] = dataclasses.replace(LossConfig(), **loss)
+        return getattr(cls, base)(**values)
+
+    @classmethod
     def mini(cls, **overrides: Any) -> AlphaFoldConfig:
         """Small widths and depths for one CPU; every block type is kept."""
         small = {
