@@ -236,6 +236,16 @@ class RunSummary:
         return out
 
 
+def read_summary(path: Path | str, target: float | None = None) -> dict[str, Any]:
+    """`summarize_run` of the log at ``path`` as a dict (`RunSummary.to_dict`): what a run's
+    own summary is made of.
+
+    Raises:
+        LogFormatError: the log cannot be read.
+    """
+    return summarize_run(parse_log(path), target=target).to_dict()
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
