@@ -17,6 +17,7 @@ import click
 
 from mlhpc import rules
 from mlhpc.errors import ConfigError, one_line_errors
+from mlhpc.text import console, echo
 
 SET_HELP = "Override a config value, e.g. --set train.max_epochs=5 (repeatable)."
 
@@ -45,11 +46,11 @@ def list_command(fmt: str, as_json: bool) -> None:
 
     rows = describe()
     if as_json or fmt == "json":
-        click.echo(json.dumps(rows, indent=2))
+        echo(json.dumps(rows, indent=2))
         return
     import shutil
 
-    click.echo(describe_text(rows, shutil.get_terminal_size().columns))
+    echo(describe_text(rows, shutil.get_terminal_size().columns))
 
 
 @main.command("run")
@@ -92,7 +93,7 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
     if result.summary:
         print_summary(result.summary)
     if result.signal and result.summary:  # stopped by a signal, checkpoint saved
-        click.echo(f"mlhpc: stopped by {result.signal}; continue with: mlhpc run --resume "
+        echo(f"mlhpc: stopped by {result.signal}; continue with: mlhpc run --resume "
                    f"{Path(result.result_file).parent if result.result_file else '<run folder>'}",
                    err=True)
     # agreed by every rank (`mlhpc.run.outcome.agree`): 0 reached, 1 not, 128 + N signal N
@@ -131,9 +132,9 @@ def stage_command(config_path: Path | None, overrides: tuple[str, ...], fmt: str
     if not reports:
         return
     if result is None:
-        click.echo("staging is disabled in this config (data.staging.enabled: false); nothing copied")
+        echo("staging is disabled in this config (data.staging.enabled: false); nothing copied")
     elif fmt == "json":
-        click.echo(json.dumps(result.to_dict(), indent=2, default=str))
+        echo(json.dumps(result.to_dict(), indent=2, default=str))
     else:
         _print_staging(result.to_dict())
 
@@ -145,12 +146,11 @@ def _staged_copies(roots: list[Path] | None, clean: bool, fmt: str) -> None:
     copies = find_copies(roots)
     if clean:
         copies = [remove_copy(c.path) for c in copies]
-    click.echo(json.dumps([c.to_dict() for c in copies], indent=2) if fmt == "json" else render(copies, clean))
+    echo(json.dumps([c.to_dict() for c in copies], indent=2) if fmt == "json" else render(copies, clean))
 
 
 def _print_staging(staged: dict[str, Any]) -> None:
     """`mlhpc stage`'s table: what each node holds, what was copied, how fast."""
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"staged {staged['source']} -> {staged['dest']}", show_header=False)
@@ -171,7 +171,7 @@ def _print_staging(staged: dict[str, Any]) -> None:
         rows.append(("source", "not reachable: the complete verified copy was used"))
     for name, value in rows:
         table.add_row(name, value)
-    Console().print(table)
+    console().print(table)
 
 
 @main.command("submit")
@@ -223,17 +223,17 @@ def submit_command(config_path: Path, nodes: int, gpus_per_node: int, tasks_per_
     # every job's config and script checked before anything is queued
     campaign, jobs = render_jobs(config_path, options, list(overrides), list(sweeps))
     for note in dict.fromkeys(note for job in jobs for note in job.notes):
-        click.echo(note, err=True)
+        echo(note, err=True)
     if campaign is not None:
-        click.echo(f"mlhpc: campaign {campaign}: {len(jobs)} job(s), MLHPC_CAMPAIGN={campaign}, "
+        echo(f"mlhpc: campaign {campaign}: {len(jobs)} job(s), MLHPC_CAMPAIGN={campaign}, "
                    f"read with: mlhpc results scaling --campaign {campaign} --benchmark ...", err=True)
     for job in jobs:
         if campaign is not None:
-            click.echo(f"mlhpc: job {' '.join(job.point)} -> {job.output_dir}", err=True)
+            echo(f"mlhpc: job {' '.join(job.point)} -> {job.output_dir}", err=True)
         if dry_run:
-            click.echo(job.script, nl=False)
+            echo(job.script, nl=False)
     for job_id in submit_jobs(campaign, jobs, dry_run=dry_run):
-        click.echo(job_id)
+        echo(job_id)
 
 
 @main.command("profile")
@@ -249,7 +249,6 @@ def submit_command(config_path: Path, nodes: int, gpus_per_node: int, tasks_per_
 def profile_command(config_path: Path, steps: int, warmup: int, trace_path: Path | None,
                     overrides: tuple[str, ...]) -> None:
     """A few training steps under torch.profiler: time per phase and operator, memory, trace."""
-    from rich.console import Console
     from rich.table import Table
 
     from mlhpc import config as cfg
@@ -257,27 +256,27 @@ def profile_command(config_path: Path, steps: int, warmup: int, trace_path: Path
 
     result = profile(cfg.load(config_path, overrides), steps=steps, warmup=warmup,
                      trace_path=trace_path)
-    console = Console()
+    out = console()
     phases = Table(title=f"time per step phase (ms, local batch {result.local_batch_size}, "
                    f"{result.samples_per_s:.1f} samples/s)")
     for name in result.phase_ms:
         phases.add_column(name, justify="right")
     phases.add_row(*(f"{v:.2f}" for v in result.phase_ms.values()))
-    console.print(phases)
+    out.print(phases)
     ops = Table(title="operators by self CPU time per step")
     for col in ("operator", "calls", "self CPU ms", "share"):
         ops.add_column(col, justify="left" if col == "operator" else "right")
     for row in result.operators:
         ops.add_row(row["name"], str(row["calls"]), f"{row['self_cpu_ms']:.2f}", f"{100 * row['share']:.1f}%")
-    console.print(ops)
+    out.print(ops)
     mem = Table(title="memory (MB)")
     for key, value in result.memory.items():
         mem.add_column(key.replace("_bytes", ""), justify="right")
     mem.add_row(*("n/a" if v is None else f"{v / 1e6:.2f}" for v in result.memory.values()))
-    console.print(mem)
-    console.print(f"FLOPs per sample: forward {result.flops['forward_flops'] / 1e9:.3f} GFLOP, "
+    out.print(mem)
+    out.print(f"FLOPs per sample: forward {result.flops['forward_flops'] / 1e9:.3f} GFLOP, "
                   f"forward+backward {result.flops['train_flops'] / 1e9:.3f} GFLOP", highlight=False)
-    console.print(f"trace: {result.trace} (open in chrome://tracing or ui.perfetto.dev)", highlight=False,
+    out.print(f"trace: {result.trace} (open in chrome://tracing or ui.perfetto.dev)", highlight=False,
                   soft_wrap=True)  # the path in one piece, to be copied
 
 
@@ -295,10 +294,10 @@ def config_reference_command(out_path: Path | None) -> None:
     from mlhpc.config import reference as config_reference
 
     if out_path is None:
-        click.echo(config_reference.render(), nl=False)
+        echo(config_reference.render(), nl=False)
     else:
         config_reference.write(out_path)
-        click.echo(f"wrote {out_path}")
+        echo(f"wrote {out_path}")
 
 
 from mlhpc.data.cli import data_group  # noqa: E402 (the data commands live with their package)

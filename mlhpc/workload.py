@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
+from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import ConfigError, DataError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -449,8 +450,8 @@ def describe(config_dirs: tuple[Path, ...] = (Path("configs"),)) -> list[dict[st
     for folder in config_dirs:
         for path in sorted(Path(folder).glob("*.yaml")) if Path(folder).is_dir() else []:
             try:
-                head = path.read_text(encoding="utf-8", errors="replace")[:65536]
-            except OSError:
+                head = read_text_input(path, root=folder, what="config")[:65536]
+            except DataError:
                 continue
             found = re.search(r"^workload:\s*([A-Za-z0-9_.-]+)\s*$", head, re.M)
             if found:

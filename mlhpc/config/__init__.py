@@ -105,6 +105,9 @@ class Section(BaseModel):
     def _int64(cls, value: Any, info: ValidationInfo) -> Any:
         if _out_of_int64(value):
             raise ValueError(f"integers must lie within {INT64_MIN} .. {INT64_MAX}")
+        if isinstance(value, (str, Path)) and any(ord(c) < 32 or ord(c) == 127 for c in str(value)):
+            raise ValueError("holds a control character (a newline, tab or escape); a name or path "
+                             "may not (a folder whose name ends in a newline is no one's to find)")
         return value
 
 
@@ -472,4 +475,6 @@ def load(path: Path | str, overrides: tuple[str, ...] = ()) -> Config:
 
 def save(config: Config, path: Path) -> None:
     """Write the resolved config as YAML (what the run actually used)."""
-    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    from mlhpc.data.files import write_text_atomic
+
+    write_text_atomic(Path(path), yaml.safe_dump(config.to_dict(), sort_keys=False))

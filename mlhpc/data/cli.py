@@ -11,6 +11,7 @@ from typing import Any, Callable
 import click
 
 from mlhpc.errors import ConfigError, one_line_errors
+from mlhpc.text import echo
 
 FORMAT_HELP = "A table for people, JSON for scripts."
 _friendly = one_line_errors()
@@ -53,15 +54,15 @@ def synth_command(workload_name: str, out_dir: Path, config_path: Path | None, s
         wrote = embedded.synthesize(out_dir, workload, config.synth, seed, on_progress=lines)
     except KeyboardInterrupt:  # Ctrl-C: one line and 128 + SIGINT, as a run exits
         lines.close()
-        click.echo(f"mlhpc: interrupted (SIGINT): {out_dir} not completed; nothing half-written is in "
+        echo(f"mlhpc: interrupted (SIGINT): {out_dir} not completed; nothing half-written is in "
                    "its place", err=True)
         sys.exit(130)
     finally:
         lines.close()
     if wrote:
-        click.echo(f"wrote {workload_name} data to {out_dir.resolve()}")
+        echo(f"wrote {workload_name} data to {out_dir.resolve()}")
     else:
-        click.echo(f"{out_dir}: already a complete {workload_name} dataset with these settings")
+        echo(f"{out_dir}: already a complete {workload_name} dataset with these settings")
 
 
 def _data_tools_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -110,19 +111,19 @@ def check_command(workload_name: str, path: Path, full: bool, form: str, workers
     report = _data_tools_call(data_check.check, workload, path, full=full, fmt=form,
                               workers=workers)
     if fmt == "json":
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        echo(json.dumps(report.to_dict(), indent=2))
     else:
-        click.echo(f"{path}: {workload_name} data in form {report.format}"
+        echo(f"{path}: {workload_name} data in form {report.format}"
                    f"{' (every sample read)' if full else ''}")
         for name, split in report.splits.items():
             shape = "x".join(str(d) for d in split.sample_shape or ())
-            click.echo(f"  {name}: {split.files} files, {split.samples} samples of {shape} "
+            echo(f"  {name}: {split.files} files, {split.samples} samples of {shape} "
                        f"{split.dtype}, {split.bytes / 1e9:.3f} GB, {len(split.bad)} bad")
     bad = [line for split in report.splits.values() for line in split.bad]
     for line in bad:
-        click.echo(f"bad: {line}", err=True)
+        echo(f"bad: {line}", err=True)
     if bad:
-        click.echo(f"mlhpc: error: {len(bad)} bad file(s) in {path}", err=True)
+        echo(f"mlhpc: error: {len(bad)} bad file(s) in {path}", err=True)
         sys.exit(2)
 
 
@@ -140,7 +141,7 @@ def _output_and_form(fmt: str, form: str, workload: Any) -> tuple[str, str]:
         if fmt not in forms or form != "auto":
             raise ConfigError(f"--format {fmt!r}: expected table or json"
                               f"{did_you_mean(fmt, ('table', 'json', *forms))}")
-        click.echo(f"mlhpc: --format {fmt} read as --form {fmt} (--format picks table or json)",
+        echo(f"mlhpc: --format {fmt} read as --form {fmt} (--format picks table or json)",
                    err=True)
         fmt, form = "table", fmt
     if form not in forms:
@@ -167,7 +168,7 @@ def convert_command(workload_name: str, src: Path, dst: Path, to: str, fmt: str,
 
     result = _data_tools_call(data_convert.convert, get(workload_name), src, dst, to, fmt=fmt,
                               workers=workers)
-    click.echo(_summary("converted", result))
+    echo(_summary("converted", result))
 
 
 class _PrepareCommand(click.Command):
@@ -208,7 +209,7 @@ def prepare_command(workload_name: str, raw_dir: Path, dst: Path, to: str,
 
     result = _data_tools_call(data_convert.prepare, get(workload_name), raw_dir, dst, to,
                               workers=workers, options=options)
-    click.echo(_summary("prepared", result))
+    echo(_summary("prepared", result))
 
 
 def _summary(verb: str, result: Any) -> str:

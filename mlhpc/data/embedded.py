@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from mlhpc.config import SEED_MAX
 from mlhpc.data.files import is_part_file, write_text_atomic
 from mlhpc.data.formats import splits_of
+from mlhpc.data.inputs import read_text_input
 from mlhpc.data.manifest import require_complete
 from mlhpc.errors import ConfigError, DataError
 from mlhpc.workload import SynthProgress
@@ -195,8 +196,8 @@ def read_marker(path: Path) -> dict[str, Any] | None:
     """The completion marker of dataset folder ``path``, or None when it has none or it is not
     a JSON object of the expected format."""
     try:
-        marker = json.loads((Path(path) / MARKER).read_text())
-    except (OSError, ValueError):
+        marker = json.loads(read_text_input(Path(path) / MARKER, root=path, what="completion marker"))
+    except (DataError, ValueError, RecursionError):
         return None
     if not isinstance(marker, dict) or marker.get("format") != MARKER_FORMAT:
         return None
@@ -370,8 +371,8 @@ def _synthesize_into_place(path: Path, workload: "Workload", synth: Any, seed: i
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return json.loads(read_text_input(path, root=path.parent, what="synthesis record"))
+    except (DataError, ValueError, RecursionError):
         return None
 
 

@@ -40,10 +40,11 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from mlhpc import rules
-from mlhpc.errors import LogFormatError
+from mlhpc.data.inputs import read_text_input
+from mlhpc.errors import DataError, LogFormatError
 from mlhpc.report.compliance import check_run, not_checked_reason, round_of, ruleset_for
 from mlhpc.report.energy import attach_energy, score_energy
-from mlhpc.report.parse import ParsedLog, file_kind, parse_log
+from mlhpc.report.parse import ParsedLog, file_kind, parse_log, read_scaling_factor
 from mlhpc.report.rcp import RcpVerdict, check_folder
 from mlhpc.report.runs import (RunSummary, is_resumed, official_instance_scale, official_start_stop,
                                summarize_run, superseded_logs)
@@ -196,26 +197,12 @@ def weak_throughput(spans_ms: list[tuple[float, float]]) -> tuple[float, float |
     return ttta_min, (len(spans_ms) / ttta_min if ttta_min > 0 else None)
 
 
-def read_scaling_factor(folder: Path) -> float:
-    """``scaling_factor`` from ``folder/scaling.json``; 1.0 when the file is absent.
-
-    Raises:
-        LogFormatError: the file exists but is not JSON with a numeric ``scaling_factor``.
-    """
-    path = folder / "scaling.json"
-    if not path.is_file():
-        return 1.0
-    try:
-        value = json.loads(path.read_text())["scaling_factor"]
-        return float(value)
-    except (OSError, ValueError, KeyError, TypeError):
-        raise LogFormatError(f"{path}: expected JSON {{\"scaling_factor\": <number>}}") from None
 
 
 def _int_or_none(value: Any) -> int | None:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
@@ -270,13 +257,14 @@ def _natural(path: Path) -> tuple[Any, ...]:
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.name))
 
 
-def _system_desc(folder: Path, kind: str, system: str | None, v07: bool = False) -> dict[str, Any]:
+def _system_desc(folder: Path, kind: str, system: str | None, v07: bool, notes: list[str]) -> dict[str, Any]:
     if kind == "runs" or system is None:
         return {}
     desc = folder.parents[2 if v07 else 3] / "systems" / f"{system}.json"
-    try:
-        data = json.loads(desc.read_text())
-    except (OSError, ValueError):
+    try:  # the one reader: a link out of the submitter's tree, a FIFO or a huge file refused
+        data = json.loads(read_text_input(desc, root=desc.parents[1], what="system description"))
+    except (DataError, ValueError, RecursionError) as exc:
+        notes += [f"system description not read: {exc}"] if os.path.lexists(desc) else []
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -295,9 +283,9 @@ def _run_target(log: Path) -> float | None:
     data = None
     for candidate in sidecars(log, "summary", ".json"):
         try:
-            data = json.loads(candidate.read_text())
+            data = json.loads(read_text_input(candidate, root=log.parent, what="run summary"))
             break
-        except (OSError, ValueError):
+        except (DataError, ValueError, RecursionError):
             continue
     value = data.get("target") if isinstance(data, dict) else None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -312,7 +300,7 @@ def _new_result(folder: Path, ruleset: str | None) -> FolderResult:
                           ruleset=None if v07 and ruleset is None else ruleset_for(folder, ruleset))
     if result.ruleset is None:
         result.ruleset_note = not_checked_reason(round_of(round_ or "") or round_)
-    result.system_desc = _system_desc(folder, kind, system, v07)
+    result.system_desc = _system_desc(folder, kind, system, v07, result.notes)
     return result
 
 
@@ -366,7 +354,7 @@ def _read_runs(result: FolderResult, files: list[Path], compliance: bool) -> _Ta
     tally = _Tally()
     superseded = superseded_logs(files)  # stopped attempts that a resumed log continues
     for path in files:
-        parsed = parse_log(path)
+        parsed = parse_log(path, root=path.parent)  # no link out of the folder, no FIFO
         run = summarize_run(parsed, target=_run_target(path) if result.kind == "runs" else None)
         attach_energy(run, path, parsed.events)
         result.runs.append(run)

@@ -24,12 +24,15 @@ the honest total, never only the time after the resume (see `mlhpc.run.checkpoin
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from mlhpc.data.inputs import read_text_input
+from mlhpc.errors import LogFormatError
 from mlhpc.report.runs import read_summary
 from mlhpc.run import outdir
 
@@ -145,7 +148,8 @@ def load(log: Path, target: float | None = None) -> dict[str, Any]:
         LogFormatError: the log cannot be read.
     """
     side = RunFiles.of_log(Path(log)).measured
-    measured = json.loads(side.read_text()) if side.is_file() else {}
+    measured = json.loads(read_text_input(side, root=side.parent, what="side file", error=LogFormatError)) \
+        if os.path.lexists(side) else {}
     if target is None:
         target = measured.get("target")
     return summary_dict(read_summary(log, target), measured)

@@ -77,6 +77,7 @@ from pydantic import Field, model_validator
 from mlhpc.workload import NO_PROGRESS, SynthProgress
 from mlhpc.config import Section
 from mlhpc.data.files import atomic_output, write_text_atomic
+from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import DataError
 
 #: The four targets, in ``unitPar`` / ``physPar`` order.
@@ -440,8 +441,8 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int,
         out_dir.mkdir(parents=True, exist_ok=True)
         if record.exists():
             try:
-                previous = json.loads(record.read_text())
-            except (ValueError, OSError):
+                previous = json.loads(read_text_input(record, root=out_dir, what="synthesis record"))
+            except (ValueError, DataError):
                 raise DataError(f"{record}: not a readable synthesis record; delete the folder "
                                 f"or choose another data.path") from None
             for key in sorted(set(fingerprint) | set(previous)):
