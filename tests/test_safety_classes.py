@@ -555,3 +555,26 @@ def test_a_store_on_a_read_only_folder_can_be_listed_and_refuses_additions_in_on
     added = as_nobody("results", "ingest", "--store", str(store), str(other))
     assert added.returncode == 2 and "Traceback" not in added.stderr, added.stderr
     assert sorted(p.name for p in store.parent.iterdir()) == ["results.db"]
+
+
+def test_a_zero_cell_is_refused_by_data_check_and_a_float8_tensor_by_the_record_check(tmp_path):
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_oc20_data import _record
+
+    from mlhpc.errors import DataError
+    from mlhpc_workloads.opencatalyst import lmdb_io
+
+    for split in ("train", "val"):
+        (tmp_path / "data" / split).mkdir(parents=True)
+        record = _record(6, 0)
+        record["cell"] = np.zeros((3, 3))
+        lmdb_io.write_lmdb(tmp_path / "data" / split / "data.0000.lmdb", [record])
+    result = cli("data", "check", "oc20", str(tmp_path / "data"))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "train/data.0000.lmdb: key '0': cell volume 0 A^3" in result.output
+    fields = {**_record(6, 0), "pos": torch.zeros(6, 3, dtype=torch.float8_e4m3fn)}
+    with pytest.raises(DataError, match="float8_e4m3fn tensor, expected a dense real one"):
+        lmdb_io.validate_record(fields, "file.lmdb: key '0'")
