@@ -15,8 +15,10 @@ from typing import Any, Callable
 
 import click
 
+from mlhpc import rules
 from mlhpc.errors import ConfigError, one_line_errors
 from mlhpc.text import console, echo
+from mlhpc.data.prepare_help import PrepareCommand
 
 SET_HELP = "Override a config value, e.g. --set train.max_epochs=5 (repeatable)."
 
@@ -183,7 +185,8 @@ def _print_staging(staged: dict[str, Any]) -> None:
 @click.option("--cpus-per-task", type=int, default=None,
               help="CPUs per task (--cpus-per-task); also sets OMP_NUM_THREADS in the job.")
 @click.option("--runs", type=int, default=1, show_default=True,
-              help="Runs in one results folder (MLPerf HPC scores need 10 for CosmoFlow, 5 for DeepCAM).")
+              help="Runs in one results folder (an MLPerf HPC score needs "
+                   + ", ".join(f"{n} for {b}" for b, n in rules.ruleset().runs.items()) + ").")
 @click.option("--instances", type=int, default=1, show_default=True,
               help="Throughput mode: concurrent model instances per run.")
 @click.option("--time", "time_limit", default=None,
@@ -365,7 +368,8 @@ def _data_tools_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 @click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Processes reading files in parallel.")
 @click.option("--format", "fmt", default="table", show_default=True, metavar="[table|json]",
-              help=FORMAT_HELP + " (A form of the files here, e.g. hdf5, is read as --form.)")
+              help=FORMAT_HELP + " (A form of the files here, as `mlhpc list` shows them, is read as "
+                   "--form.)")
 @click.option("--json", "as_json", is_flag=True, hidden=True, help="Old spelling of --format json.")
 @_friendly
 def check_command(workload_name: str, path: Path, full: bool, form: str, workers: int,
@@ -416,7 +420,7 @@ def _output_and_form(fmt: str, form: str, workload: Any) -> tuple[str, str]:
     """
     from mlhpc.hints import did_you_mean
 
-    forms = ("auto", *getattr(workload.data_tools, "formats", ()))
+    forms = ("auto", *(workload.data_tools.formats if workload.data_tools is not None else ()))
     if fmt not in ("table", "json"):
         if fmt not in forms or form != "auto":
             raise ConfigError(f"--format {fmt!r}: expected table or json"
@@ -434,7 +438,7 @@ def _output_and_form(fmt: str, form: str, workload: Any) -> tuple[str, str]:
 @click.argument("workload_name")
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
-@click.option("--to", "to", required=True, help="Form to write (e.g. hdf5, npy).")
+@click.option("--to", "to", required=True, help="Form to write (one of the workload's, as `mlhpc list` shows them).")
 @click.option("--format", "fmt", default="auto", show_default=True,
               help="The form of SRC (auto: detected from the file names).")
 @click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
@@ -451,28 +455,25 @@ def convert_command(workload_name: str, src: Path, dst: Path, to: str, fmt: str,
     echo(_summary("converted", result))
 
 
-@data_group.command("prepare")
+@data_group.command("prepare", cls=PrepareCommand)
 @click.argument("workload_name")
 @click.argument("raw_dir", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
 @click.option("--to", "to", default=None,
               help="Form to write (one the workload's data convert writes; default: its first).")
-@click.option("--sample-size", type=click.IntRange(1), default=128, show_default=True,
-              help="Cells per side of a sample (the reference splits 512^3 universes into 128^3).")
-@click.option("--validation-fraction", type=float, default=0.1111, show_default=True,
-              help="Share of the raw files (whole files, the last in name order) for validation/.")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
+              help="One of the workload's own prepare options, listed below (repeatable).")
 @click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Processes preparing files in parallel.")
 @_friendly
-def prepare_command(workload_name: str, raw_dir: Path, dst: Path, to: str, sample_size: int,
-                    validation_fraction: float, workers: int) -> None:  # one parameter per click option
-    """Split raw simulation files into training samples (the reference's prepare.py)."""
+def prepare_command(workload_name: str, raw_dir: Path, dst: Path, to: str,
+                    options: tuple[str, ...], workers: int) -> None:
+    """Make raw files into training samples, as the reference's preparation step does."""
     from mlhpc.data import convert as data_convert
     from mlhpc.workload import get
 
     result = _data_tools_call(data_convert.prepare, get(workload_name), raw_dir, dst, to,
-                              workers=workers, sample_size=sample_size,
-                              validation_fraction=validation_fraction)
+                              workers=workers, options=options)
     echo(_summary("prepared", result))
 
 

@@ -163,7 +163,7 @@ class StagingConfig(Section):
         "read each staged file back and check its checksum against the source's"))
     to: str = Field("none", pattern=r"^[a-z][a-z0-9_-]*$", description=(
         "none: copy the files as they are; else a form the workload's data convert writes "
-        "(e.g. npy, hdf5), converted on the way to the node"))
+        "(`mlhpc list` shows them), converted on the way to the node"))
     follow_links: bool = Field(False, description=(
         "read a symbolic link to a file inside the source as that file (links out of the "
         "source, and links to folders, are refused either way); false: every link is refused"))
@@ -461,7 +461,7 @@ def _check_format(config: Any, workload: Any, source: str) -> None:
         ConfigError: it names another form (the message lists the workload's).
     """
     fmt = config.data.format
-    known = tuple(getattr(workload.data_tools, "formats", ()) or ())
+    known = tuple(workload.data_tools.formats) if workload.data_tools is not None else ()
     if fmt != "auto" and fmt not in known:
         listed = ", ".join(("auto",) + known)
         raise ConfigError(f"{source}: data.format: {fmt!r} is not a form workload "

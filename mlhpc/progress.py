@@ -214,6 +214,13 @@ class DataProgress:
             self.bar = None
 
 
+def _epochs(s: dict[str, Any]) -> str:
+    """Epochs to the target when reached, else the last epoch run (a summary's figures)."""
+    done = s.get("epochs_to_target")
+    done = done if done is not None else (s.get("last_epoch") or s.get("n_epochs") or 0)
+    return f"{done:g}"
+
+
 def print_summary(summary: dict[str, Any]) -> None:
     """The end-of-run table: `mlhpc.run.result` figures, read back from the run's log."""
     from rich.table import Table
@@ -234,8 +241,8 @@ def print_summary(summary: dict[str, Any]) -> None:
         ("init", _secs(s.get("init_s"))),
         ("data synthesis (before init)", _secs(s.get("synthesis_s"))),
         ((f"epochs to target ({s['metric_key']} {sign} {s['target']})" if s["status"] == "success"
-          else "epochs run (target not reached)"), f"{s['epochs']}"),
-        (f"final {s['metric_key']}", "n/a" if s.get("metric_value") is None else f"{s['metric_value']:.4f}"),
+          else "epochs run (target not reached)"), _epochs(s)),
+        (f"final {s['metric_key']}", f"{s['metric_series'][-1][1]:.4f}" if s.get("metric_series") else "n/a"),
         ("mean epoch time", _secs(s.get("mean_epoch_s"))),
         ("training throughput", f"{s.get('samples_per_s') or 0:.1f} samples/s"),
         ("evaluation time (total)", _secs(s.get("total_eval_s"))),

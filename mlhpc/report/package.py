@@ -306,25 +306,27 @@ def _copy_into(root: Path, rel: Path, source: Path) -> Path:
 
 
 def _copy_sources(root: Path, benchmark: str, config_files: list[Path]) -> None:
-    """The source that ran, under ``ORG/benchmarks/<benchmark>/implementations/mlhpc``."""
-    import importlib.util
+    """The source that ran, under ``ORG/benchmarks/<benchmark>/implementations/mlhpc``: the
+    harness, and each workload the runs' configs name (the benchmark's own name when none does),
+    found through its entry point wherever it is installed (`mlhpc.workload.source_files`), at
+    its import path.
 
+    Raises:
+        ConfigError: a workload that is not installed, or a link out of a source folder.
+    """
     import mlhpc
+    from mlhpc.workload import source_files
 
     out = root.parent
     dest = Path(root.name) / "benchmarks" / benchmark / "implementations" / "mlhpc"
-    trees = [(Path(mlhpc.__file__).parent, dest / "mlhpc")]
-    for name in ("mlhpc_workloads", "workloads"):  # located, never imported
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.submodule_search_locations:
-            source = Path(list(spec.submodule_search_locations)[0]) / benchmark
-            if source.is_dir():
-                trees.append((source, dest / "workloads" / benchmark))
-            break
-    for source, target in trees:
-        for rel, _ in walk_files(source, ConfigError):
-            if "__pycache__" not in rel.split("/") and not rel.endswith(".pyc"):
-                _copy_into(out, target / rel, source / rel)
+    harness = Path(mlhpc.__file__).parent
+    for rel, _ in walk_files(harness, ConfigError):
+        if "__pycache__" not in rel.split("/") and not rel.endswith(".pyc"):
+            _copy_into(out, dest / "mlhpc" / rel, harness / rel)
+    workloads = {str(_read_mapping(c, "config").get("workload") or benchmark) for c in config_files}
+    for name in sorted(workloads or {benchmark}):
+        for source, rel in source_files(name):
+            _copy_into(out, dest / rel, source)
     for config in config_files:
         _copy_into(out, dest / "configs" / f"{config.parent.name}-{config.name}", config)
 

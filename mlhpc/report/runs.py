@@ -17,14 +17,12 @@ from typing import Any
 
 import yaml
 
+from mlhpc import rules
 from mlhpc.errors import LogFormatError
 from mlhpc.report.parse import Event, ParsedLog, cap_field, decode_log, read_log
 from mlhpc.report.plausible import implausible
 
 METRIC_KEYS = ("eval_error", "eval_accuracy")
-
-# Benchmarks whose ``epoch_num`` counts training samples, not passes over the data (OpenFold).
-SAMPLE_COUNTED_EPOCHS = frozenset({"openfold"})
 
 RESUME_KEY = "resume"
 _TARGET_RE = re.compile(r"v\[['\"]value['\"]\]\s*(<=|>=|<|>)\s*([0-9][0-9.eE+\-]*)")
@@ -364,7 +362,7 @@ def _read_submission(run: RunSummary, parsed: ParsedLog) -> None:
             if "instance" in event.metadata:
                 run.instance_id = event.metadata["instance"]
                 break
-    if run.benchmark in SAMPLE_COUNTED_EPOCHS:
+    if run.benchmark in rules.ruleset().sample_counted_epochs:
         run.epoch_unit = "samples"
 
 

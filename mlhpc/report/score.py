@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from mlhpc import rules
 from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import DataError, LogFormatError
 from mlhpc.report.compliance import check_run, not_checked_reason, round_of, ruleset_for
@@ -50,7 +51,6 @@ from mlhpc.report.runs import (RunSummary, is_resumed, official_instance_scale, 
 
 RESULT_RE = re.compile(r"^result_.*\.txt$")
 PRUNED = "pruned_results"
-MAX_DROPPED = 1  # hpc benchmarks (result_summarizer: 4 only for training's unet3d)
 
 
 @dataclass
@@ -175,15 +175,25 @@ class Report:
                 "folders": [f.to_dict() for f in self.folders]}
 
 
-def compute_olympic_average(scores: list[float], dropped: int, max_dropped: int = MAX_DROPPED) -> float | None:
+def compute_olympic_average(scores: list[float], dropped: int,
+                            max_dropped: int | None = None) -> float | None:
     """result_summarizer's ``_compute_olympic_average``: sort, drop ``max_dropped`` fastest and
     ``max_dropped - dropped`` slowest (dropped runs already count as the slowest), average.
+    ``max_dropped`` defaults to the current ruleset's (`mlhpc.rules.Ruleset.max_dropped`).
 
     Returns ``None`` when no score remains.
     """
+    if max_dropped is None:
+        max_dropped = rules.ruleset().max_dropped
     ordered = sorted(scores)
     kept = ordered[max_dropped:len(ordered) - (max_dropped - dropped)]
     return sum(kept) * 1.0 / len(kept) if kept else None
+
+
+def required_result_count(benchmark: str | None, ruleset: rules.Ruleset) -> int:
+    """Result files a benchmark needs under ``ruleset`` (`mlhpc.rules.Ruleset.runs`); 1 if
+    the round has no such benchmark."""
+    return int(ruleset.runs.get(benchmark or "", 1))
 
 
 def weak_throughput(spans_ms: list[tuple[float, float]]) -> tuple[float, float | None]:
@@ -193,11 +203,13 @@ def weak_throughput(spans_ms: list[tuple[float, float]]) -> tuple[float, float |
     return ttta_min, (len(spans_ms) / ttta_min if ttta_min > 0 else None)
 
 
-def required_result_count(benchmark: str | None) -> int:
-    """Result files a benchmark needs (mlperf_logging.benchmark_meta, hpc); 1 if unknown."""
-    from mlhpc.report.mlperf_adapter import result_file_counts
-
-    return int(result_file_counts("hpc").get(benchmark or "", 1))
+def rules_of(result: "FolderResult") -> rules.Ruleset:
+    """The rules a folder is scored by: its ruleset's, else its round's, else the current."""
+    version = result.ruleset or (f"{result.round.lstrip('v')}.0" if result.round else None)
+    try:
+        return rules.ruleset(version)
+    except ValueError:
+        return rules.ruleset()
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -414,11 +426,11 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
         result.kind = "weak"
         tally.scale_seen = next((v for v in tally.scales.values() if v is not None), None)
     if result.kind == "weak":
-        needed = 1 if own_throughput else required_result_count(result.benchmark)
+        needed = 1 if own_throughput else required_result_count(result.benchmark, rules_of(result))
         _score_weak(result, tally.scored, tally.scale_seen, needed)
     else:
         _score_strong(result, tally.scored, folder, [Path(p) for p in files if str(p) not in result.resumed])
-    score_energy(result, tally.scored, MAX_DROPPED)
+    score_energy(result, tally.scored, rules_of(result).max_dropped)
     return result
 
 
@@ -444,11 +456,11 @@ def _score_weak(result: FolderResult, scored: list[tuple[RunSummary, float, floa
 def _score_strong(result: FolderResult, scored: list[tuple[RunSummary, float, float]], folder: Path,
                   files: list[Path]) -> None:
     scores = [(stop - start) / 60 / 1000 for _, start, stop in scored]
-    dropped = len(result.dropped)
-    if dropped > MAX_DROPPED:
-        result.notes.append(f"invalid: {dropped} runs dropped (at most {MAX_DROPPED} allowed)")
+    dropped, max_dropped = len(result.dropped), rules_of(result).max_dropped
+    if dropped > max_dropped:
+        result.notes.append(f"invalid: {dropped} runs dropped (at most {max_dropped} allowed)")
     else:
-        average = compute_olympic_average(scores, dropped)
+        average = compute_olympic_average(scores, dropped, max_dropped)
         if average is None:
             result.notes.append(f"no olympic mean: {len(scores)} scored runs")
         else:

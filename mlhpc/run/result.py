@@ -132,17 +132,10 @@ def derived_perf(perf: dict[str, Any], samples_per_s: float, world_size: int) ->
 
 
 def summary_dict(run: RunSummary, measured: dict[str, Any]) -> dict[str, Any]:
-    """The run's summary: every `RunSummary` figure (the names ``mlhpc report --format json``
-    uses), the side file's measurements, and the names earlier summaries used (``epochs``,
-    ``epoch_times_s``, ``eval_times_s``, ``metric_value``, ``metric_history``)."""
+    """The run's summary: every `RunSummary` figure, under the names ``mlhpc report --format
+    json`` uses, and the side file's measurements."""
     out = run.to_dict()
-    history = [[int(e), v] for e, v in run.metric_series]
-    out.update(
-        epochs=int(run.epochs_to_target if run.epochs_to_target is not None
-                   else run.last_epoch or run.n_epochs),
-        epoch_times_s=run.train_epoch_s, eval_times_s=run.eval_s,
-        metric_value=history[-1][1] if history else None, metric_history=history,
-        **{k: v for k, v in measured.items() if k != "perf"})
+    out.update({k: v for k, v in measured.items() if k != "perf"})
     out["perf"] = derived_perf(measured.get("perf", {}), run.samples_per_s or 0.0,
                                measured.get("world_size", 1))
     return out

@@ -33,7 +33,8 @@ def _open(url: str | None):
 
 def _filter_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     options = [
-        click.option("--benchmark", default=None, help="Only this benchmark (cosmoflow, deepcam, oc20, ...)."),
+        click.option("--benchmark", default=None, help="Only this benchmark (its MLPerf name, as logged in "
+                     "submission_benchmark)."),
         click.option("--system", default=None, help="Only this system name."),
         click.option("--nodes", type=click.IntRange(min=1), default=None, help="Only runs on this many nodes."),
         click.option("--status", default=None, help="Only runs with this status (success, aborted, incomplete)."),

@@ -691,7 +691,7 @@ class LmdbFolder:
     def __len__(self) -> int:
         return self.offsets[-1]
 
-    def locate(self, index: int) -> tuple[int, int]:
+    def position(self, index: int) -> tuple[int, int]:
         """(file number, record within the file) of record ``index``. Raises IndexError."""
         if not 0 <= index < len(self):
             raise IndexError(f"record {index} of {len(self)}")
@@ -699,7 +699,7 @@ class LmdbFolder:
         return file_no, index - self.offsets[file_no]
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        file_no, local = self.locate(index)
+        file_no, local = self.position(index)
         path = self.files[file_no]
         return decode_record(read_blob(open_lmdb(path), path, local), f"{path}: key '{local}'")
 

@@ -179,8 +179,7 @@ def shard_mode(config: "Config", runtime: "Runtime") -> str:
     chosen = config.data.staging.shard
     if chosen is not None:
         return chosen
-    instances = getattr(getattr(config, "train", None), "instances", 1)
-    return "node" if runtime.num_nodes > 1 and instances == 1 else "none"
+    return "node" if runtime.num_nodes > 1 and config.train.instances == 1 else "none"
 
 
 def staging_dest(config: "Config", runtime: "Runtime") -> Path:
