@@ -578,3 +578,14 @@ def test_a_zero_cell_is_refused_by_data_check_and_a_float8_tensor_by_the_record_
     fields = {**_record(6, 0), "pos": torch.zeros(6, 3, dtype=torch.float8_e4m3fn)}
     with pytest.raises(DataError, match="float8_e4m3fn tensor, expected a dense real one"):
         lmdb_io.validate_record(fields, "file.lmdb: key '0'")
+
+
+def test_data_prepare_refuses_a_raw_input_linked_out_of_its_folder(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    private = tmp_path / "private.extxyz"
+    private.write_text("not for this dataset\n")
+    (raw / "a.extxyz").symlink_to(private)
+    result = cli("data", "prepare", "oc20", str(raw), str(tmp_path / "out"))
+    line = one_line_error(result, str(raw / "a.extxyz"), "symbolic link out of")
+    assert "Traceback" not in line and not (tmp_path / "out").exists()
