@@ -143,11 +143,14 @@ def stage_command(config_path: Path | None, overrides: tuple[str, ...], fmt: str
 
 def _staged_copies(roots: list[Path] | None, clean: bool, fmt: str) -> None:
     """`mlhpc stage --list` / `--clean` (`mlhpc.data.stage.copies`)."""
-    from mlhpc.data.stage.copies import find_copies, remove_copy, render
+    from mlhpc.data.stage.copies import clean as remove_all
+    from mlhpc.data.stage.copies import find_copies, render
 
     copies = find_copies(roots)
     if clean:
-        copies = [remove_copy(c.path) for c in copies]
+        copies, left = remove_all(copies)
+        for line in left:  # a copy a run still reads stays
+            echo(f"mlhpc: {line}", err=True)
     echo(json.dumps([c.to_dict() for c in copies], indent=2) if fmt == "json" else render(copies, clean))
 
 
