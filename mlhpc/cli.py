@@ -136,42 +136,22 @@ def stage_command(config_path: Path | None, overrides: tuple[str, ...], fmt: str
     elif fmt == "json":
         echo(json.dumps(result.to_dict(), indent=2, default=str))
     else:
-        _print_staging(result.to_dict())
+        from mlhpc.progress import print_staging
+
+        print_staging(result.to_dict())
 
 
 def _staged_copies(roots: list[Path] | None, clean: bool, fmt: str) -> None:
     """`mlhpc stage --list` / `--clean` (`mlhpc.data.stage.copies`)."""
-    from mlhpc.data.stage.copies import find_copies, remove_copy, render
+    from mlhpc.data.stage.copies import clean as remove_all
+    from mlhpc.data.stage.copies import find_copies, render
 
     copies = find_copies(roots)
     if clean:
-        copies = [remove_copy(c.path) for c in copies]
+        copies, left = remove_all(copies)
+        for line in left:  # a copy a run still reads stays
+            echo(f"mlhpc: {line}", err=True)
     echo(json.dumps([c.to_dict() for c in copies], indent=2) if fmt == "json" else render(copies, clean))
-
-
-def _print_staging(staged: dict[str, Any]) -> None:
-    """`mlhpc stage`'s table: what each node holds, what was copied, how fast."""
-    from rich.table import Table
-
-    table = Table(title=f"staged {staged['source']} -> {staged['dest']}", show_header=False)
-    table.add_column("quantity")
-    table.add_column("value", justify="right", overflow="fold")
-    gb = staged["copied_bytes"] / 1e9
-    rows = [("files held (all nodes)", f"{staged['staged_files']:,} ({staged['staged_bytes'] / 1e9:.3f} GB)"),
-            ("copied this time", f"{staged['copied_files']:,} files, {gb:.3f} GB"),
-            ("already in place (verified)", f"{staged['skipped_files']:,} files"),
-            ("pruned (not in the plan)", f"{staged['pruned_files']:,} files"),
-            ("time (slowest rank)", f"{staged['elapsed_s']:.2f} s"),
-            ("aggregate copy bandwidth", f"{staged['gb_per_s']:.2f} GB/s" if staged["copied_files"]
-             else "nothing copied"),
-            ("shard", "per node" if staged.get("shard") else "none: every node holds everything"),
-            ("converted to", staged.get("to", "none")),
-            ("manifest", str(staged["manifest"]))]
-    if staged.get("offline"):
-        rows.append(("source", "not reachable: the complete verified copy was used"))
-    for name, value in rows:
-        table.add_row(name, value)
-    console().print(table)
 
 
 @main.command("submit")

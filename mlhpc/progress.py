@@ -300,3 +300,29 @@ def _staging_text(s: dict[str, Any]) -> str:
 
 def _secs(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f} s"
+
+
+def print_staging(staged: dict[str, Any]) -> None:
+    """`mlhpc stage`'s table: what each node holds, what was copied, how fast (``staged``:
+    `mlhpc.data.stage.StagingResult.to_dict`)."""
+    from rich.table import Table
+
+    table = Table(title=f"staged {staged['source']} -> {staged['dest']}", show_header=False)
+    table.add_column("quantity")
+    table.add_column("value", justify="right", overflow="fold")
+    gb = staged["copied_bytes"] / 1e9
+    rows = [("files held (all nodes)", f"{staged['staged_files']:,} ({staged['staged_bytes'] / 1e9:.3f} GB)"),
+            ("copied this time", f"{staged['copied_files']:,} files, {gb:.3f} GB"),
+            ("already in place (verified)", f"{staged['skipped_files']:,} files"),
+            ("pruned (not in the plan)", f"{staged['pruned_files']:,} files"),
+            ("time (slowest rank)", f"{staged['elapsed_s']:.2f} s"),
+            ("aggregate copy bandwidth", f"{staged['gb_per_s']:.2f} GB/s" if staged["copied_files"]
+             else "nothing copied"),
+            ("shard", "per node" if staged.get("shard") else "none: every node holds everything"),
+            ("converted to", staged.get("to", "none")),
+            ("manifest", str(staged["manifest"]))]
+    if staged.get("offline"):
+        rows.append(("source", "not reachable: the complete verified copy was used"))
+    for name, value in rows:
+        table.add_row(name, value)
+    console().print(table)

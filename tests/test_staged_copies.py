@@ -114,3 +114,27 @@ def test_a_run_removes_its_copy_and_keep_keeps_it(tmp_path, repo, tiny_data):  #
         else:
             assert len(copies) == 1 and f"staged copy kept: {copies[0].path}" in proc.stdout
             assert copies[0].size_bytes > 0 and copies[0].source == str(tiny_data.resolve())
+
+
+def test_a_copy_another_run_reads_is_never_removed(tmp_path):
+    """Two runs of one data set on one node share the default folder: the one that made the copy
+    ends first and leaves it to the other, and --clean leaves it too, until the reader is done."""
+    made = _copy(tmp_path / "scratch" / "mlhpc-user-shared", [1000])
+    reader = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from mlhpc.data.stage.copies import hold; hold(sys.argv[1]); "
+        "print('held', flush=True); time.sleep(60)"), str(made)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout.readline().strip() == "held"
+        from mlhpc.data.stage import copies
+
+        copies.RELEASE_WAIT_S = 0.5
+        said = release(_staged(made, 1), keep=False, local_rank=0)
+        assert said.startswith("staged copy left in place: ") and "in use by another run" in said
+        out = CliRunner().invoke(main, ["stage", "--clean", "--in", str(tmp_path / "scratch")])
+        assert out.exit_code == 0 and "in use by another run on this node" in out.stderr
+        assert made.exists()
+    finally:
+        reader.kill()
+        reader.wait()
+    assert release(_staged(made, 1), keep=False, local_rank=0).startswith("staged copy removed: ")
+    assert not made.exists()

@@ -10,15 +10,20 @@ follows a link inside the tree (``shutil.rmtree.avoids_symlink_attacks``).
 
 `release` is the end of a run: the copy a run made (it copied at least one file) is removed unless
 ``data.staging.keep`` is true; a copy that was already complete before the run (kept by an
-earlier run or made by ``mlhpc stage``) is left as it was.
+earlier run or made by ``mlhpc stage``) is left as it was. A copy is never removed while another
+run reads it: a run holds a shared lock (``flock``) on the copy's `READERS_NAME` file from the end
+of its staging (`hold`) to its end, and removal takes the exclusive lock first (two runs of one
+data set on one node share the default folder).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -27,6 +32,14 @@ from mlhpc.data.inputs import read_text_input
 from mlhpc.data.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
 from mlhpc.data.stage.dest import MARKER_NAME
 from mlhpc.errors import DataError, StagingError
+
+
+#: The file of a copy whose shared lock each run reading the copy holds (one of mlhpc's own
+#: ``.mlhpc*`` files at the top: never staged, never pruned).
+READERS_NAME = ".mlhpc-readers"
+_held: dict[str, int] = {}
+#: How long a run's end waits for the other readers of the copy it made (its own node's ranks).
+RELEASE_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -105,23 +118,82 @@ def find_copies(roots: Optional[list[Path]] = None) -> list[StagedCopy]:
     return [found[k] for k in sorted(found)]
 
 
-def remove_copy(path: Path) -> StagedCopy:
-    """Remove one staged copy (checked again with `is_own_copy` first); returns what it held.
+def hold(dest: Path) -> None:
+    """Mark ``dest`` as read by this process until `unhold` (or the process ends): a shared
+    ``flock`` on its `READERS_NAME` file, created ``0600`` without following a link. A copy that
+    cannot take the file is left unmarked (staging has already checked the folder)."""
+    try:
+        fd = os.open(Path(dest) / READERS_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    unhold(dest)
+    _held[str(dest)] = fd
+
+
+def unhold(dest: Path) -> None:
+    """Drop this process's mark on ``dest`` (`hold`), if it has one."""
+    fd = _held.pop(str(dest), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _exclusive(path: Path, wait_s: float) -> Optional[int]:
+    """An fd holding the exclusive lock of ``path``'s readers file (-1: the copy has none), or
+    None when another process still reads the copy after ``wait_s`` seconds."""
+    try:
+        fd = os.open(path / READERS_NAME, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return -1
+    except OSError:  # a link or a folder in its place: not ours to judge, so not removed
+        return None
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.2)
+
+
+def remove_copy(path: Path, wait_s: float = 0.0) -> StagedCopy:
+    """Remove one staged copy (checked again with `is_own_copy` first, and not while a run reads
+    it, waiting up to ``wait_s`` seconds for the readers to finish); returns what it held.
 
     Raises:
         StagingError: ``path`` is not a staged copy of this user (a link, someone else's, not
-            marked by staging), or cannot be removed (naming the cause).
+            marked by staging), a run still reads it, or it cannot be removed (naming the cause).
     """
     path = Path(path)
     if not is_own_copy(path):
         raise StagingError(f"{path}: not a staged copy of yours (a real folder with {MARKER_NAME}); "
                            "not removed")
-    held = describe(path)
+    lock = _exclusive(path, wait_s)
+    if lock is None:
+        raise StagingError(f"{path}: staged copy in use by another run on this node; not removed")
     try:
+        held = describe(path)
         shutil.rmtree(path)
     except OSError as exc:
         raise StagingError(f"{exc.filename or path}: staged copy not removed ({exc.strerror or exc})") from None
+    finally:
+        if lock >= 0:
+            os.close(lock)
     return held
+
+
+def clean(copies: list[StagedCopy]) -> tuple[list[StagedCopy], list[str]]:
+    """`remove_copy` of each copy: ``(removed, one line per copy left and why)``."""
+    removed, left = [], []
+    for copy in copies:
+        try:
+            removed.append(remove_copy(copy.path))
+        except StagingError as exc:
+            left.append(str(exc))
+    return removed, left
 
 
 def release(staged: Any, keep: bool, local_rank: int, node_rank: int = 0) -> Optional[str]:
@@ -131,17 +203,20 @@ def release(staged: Any, keep: bool, local_rank: int, node_rank: int = 0) -> Opt
     Returns one line for the user (what was removed or kept, where, how big), or None (nothing
     staged, or not local rank 0). Never raises: a copy that cannot be removed is said.
     """
-    if staged is None or local_rank != 0:
+    if staged is None:
         return None
     dest = Path(staged.dest)
+    unhold(dest)  # every rank: this run no longer reads the copy
+    if local_rank != 0:
+        return None
     node = next((n for n in staged.per_node if n.get("node_rank") == node_rank), None)
     made = (node["copied_files"] if node is not None else staged.copied_files) > 0
     if keep or not made:
         why = "data.staging.keep: true" if keep else "it was in place before this run"
         size, _ = tree_size(dest)
         return f"staged copy kept: {dest} ({size / 1e6:.1f} MB; {why}; mlhpc stage --clean removes it)"
-    try:
-        held = remove_copy(dest)
+    try:  # the node's other ranks let go at the same moment: wait a little for them
+        held = remove_copy(dest, wait_s=RELEASE_WAIT_S)
     except StagingError as exc:
         return f"staged copy left in place: {exc}"
     return f"staged copy removed: {dest} ({held.size_bytes / 1e6:.1f} MB; data.staging.keep: true keeps it)"

@@ -39,6 +39,7 @@ from mlhpc.data.stage.collective import (
     row,
 )
 from mlhpc.data.stage.convert import convert_share, record_converted
+from mlhpc.data.stage.copies import hold
 from mlhpc.data.stage.copy import copy_share
 from mlhpc.data.stage.dest import claim_dest, prune
 from mlhpc.data.stage.job import Convert, Copy, Counts, StageOptions
@@ -212,9 +213,11 @@ def stage_dataset(config: "Config", runtime: "Runtime") -> Optional[StagingResul
     shard = node_shard(config, runtime)
     to = options.to
     tools = _conversion_tools(config) if to != "none" else None
-    return stage(source, staging_dest(config, runtime), runtime, StageOptions(
+    staged = stage(source, staging_dest(config, runtime), runtime, StageOptions(
         workers=options.workers, verify=options.verify, shard=shard, to=to, tools=tools,
         follow_links=options.follow_links))
+    hold(staged.dest)  # read from now on: not removed under this process (`copies.release`)
+    return staged
 
 
 def node_shard(config: "Config", runtime: "Runtime") -> Optional[Shard]:
