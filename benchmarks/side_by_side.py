@@ -107,6 +107,20 @@ def machine() -> dict[str, Any]:
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
+def commit() -> str | None:
+    """The checkout's commit (``+`` when files differ from it), or None outside a git checkout."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+" if dirty else "")
+
+
 def compile_note(result: Measured) -> str:
     extra = result.extra
     verdict = "pays" if result.ratio > 1 else "does not pay"
@@ -206,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "command": " ".join(["python", "benchmarks/side_by_side.py", *(argv or sys.argv[1:])]),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(), "comparisons": {}, "skipped": {}, "notes": []}
+        "machine": machine(), "commit": commit(), "comparisons": {}, "skipped": {}, "notes": []}
     try:
         args = parse(argv)
         report["workload"] = args.workload

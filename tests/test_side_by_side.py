@@ -120,8 +120,8 @@ def test_oc20_reference_is_the_same_model_and_a_different_one_is_refused():
     from mlhpc_workloads.opencatalyst import dimenet
 
     small = dimenet.ModelConfig(hidden_channels=16, out_emb_channels=12, num_blocks=2,
-                                int_emb_size=8, basis_emb_size=4, num_spherical=4,
-                                num_radial=3, cutoff=3.0, max_neighbors=20)
+                                int_emb_size=8, basis_emb_size=4, num_spherical=3,
+                                num_radial=2, cutoff=3.0, max_neighbors=20)
     g = torch.Generator().manual_seed(0)
     cell = torch.tensor([[4.0, 0.0, 0.0], [0.7, 4.0, 0.0], [0.3, -0.4, 5.0]])
     pos = torch.rand(2 * 6, 3, generator=g) @ cell
