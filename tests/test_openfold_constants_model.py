@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-
 from mlhpc_workloads.openfold import residue_constants as rc
 
 
