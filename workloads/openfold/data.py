@@ -147,7 +147,7 @@ class OpenFoldDataset(Dataset):
         if not 0 <= index < len(self.entries):
             raise IndexError(f"chain {index} of {len(self.entries)}")
         features = chain_features(read_raw(self.entries[index]), self.sizes, self._rng(index))
-        return {k: torch.as_tensor(np.ascontiguousarray(v)) for k, v in features.items()}
+        return {k: torch.from_numpy(np.ascontiguousarray(v)).reshape(v.shape) for k, v in features.items()}
 
     @staticmethod
     def collate_fn(samples: list[dict[str, torch.Tensor]]
