@@ -37,9 +37,10 @@ _HHBLITS_EXTRA = {"B": "D", "Z": "E", "U": "C", "J": "X", "O": "X"}
 MSA_LETTER_TO_INDEX = {**RESTYPE_ORDER_WITH_X, "-": MSA_GAP_INDEX}
 MSA_LETTER_TO_INDEX.update({k: RESTYPE_ORDER_WITH_X[v] for k, v in _HHBLITS_EXTRA.items()})
 
-ATOM_TYPES = tuple(
-    "N CA C CB O CG CG1 CG2 OG OG1 SG CD CD1 CD2 ND1 ND2 OD1 OD2 SD CE CE1 CE2 CE3 "
-    "NE NE1 NE2 OE1 OE2 CH2 NH1 NH2 OH CZ CZ2 CZ3 NZ OXT".split()
+ATOM_TYPES = (
+    "N", "CA", "C", "CB", "O", "CG", "CG1", "CG2", "OG", "OG1", "SG", "CD", "CD1", "CD2",
+    "ND1", "ND2", "OD1", "OD2", "SD", "CE", "CE1", "CE2", "CE3", "NE", "NE1", "NE2", "OE1",
+    "OE2", "CH2", "NH1", "NH2", "OH", "CZ", "CZ2", "CZ3", "NZ", "OXT",
 )
 ATOM_ORDER = {name: i for i, name in enumerate(ATOM_TYPES)}
 ATOM_TYPE_NUM = 37
