@@ -15,8 +15,8 @@ forked, exec'd command's own CPU, which runs on the node's cores but outside the
 - ``meter-echo``: ``power.node_meter_command=echo 250``: the fork + exec floor of a node meter;
 - ``meter-python``: ``python -c print(250)``: a meter written in Python (interpreter start-up).
 
-Part 2, interleaved throughput. The training step `mlhpc run` uses (`mlhpc.step.train_step` on
-`mlhpc.assemble.build`'s parts, one batch kept in memory, built once) is timed in repetitions of
+Part 2, interleaved throughput. The training step `mlhpc run` uses (`mlhpc.run.step.train_step` on
+`mlhpc.run.assemble.build`'s parts, one batch kept in memory, built once) is timed in repetitions of
 about ``--rep-s`` seconds; each round runs every condition once, in an order rotated round by
 round (a Latin square, so drift and position cancel), with the sampler started just before its
 repetition and stopped just after (start and stop untimed). Per round, each condition's samples/s
@@ -148,7 +148,7 @@ def training_step(config: cfg.Config) -> tuple[Callable[[int], tuple[float, floa
     """``(run(steps) -> (wall seconds, process CPU seconds), batch)``: the training step of
     `mlhpc run`, built once, on one batch kept in memory (benchmarks/throughput.py's
     `one_batch`, fp32 on the CPU). The process CPU time includes a running sampler thread's."""
-    from mlhpc.step import train_step
+    from mlhpc.run.step import train_step
     from throughput import one_batch
 
     batch = config.train.global_batch_size

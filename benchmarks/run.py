@@ -1,6 +1,6 @@
 """Benchmarks of mlhpc itself, each measured in one run, side by side (writes BENCHMARKS.md rows).
 
-1. Harness overhead: mlhpc's training loop (`mlhpc.train.run`: samplers, stop checks, compliance
+1. Harness overhead: mlhpc's training loop (`mlhpc.run.train.run`: samplers, stop checks, compliance
    log, evaluation excluded) vs a bare PyTorch loop, same mini CosmoFlow model, same in-memory
    data, same batch size; ratio of training samples/s.
 2. Data path: mlhpc's CosmoFlow training loader (`mlhpc.data.loader.make_loader` over
@@ -37,7 +37,8 @@ sys.path.insert(0, str(REPO))
 
 from mlhpc import workload as workloads  # noqa: E402
 from mlhpc import config as cfg  # noqa: E402
-from mlhpc import runtime, train  # noqa: E402
+from mlhpc import runtime  # noqa: E402
+from mlhpc.run import train  # noqa: E402
 from mlhpc.data import loader  # noqa: E402
 from mlhpc.data import stage as staging  # noqa: E402
 from mlhpc_workloads.cosmoflow import WORKLOAD as COSMOFLOW  # noqa: E402
@@ -84,7 +85,7 @@ def _bare_loop(config: cfg.Config, memory: TensorDataset, samples: int, epochs: 
 
 
 def bench_harness(data: Path, samples: int, epochs: int, repeats: int) -> dict:
-    """`mlhpc.train.run` on pre-decoded in-memory data vs `_bare_loop` on the same tensors,
+    """`mlhpc.run.train.run` on pre-decoded in-memory data vs `_bare_loop` on the same tensors,
     alternating, best of ``repeats`` each; epoch 1 of each warms up and is not counted."""
     with tempfile.TemporaryDirectory() as tmp:
         config = mini_config(data, Path(tmp) / "out", f"train.max_epochs={epochs}", "train.target=-1")
@@ -115,7 +116,7 @@ def _raw_read(files: list[Path]) -> int:
 
 def bench_data(data: Path, workers: list[int], repeats: int,
                train_samples_per_s: float | None) -> dict:
-    """mlhpc's training loader (as `mlhpc.train` builds it: shuffled, the mini config's batch size)
+    """mlhpc's training loader (as `mlhpc.run.train` builds it: shuffled, the mini config's batch size)
     for one epoch vs a raw h5py read of the same files, whole shards, no shuffling; the page cache
     is warmed first and the two alternate, best of ``repeats`` each."""
     files = sorted((data / "train").glob("*.h5"))
@@ -184,7 +185,7 @@ def bench_data(data: Path, workers: list[int], repeats: int,
 
 def bench_from_files(data: Path, samples: int, epochs: int, repeats: int,
                      in_memory_samples_per_s: float) -> dict:
-    """`mlhpc.train.run` on the mini config reading HDF5 through the loader (decode on the device)
+    """`mlhpc.run.train.run` on the mini config reading HDF5 through the loader (decode on the device)
     vs the same run on pre-decoded in-memory tensors (`bench_harness`): what the data path costs
     training. Best of ``repeats``; epoch 1 warms up and is not counted."""
     rates = []

@@ -1,9 +1,9 @@
 """Training-step throughput and MFU of one workload at a chosen size, data loading excluded.
 
 One real batch of the workload's own data (synthesised first when missing, as `mlhpc run` does)
-is decoded once and kept on the device; the timed loop calls `mlhpc.step.train_step`, the step
+is decoded once and kept on the device; the timed loop calls `mlhpc.run.step.train_step`, the step
 `mlhpc run` trains with (forward, loss, backward, optimizer and scheduler step), on the parts
-`mlhpc run` trains (`mlhpc.assemble.build`: the config's model, optimizer, ``train.compile`` mode
+`mlhpc run` trains (`mlhpc.run.assemble.build`: the config's model, optimizer, ``train.compile`` mode
 and ``model.channels_last`` switch); ``--precision bf16``
 runs it under bf16 autocast on any device. This is the compute ceiling the data path has to keep fed
 (`benchmarks/run.py` measures the data path). FLOPs per sample are counted with
@@ -38,16 +38,17 @@ sys.path.insert(0, str(REPO))
 
 from mlhpc import workload as workloads  # noqa: E402
 from mlhpc import config as cfg  # noqa: E402
-from mlhpc import assemble, perf, runtime  # noqa: E402
+from mlhpc import perf, runtime  # noqa: E402
+from mlhpc.run import assemble  # noqa: E402
 from mlhpc.data import loader  # noqa: E402
 from mlhpc.errors import MlhpcError  # noqa: E402
-from mlhpc.step import compile_mode, train_step  # noqa: E402
+from mlhpc.run.step import compile_mode, train_step  # noqa: E402
 from mlhpc.data.embedded import ensure_data  # noqa: E402
 
 
 def one_batch(config: cfg.Config, batch_size: int, precision: str,
               device: str) -> tuple[assemble.Job, assemble.Parts, torch.Tensor, Any]:
-    """The run's parts (`mlhpc.assemble.build`: model, optimizer, compiled step) at local batch
+    """The run's parts (`mlhpc.run.assemble.build`: model, optimizer, compiled step) at local batch
     ``batch_size`` and ``precision`` (``"fp32"`` or ``"bf16"``) on ``device``, the data
     synthesised first when missing (as `mlhpc run`), and ``(x, y)``: their first training batch,
     decoded on the device (``x`` of shape ``(batch_size, ...)``). Returns ``(job, parts, x, y)``;

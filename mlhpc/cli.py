@@ -83,7 +83,7 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
     never are (an estimate may be added as power/result_N/sw_K.txt). No readable counter: the
     run says so and claims no energy. power.enabled=false turns sampling off. See docs/power.md."""
     from mlhpc import config as cfg
-    from mlhpc import train
+    from mlhpc.run import train
     from mlhpc.progress import RunProgress, print_summary
 
     if instances is not None:
@@ -103,21 +103,37 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
         click.echo(f"mlhpc: stopped by {result.signal}; continue with: mlhpc run --resume "
                    f"{Path(result.result_file).parent if result.result_file else '<run folder>'}",
                    err=True)
-    # agreed by every rank (`mlhpc.outcome.agree`): 0 reached, 1 not, 128 + N signal N
+    # agreed by every rank (`mlhpc.run.outcome.agree`): 0 reached, 1 not, 128 + N signal N
     sys.exit(result.exit_status)
 
 
 @main.command("stage")
-@click.argument("config_path", type=click.Path(path_type=Path))
+@click.argument("config_path", type=click.Path(path_type=Path), required=False)
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True, help=FORMAT_HELP)
+@click.option("--list", "list_copies", is_flag=True,
+              help="List this node's staged copies (yours, made by mlhpc) with their sizes.")
+@click.option("--clean", is_flag=True, help="Remove this node's staged copies (yours, made by mlhpc).")
+@click.option("--in", "roots", multiple=True, type=click.Path(path_type=Path),
+              help="Folder to look in for --list/--clean (repeatable; default $TMPDIR, else /tmp).")
 @_friendly
-def stage_command(config_path: Path, overrides: tuple[str, ...], fmt: str) -> None:
+def stage_command(config_path: Path | None, overrides: tuple[str, ...], fmt: str, list_copies: bool,
+                  clean: bool, roots: tuple[Path, ...]) -> None:
     """Copy CONFIG's dataset to node-local storage, timed and verified (copies refuse links out
-    of the source and never write through one; a destination must be yours and private)."""
+    of the source and never write through one; a destination must be yours and private).
+    --list / --clean: this node's copies in $TMPDIR (else /tmp) or each --in folder, only real
+    folders owned by you and marked by mlhpc (links never followed). A run removes the copy it
+    made when it ends unless data.staging.keep is true."""
+    if list_copies or clean:
+        if config_path is not None or overrides:
+            raise ConfigError("stage --list/--clean: give no CONFIG (use --in FOLDER to look elsewhere)")
+        _staged_copies(list(roots) or None, clean, fmt)
+        return
+    if config_path is None:
+        raise ConfigError("stage: give a CONFIG file (or --list / --clean)")
     from mlhpc import config as cfg
-    from mlhpc.train import stage_only
+    from mlhpc.run.train import stage_only
 
     result, reports = stage_only(cfg.load(config_path, overrides))
     if not reports:
@@ -128,6 +144,16 @@ def stage_command(config_path: Path, overrides: tuple[str, ...], fmt: str) -> No
         click.echo(json.dumps(result.to_dict(), indent=2, default=str))
     else:
         _print_staging(result.to_dict())
+
+
+def _staged_copies(roots: list[Path] | None, clean: bool, fmt: str) -> None:
+    """`mlhpc stage --list` / `--clean` (`mlhpc.data.stage.copies`)."""
+    from mlhpc.data.stage.copies import find_copies, remove_copy, render
+
+    copies = find_copies(roots)
+    if clean:
+        copies = [remove_copy(c.path) for c in copies]
+    click.echo(json.dumps([c.to_dict() for c in copies], indent=2) if fmt == "json" else render(copies, clean))
 
 
 def _print_staging(staged: dict[str, Any]) -> None:

@@ -143,8 +143,12 @@ class StagingConfig(Section):
         "copy the dataset to node-local storage before reading it (false: read data.path in "
         "place)"))
     dest: Optional[Path] = Field(None, strict=False, description=(
-        "node-local folder to stage into; may hold {node_rank} and {hostname}; null: a fresh "
-        "temporary folder on each node"))
+        "node-local folder to stage into; may hold {node_rank} and {hostname}; null: "
+        "$TMPDIR (else /tmp)/mlhpc-<user>-<job id>-<hash of data.path>, one per dataset and job "
+        "(mlhpc stage --list shows each copy and its size)"))
+    keep: bool = Field(False, description=(
+        "keep the staged copy when the run ends (a later run on the node reuses it, verified); "
+        "false: a run removes the copy it made, and leaves one that was in place before it"))
     workers: int = Field(4, ge=1, le=256, description="copy threads per rank")
     shard: Optional[Literal["node", "none"]] = Field(None, description=(
         "node: each node stages and reads its own share of the samples; none: every node holds"
@@ -205,7 +209,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 
 class TrainConfig(Section):
-    """The training loop (`mlhpc.train`)."""
+    """The training loop (`mlhpc.run.train`)."""
 
     global_batch_size: int = Field(..., ge=1, le=2**31 - 1, description=(
         "samples per optimizer step over all ranks (local batch = global / (ranks x "
@@ -252,7 +256,7 @@ class TrainConfig(Section):
 
 class OutputConfig(Section):
     """Where results go: run N writes ``<dir>/result_N.txt`` (the MLLOG) and its side files
-    ``measured_N.json``, ``summary_N.json``, ``config_N.yaml``, ``env_N.json`` (`mlhpc.results`)."""
+    ``measured_N.json``, ``summary_N.json``, ``config_N.yaml``, ``env_N.json`` (`mlhpc.run.result`)."""
 
     dir: Path = Field(Path("results"), strict=False, description=(
         "results folder: run N writes result_N.txt and its side files there, never over an "

@@ -1,6 +1,6 @@
 """`mlhpc profile`: a few training steps under `torch.profiler`.
 
-The profiled step is `mlhpc.step.train_step`, the one `mlhpc run` trains with: the model compiled
+The profiled step is `mlhpc.run.step.train_step`, the one `mlhpc run` trains with: the model compiled
 as ``train.compile`` says, wrapped in DistributedDataParallel when the job has several ranks (or
 a process group: ``torchrun --nproc-per-node 1`` gives a one-rank group), under bf16 autocast when
 ``train.amp`` is on a CUDA device. Reports time per operator type and per phase of a step (data,
@@ -8,7 +8,7 @@ forward, backward, optimizer; DDP's communication shows up in the operator table
 ``gloo``/``nccl`` kernels), the memory breakdown (parameters, gradients, optimizer state,
 activations saved for backward; `mlhpc.perf`), and writes a Chrome trace that chrome://tracing
 and Perfetto open (by default ``<output.dir>/profile/<workload>-trace.json``, `default_trace`).
-The model, loaders, optimizer and step are those of a run: `mlhpc.assemble.build` makes them.
+The model, loaders, optimizer and step are those of a run: `mlhpc.run.assemble.build` makes them.
 """
 
 from __future__ import annotations
@@ -23,15 +23,17 @@ import torch
 from torch.profiler import ProfilerActivity, record_function
 from torch.utils.data import DataLoader
 
-from mlhpc import assemble, outdir, perf, runtime
+from mlhpc import outdir, perf, runtime
+
+from mlhpc.run import assemble
 from mlhpc.data.files import atomic_output
 from mlhpc.config import Config
 from mlhpc.errors import ConfigError, OutputError
 from mlhpc.data.embedded import ensure_data
 from mlhpc.data.loader import device_transform, to_device
 from mlhpc.runtime import Runtime
-from mlhpc.step import Step, compile_mode, train_step
-from mlhpc.train import local_batch_size
+from mlhpc.run.step import Step, compile_mode, train_step
+from mlhpc.run.train import local_batch_size
 from mlhpc.workload import get as get_workload
 
 PHASES = ("data", "forward", "backward", "optimizer")
@@ -63,13 +65,13 @@ def profile(config: Config, steps: int = 5, warmup: int = 2, trace_path: Path | 
             top: int = 15) -> ProfileResult:
     """Profile ``steps`` training steps of ``config``'s workload after ``warmup`` untimed ones.
 
-    Sets up (and tears down) the job's process group as `mlhpc.train.run` does, so DDP and its
+    Sets up (and tears down) the job's process group as `mlhpc.run.train.run` does, so DDP and its
     all-reduce are in the profile whenever they would be in a run.
 
     Raises:
         ConfigError: ``steps`` outside 1 .. `MAX_STEPS` or ``warmup`` outside 0 .. `MAX_STEPS`;
-            otherwise as `mlhpc.train.run`.
-        DataError: as `mlhpc.train.run`.
+            otherwise as `mlhpc.run.train.run`.
+        DataError: as `mlhpc.run.train.run`.
         OutputError: the trace file's folder cannot be written (checked before any step runs)
             or the trace cannot be written (no partial file is left).
 

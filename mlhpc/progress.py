@@ -1,10 +1,10 @@
 """What `mlhpc run` shows (part of the command line, which alone prints): its progress and its
 end-of-run table.
 
-`RunProgress` receives the events `mlhpc.train.run` reports (start, synthesis, step, epoch,
+`RunProgress` receives the events `mlhpc.run.train.run` reports (start, synthesis, step, epoch,
 warning) and prints one line each: through rich on a terminal, plain and flushed when stdout is
 a file (a Slurm log), at the same cadence (a ``step N/M`` line every ``train.log_every_steps``).
-`print_summary` prints the `mlhpc.results` figures read back from the run's log.
+`print_summary` prints the `mlhpc.run.result` figures read back from the run's log.
 """
 
 from __future__ import annotations
@@ -147,6 +147,8 @@ class RunProgress:
             self._line(line)
         elif kind == "warning":
             self.console.print(f"[yellow]warning:[/yellow] {event['message']}", highlight=False)
+        elif kind == "note":  # one whole line: a path in it is never wrapped
+            self._line(event["message"])
         elif kind == "step":  # every train.log_every_steps, on a terminal and in a log file
             self._line(f"  step {event['step']}/{event['steps']} (epoch {event['epoch']}) "
                        f"loss {event['loss']:.4f}")
@@ -214,7 +216,7 @@ class DataProgress:
 
 
 def print_summary(summary: dict[str, Any]) -> None:
-    """The end-of-run table: `mlhpc.results` figures, read back from the run's log."""
+    """The end-of-run table: `mlhpc.run.result` figures, read back from the run's log."""
     from rich.console import Console
     from rich.table import Table
 
@@ -246,17 +248,23 @@ def print_summary(summary: dict[str, Any]) -> None:
          f"({100 * (perf.get('mfu') or 0):.1f}% of {perf.get('peak_source', '?')})"),
         ("global batch size / ranks / nodes",
          f"{s.get('global_batch_size')} / {s.get('world_size')} / {s.get('num_nodes')}"),
-        ("result log", str(s["path"])),
-        *([("resumed from", s["resumed_from"])] if s.get("resumed_from") else []),
-        *([("checkpoint", s["checkpoint"])] if s.get("checkpoint") else []),
     ]
     for name, value in rows:
         table.add_row(name, value)
     console = Console()
     console.print(table)
+    for name, value in _path_lines(s):  # whole lines: a path is never cut or wrapped by the table
+        print(f"{name}: {value}", flush=True)
     if s.get("departs_from_reference"):
         console.print("departs from the reference: " + "; ".join(s["departs_from_reference"]),
                       highlight=False)
+
+
+def _path_lines(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary's paths: the result log, where the run resumed from and its checkpoint. (The
+    staged copy's place and size are said when the run ends: `mlhpc.data.stage.copies.release`.)"""
+    return [("result log", str(s["path"]))] + [
+        (name, s[key]) for name, key in (("resumed from", "resumed_from"), ("checkpoint", "checkpoint")) if s.get(key)]
 
 
 def _staging_rows(s: dict[str, Any]) -> list[tuple[str, str]]:

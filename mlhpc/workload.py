@@ -1,7 +1,7 @@
 """The `Workload` spec: what a benchmark declares so that one harness can train it.
 
 Follows the shape of torchtitan's ``TrainSpec`` (torchtitan/protocols/train_spec.py): the harness
-(`mlhpc.train`) is model-agnostic and never branches on a workload's name; a workload is a frozen
+(`mlhpc.run.train`) is model-agnostic and never branches on a workload's name; a workload is a frozen
 record of constructors. Third parties add one through the ``mlhpc.workloads`` entry-point group;
 the registry (`get`, `names`, `register`) lives here, beside the spec, so that nothing in ``mlhpc``
 imports a workload package (the bundled ones are installed as ``mlhpc_workloads``).

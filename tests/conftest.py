@@ -1,16 +1,98 @@
-"""Shared fixtures. Paths, not state: every test works in its own tmp_path."""
+"""Shared fixtures. Paths, not state: every test works in its own tmp_path.
+
+The session never touches the user's own files: before any test (`pytest_configure`) every default
+the code reads (``MLHPC_STORE``, ``MLHPC_CACHE_DIR``, ``MLHPC_CAMPAIGN``, ``HOME``, ``XDG_*``,
+``TMPDIR``, where staged copies go) is pointed into one session folder, ``mlhpc-tests-*`` in the
+temporary folder, removed when the session passes (kept, and named, when it fails). The user's
+default results store and the ``results/``, ``data/`` and ``published/`` folders of the
+repository and of the working folder are watched: `pytest_sessionfinish` names any of them that
+changed during the session. It warns rather than fails, since on a shared machine the user's own
+runs may write there meanwhile; tests/test_isolation.py is the test that fails, in a child
+session whose defaults all point at a watched folder.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+#: Environment variables the session points into its own folder (or removes).
+REDIRECTED = ("HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "TMPDIR")
+REMOVED = ("MLHPC_CACHE_DIR", "MLHPC_CAMPAIGN")
+_session: dict = {}
+
+
+def user_defaults(env: dict[str, str] | None = None, cwd: Path | None = None) -> list[Path]:
+    """The user's own places the code would write by default, read from ``env``: the results
+    store as `mlhpc.store.engine` resolves it, and the ``results/``, ``data/``, ``published/``
+    folders of the repository and of ``cwd``."""
+    env = dict(os.environ if env is None else env)
+    home = Path(env.get("HOME") or Path.home())
+    places = [Path(env.get("XDG_DATA_HOME") or home / ".local" / "share") / "mlhpc"]
+    store = env.get("MLHPC_STORE", "")
+    if store and store != "none" and "://" not in store:
+        places.append(Path(store).expanduser())
+    elif store.startswith("sqlite:///"):
+        places.append(Path(store[len("sqlite:///"):]))
+    for base in {REPO, Path(cwd or Path.cwd())}:
+        places += [base / "results", base / "data", base / "published"]
+    return places
+
+
+def snapshot(places: list[Path]) -> dict[str, tuple]:
+    """Every file and folder under ``places`` (links not followed) -> (kind, size, mtime_ns)."""
+    seen: dict[str, tuple] = {}
+    for place in places:
+        try:
+            info = os.lstat(place)
+        except OSError:
+            continue
+        seen[str(place)] = (info.st_mode >> 12, info.st_size, info.st_mtime_ns)
+        if os.path.isdir(place) and not os.path.islink(place):
+            for root, dirs, files in os.walk(place):
+                for name in dirs + files:
+                    path = os.path.join(root, name)
+                    info = os.lstat(path)
+                    seen[path] = (info.st_mode >> 12, info.st_size, info.st_mtime_ns)
+    return seen
+
+
+def pytest_configure(config) -> None:
+    places = user_defaults()
+    _session["places"], _session["before"] = places, snapshot(places)
+    root = Path(tempfile.mkdtemp(prefix="mlhpc-tests-"))
+    _session["root"] = root
+    for name in REDIRECTED:
+        (root / name.lower()).mkdir()
+        os.environ[name] = str(root / name.lower())
+    for name in REMOVED:
+        os.environ.pop(name, None)
+    os.environ["MLHPC_STORE"] = "none"  # runs made by tests are not recorded (store tests set their own)
+    tempfile.tempdir = None  # the next gettempdir() reads the new TMPDIR (pytest's tmp_path included)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    if "places" not in _session:
+        return
+    before, after = _session["before"], snapshot(_session["places"])
+    changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if changed and reporter is not None:
+        reporter.write_line(f"warning: {len(changed)} of the user's own files or folders changed during the "
+                            f"session (a test, or another process of yours): {', '.join(changed[:5])}", red=True)
+    root = _session["root"]
+    if session.exitstatus == 0:
+        shutil.rmtree(root, ignore_errors=True)
+    elif reporter is not None:
+        reporter.write_line(f"test files kept in {root}")
 # Published MLCommons result logs, shipped in the repository (see tests/data/mlperf-hpc-results/README.md).
 FIXTURES = REPO / "tests" / "data" / "mlperf-hpc-results"
 FIXTURES_ARCHIVE = FIXTURES / "mlperf-hpc-results.tar.xz"

@@ -101,7 +101,7 @@ def _functions(tree: ast.Module):
 #: Every function over the limits, with its reason: one list, not comments on the defs. Keys are
 #: ``path::function``. mlhpc/data/ has none (its test below allows none there).
 ALLOWED: dict[str, str] = {
-    "mlhpc/checkpoint.py::capture": "one parameter per field of the checkpoint state it builds",
+    "mlhpc/run/checkpoint.py::capture": "one parameter per field of the checkpoint state it builds",
     "workloads/cosmoflow/convert.py::_copy_mapped": "the mapped array's source, offset, shape, "
         "targets and destination: one copy in the kernel, no Python pass over the counts",
     "workloads/deepcam/model.py::__init__": "the reference block's own constructor arguments",
@@ -213,7 +213,7 @@ def test_no_file_in_mlhpc_is_over_500_lines(path):
 
 
 def test_train_profile_and_throughput_share_one_step():
-    for rel in ("mlhpc/train.py", "mlhpc/profile.py", "benchmarks/throughput.py"):
+    for rel in ("mlhpc/run/train.py", "mlhpc/profile.py", "benchmarks/throughput.py"):
         tree = ast.parse((ROOT / rel).read_text())
         calls = {n.func.id for n in ast.walk(tree)
                  if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
@@ -224,7 +224,7 @@ def test_train_profile_and_throughput_share_one_step():
 
 # ---- one assembly ---------------------------------------------------------------------------------
 
-#: Calls that assemble a run's parts; outside mlhpc/assemble.py only train.py's preflight (which
+#: Calls that assemble a run's parts; outside mlhpc/run/assemble.py only train.py's preflight (which
 #: builds a model and optimizer to check a checkpoint fits them, before any data are read) makes one.
 ASSEMBLING = {"build_model", "build_optimizer", "build_loss", "build_datasets", "Step", "wrap_model",
               "make_loader"}
@@ -245,7 +245,7 @@ def _called(tree: ast.AST) -> set[str]:
 
 @pytest.mark.parametrize("rel", ["mlhpc/profile.py", "benchmarks/throughput.py"])
 def test_profile_and_throughput_assemble_through_the_one_build(rel):
-    """`mlhpc.assemble.build` is the one assembly of model, data, optimizer, compiled step: the
+    """`mlhpc.run.assemble.build` is the one assembly of model, data, optimizer, compiled step: the
     profiler and the throughput benchmark call it and construct none of those themselves."""
     called = _called(ast.parse((ROOT / rel).read_text()))
     assert "assemble.build" in called, f"{rel} does not call assemble.build"
@@ -255,7 +255,7 @@ def test_profile_and_throughput_assemble_through_the_one_build(rel):
 
 
 def test_train_assembles_through_the_one_build():
-    called = _called(ast.parse((ROOT / "mlhpc/train.py").read_text()))
+    called = _called(ast.parse((ROOT / "mlhpc/run/train.py").read_text()))
     assert "build" in called and not called & {"Step", "wrap_model"}  # (a resumed epoch's
     # loader skips its first batches: `_epoch_batches` makes that one loader itself)
 
@@ -370,12 +370,12 @@ def test_every_path_in_the_readme_layout_exists_and_every_module_is_named():
 
 
 def test_the_layout_check_sees_a_stale_line():
-    readme = ("x\n## Layout\n\n```\nmlhpc/   the harness\n  step.py   one step\n"
+    readme = ("x\n## Layout\n\n```\nmlhpc/   the harness\n  cli.py   the commands\n"
               "  spec.py   gone\n    data/   wrong depth, still under mlhpc/\n"
               "                 a continuation, not a name\n```\n## Next\n")
     entries = [p for p, _ in _layout_entries(readme)]
-    assert entries == ["mlhpc/", "mlhpc/step.py", "mlhpc/spec.py", "mlhpc/data/"]
-    assert _exists("mlhpc/step.py") and not _exists("mlhpc/spec.py")
+    assert entries == ["mlhpc/", "mlhpc/cli.py", "mlhpc/spec.py", "mlhpc/data/"]
+    assert _exists("mlhpc/cli.py") and not _exists("mlhpc/spec.py")
     assert _exists("configs/<workload>-mini.yaml") and not _exists("configs/<w>-huge.yaml")
     with pytest.raises(AssertionError, match="line 2"):
         _layout_entries("\n## Layout\n```\nmlhpc/  the harness\nthe harness: names no workload\n```\n")

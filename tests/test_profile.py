@@ -7,7 +7,7 @@ import pytest
 
 import torch
 
-from mlhpc import assemble
+from mlhpc.run import assemble
 from mlhpc import config as cfg
 from mlhpc import profile as profile_module
 from mlhpc import runtime
@@ -33,7 +33,7 @@ def test_profile_reports_phases_operators_memory_and_trace(tmp_path, repo, tiny_
 
 
 def test_profile_runs_the_training_step_with_ddp_and_amp(tmp_path, repo, tiny_data, monkeypatch):
-    """The profiled step is `mlhpc.step.train_step` on the DDP-wrapped model under autocast, as in
+    """The profiled step is `mlhpc.run.step.train_step` on the DDP-wrapped model under autocast, as in
     a run: here a one-rank Gloo group, and bf16 autocast allowed on the CPU for the test."""
     overrides = tuple(v for v in TINY if v != "--set") + (f"data.path={tiny_data}", "train.amp=true")
     config = cfg.load(repo / "configs" / "cosmoflow-mini.yaml", overrides)

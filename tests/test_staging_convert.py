@@ -163,7 +163,8 @@ def test_run_trains_from_the_converted_stage(src, tmp_path, repo):
     small = ["train.max_epochs=2", "train.global_batch_size=4", "model.input_size=16",
              "model.n_conv_layers=2", "model.conv_channels=4", "model.dropout=0.0",
              "data.num_workers=0", "train.amp=false", f"data.path={src}", f"output.dir={out}",
-             f"data.staging.dest={dest}", "data.staging.to=npy"]
+             f"data.staging.dest={dest}", "data.staging.to=npy",
+             "data.staging.keep=true"]  # the copy is looked at after the run
     args = ["run", str(repo / "configs" / "cosmoflow.yaml")]
     for item in small:
         args += ["--set", item]

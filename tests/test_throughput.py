@@ -11,7 +11,8 @@ import torch
 
 from mlhpc import workload as workloads
 from mlhpc import config as cfg
-from mlhpc import perf, train
+from mlhpc import perf
+from mlhpc.run import train
 from mlhpc.errors import ConfigError
 from test_run_e2e import TINY, tiny_data  # noqa: F401 (fixture)
 

@@ -72,6 +72,17 @@ def find_sources(config: PowerConfig) -> tuple[list[Any], list[str], Any]:
     return [*gpus, *rapl], problems + rapl_problems, nvml
 
 
+def no_counter_reason(config: PowerConfig, problems: list[str]) -> str:
+    """Why a node has no counter, naming every source looked for: the node meter, NVML and RAPL
+    (each one's own problems where it had some)."""
+    if config.node_meter_command:
+        return "node meter: " + ("; ".join(problems) or "no reading")
+    nvml = [p for p in problems if p.startswith("NVML")] or ["NVML: no GPU"]
+    rapl = [p for p in problems if not p.startswith("NVML")] or [
+        f"RAPL: no readable package or DRAM zone under {config.powercap_root}"]
+    return "; ".join([*nvml, *rapl, "node meter: none configured (power.node_meter_command)"])
+
+
 def _result_name(log_path: Path | None, rt: Any) -> str | None:
     """``result_N`` of the run: from rank 0's log, broadcast to every rank of the instance."""
     name = Path(log_path).stem if log_path is not None else None
@@ -136,8 +147,8 @@ def _start(config: PowerConfig, rt: Any, name: str, out_dir: Path, clock: Clock,
 
     sources, problems, nvml = find_sources(config)
     if not sources:
-        why = "; ".join(problems) or f"no NVML GPU, no RAPL zone under {config.powercap_root}"
-        say(f"power: no power counter on node {rt.node_rank} ({why}): no energy is reported")
+        say(f"power: no power counter on node {rt.node_rank} ({no_counter_reason(config, problems)}): "
+            "no energy is reported")
         return None, None
     if problems:
         say(f"power: node {rt.node_rank}: " + "; ".join(problems))

@@ -200,7 +200,11 @@ def score_energy(result: Any, scored: list[tuple["RunSummary", float, float]], m
     if shared:
         result.notes.append(f"energy: {shared}")
     if not measured:
-        if result.kind == "runs" and result.runs:
+        others = sum(run.energy_to_train_j is not None for run in result.runs)
+        if others:  # measured, but only on runs that do not count: no contradiction with the table
+            result.notes.append(f"energy: measured for {others} run(s) that the score does not count; "
+                                "no counted run has power readings, so no energy score")
+        elif result.kind == "runs" and result.runs:
             result.notes.append(f"{POWER_NOTE_PREFIX}: no power readings (power/result_N/node_K.txt), "
                                 "energy not measured")
         return

@@ -185,6 +185,13 @@ def compute_olympic_average(scores: list[float], dropped: int, max_dropped: int 
     return sum(kept) * 1.0 / len(kept) if kept else None
 
 
+def weak_throughput(spans_ms: list[tuple[float, float]]) -> tuple[float, float | None]:
+    """result_summarizer's weak-scaling score of M counted runs ``(run_start_ms, run_stop_ms)``:
+    TTTa = (latest stop - earliest start) / 60000 min and M / TTTa models/min (None if TTTa is 0)."""
+    ttta_min = (max(t for _, t in spans_ms) - min(s for s, _ in spans_ms)) / 60 / 1000
+    return ttta_min, (len(spans_ms) / ttta_min if ttta_min > 0 else None)
+
+
 def required_result_count(benchmark: str | None) -> int:
     """Result files a benchmark needs (mlperf_logging.benchmark_meta, hpc); 1 if unknown."""
     from mlhpc.report.mlperf_adapter import result_file_counts
@@ -434,10 +441,7 @@ def _score_weak(result: FolderResult, scored: list[tuple[RunSummary, float, floa
     result.number_of_models = len(scored)
     result.instance_scale = scale_seen
     if scored and len(scored) >= needed:
-        first = min(s for _, s, _ in scored)
-        last = max(t for _, _, t in scored)
-        result.ttta_min = (last - first) / 60 / 1000
-        result.models_per_min = len(scored) / result.ttta_min if result.ttta_min > 0 else None
+        result.ttta_min, result.models_per_min = weak_throughput([(s, t) for _, s, t in scored])
     else:
         result.notes.append(f"not enough converging weak-scaling runs: {len(scored)} < {needed}")
     nodes = _int_or_none(result.system_desc.get("number_of_nodes"))

@@ -14,20 +14,54 @@ from mlhpc.store.engine import Store
 from mlhpc.store.queries import Filters, parse_selection, select_runs
 
 
-def _times(store: Store, filters: Filters) -> list[float]:
-    rows = select_runs(store, replace(filters, status="success"), ("time_to_train_s",))
-    return [r["time_to_train_s"] for r in rows if r["time_to_train_s"] is not None]
+_COMPARE_COLUMNS = ("time_to_train_s", "status", "scaling", "folder", "run_start_ms", "run_stop_ms")
+
+
+def _mode(row: dict[str, Any]) -> str:
+    return "weak" if row["scaling"] == "weak" else "strong"  # an own run folder scores as strong
+
+
+def _selected(store: Store, expression: str) -> list[dict[str, Any]]:
+    rows = select_runs(store, parse_selection(expression), _COMPARE_COLUMNS)
+    if not rows:
+        raise ConfigError(f"selection {expression!r}: no run in the store {store.url} matches it "
+                          "(mlhpc results list shows what is stored)")
+    return rows
+
+
+def _pick_mode(a: list[dict[str, Any]], b: list[dict[str, Any]], labels: tuple[str, str]) -> str:
+    modes_a, modes_b = {_mode(r) for r in a}, {_mode(r) for r in b}
+    common = modes_a & modes_b
+    if not common:
+        raise ConfigError(f"A ({labels[0]}) holds only {'/'.join(sorted(modes_a))}-scaling runs and B "
+                          f"({labels[1]}) only {'/'.join(sorted(modes_b))}-scaling ones: strong and weak "
+                          "scaling scores are not compared")
+    return "strong" if "strong" in common else "weak"
+
+
+def _side(label: str, rows: list[dict[str, Any]], mode: str) -> comparing.Side:
+    mine = [r for r in rows if _mode(r) == mode]
+    ok = [r for r in mine if r["status"] == "success" and r["time_to_train_s"] is not None]
+    return comparing.Side(
+        label, tuple(r["time_to_train_s"] for r in ok), mode,
+        tuple((r["run_start_ms"], r["run_stop_ms"]) for r in ok
+              if r["run_start_ms"] is not None and r["run_stop_ms"] is not None),
+        failed=len(mine) - len(ok), folders=len({r["folder"] for r in mine}), left_out=len(rows) - len(mine))
 
 
 def compare_selections(store: Store, a: str, b: str, alpha: float = 0.05) -> comparing.Comparison:
-    """Compare the successful runs of selection ``a`` with those of ``b`` (each a filter
-    expression or a campaign id, `mlhpc.store.queries.parse_selection`).
+    """Compare the runs of selection ``a`` with those of ``b`` (each a filter expression or a
+    campaign id, `mlhpc.store.queries.parse_selection`) in one scaling mode: the one both
+    selections ask for (``scaling=``), else strong scaling when both hold strong-scaling runs
+    (own runs included), else weak; the other mode's runs are left out and counted.
 
     Raises:
-        ConfigError: a bad selection. StoreError: the store cannot be read.
+        ConfigError: a bad selection, one that matches no run, or two selections with no
+            scaling mode in common. StoreError: the store cannot be read.
     """
-    sides = [comparing.Side(expr, tuple(_times(store, parse_selection(expr)))) for expr in (a, b)]
-    return comparing.compare_times(sides[0], sides[1], alpha)
+    rows_a, rows_b = _selected(store, a), _selected(store, b)
+    mode = _pick_mode(rows_a, rows_b, (a, b))
+    return comparing.compare_times(_side(a, rows_a, mode), _side(b, rows_b, mode), alpha)
 
 
 def scaling_report(store: Store, filters: Filters, mode: str = "strong",

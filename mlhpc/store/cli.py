@@ -39,6 +39,8 @@ def _filter_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--source", type=click.Choice(["own", "published"]), default=None, help="Own or published runs."),
         click.option("--campaign", default=None, help="Only runs of this campaign id (scaling: the "
                      "campaign's own runs, beside the published systems)."),
+        click.option("--scaling", type=click.Choice(["strong", "weak"]), default=None,
+                     help="Only strong-scaling runs (own runs included) or weak-scaling runs."),
         click.option("--since", default=None, help="Runs started on or after this date (YYYY-MM-DD, UTC)."),
         click.option("--until", default=None, help="Runs started before the end of this date (YYYY-MM-DD, UTC)."),
     ]
@@ -53,6 +55,7 @@ def _filters(kw: dict[str, Any]):
     since, until = kw.pop("since"), kw.pop("until")
     return Filters(benchmark=kw.pop("benchmark"), system=kw.pop("system"), nodes=kw.pop("nodes"),
                    status=kw.pop("status"), source=kw.pop("source"), campaign=kw.pop("campaign"),
+                   scaling=kw.pop("scaling"),
                    since_ms=parse_date_ms(since) if since else None,
                    until_ms=parse_date_ms(until, end=True) if until else None)
 
@@ -118,16 +121,24 @@ def show_command(run: str, with_log: bool, url: str | None) -> None:
 @click.option("--store", "url", default=None, help=STORE_HELP)
 @_friendly
 def compare_command(a: str, b: str, alpha: float, fmt: str, url: str | None) -> None:
-    """Compare two selections of successful runs, A (before) and B (after): each a campaign id or
-    'key=value,...' (benchmark, system, nodes, source, campaign, since, until)."""
+    """Compare two selections of runs, A (before) and B (after), like with like: each a campaign
+    id or 'key=value,...' (benchmark, system, nodes, scaling, source, campaign, since, until).
+    One scaling mode is compared (scaling=strong|weak; by default strong when both hold strong
+    runs), by MLCommons' score: the olympic mean of the times to train (strong) or models/min
+    (weak). A selection that matches no stored run is an error (exit status 2)."""
     from mlhpc.store.api import compare_selections
-    from mlhpc.store.compare import TEST_NAME, render
+    from mlhpc.store.compare import SCORES, TEST_NAME, render
 
     result = compare_selections(_open(url), a, b, alpha)
     if fmt == "json":
-        click.echo(json.dumps({"a": {"selection": a, "times_s": result.a.times_s, "olympic_s": result.a.olympic_s},
-                               "b": {"selection": b, "times_s": result.b.times_s, "olympic_s": result.b.olympic_s},
-                               "test": TEST_NAME, "p_value": result.p_value, "ci_low_s": result.ci_low_s,
+        sides = {name: {"selection": side.label, "times_s": side.times_s, "olympic_s": side.olympic_s,
+                        "score": side.score, "runs_failed": side.failed, "folders": side.folders,
+                        "left_out_other_scaling": side.left_out}
+                 for name, side in (("a", result.a), ("b", result.b))}
+        click.echo(json.dumps({"scaling": result.a.scaling, "score": SCORES[result.a.scaling],
+                               "score_unit": "models/min" if result.a.scaling == "weak" else "min", **sides,
+                               "test": TEST_NAME if result.a.scaling == "strong" else None,
+                               "p_value": result.p_value, "ci_low_s": result.ci_low_s,
                                "ci_high_s": result.ci_high_s, "verdict": result.verdict}, indent=2))
     else:
         click.echo(render(result))

@@ -148,14 +148,18 @@ def _sqlite_engine(url: str) -> tuple[Engine, list[str]]:
     return engine, warnings
 
 
+def shown_url(url: str | None = None) -> str:
+    """`resolve_url` as it may be shown to a user: any password in it replaced by ``***``."""
+    return make_url(resolve_url(url)).render_as_string(hide_password=True)
+
+
 def open_store(url: str | None = None, *, migrate: bool = True) -> Store:
     """Open (and create or migrate) the store at ``url`` (see `resolve_url`).
 
     Raises:
         StoreError: switched off, a bad URL, a missing driver, or the database cannot be reached.
     """
-    resolved = resolve_url(url)
-    shown = make_url(resolved).render_as_string(hide_password=True)
+    resolved, shown = resolve_url(url), shown_url(url)
     try:
         if resolved.startswith("sqlite"):
             engine, warnings = _sqlite_engine(resolved)

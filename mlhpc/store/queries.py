@@ -26,11 +26,16 @@ LIST_COLUMNS = ("run_id", "benchmark", "system", "nodes", "accelerators", "globa
                 "time_to_train_s", "epochs_to_target", "samples_per_s", "energy_to_train_j", "source",
                 "campaign_id", "run_start", "log_sha256")
 FORMATS = ("table", "json", "csv")
+#: The scaling modes a selection can ask for; an own run folder (``scaling`` column "runs") is
+#: scored as a strong-scaling set.
+SCALING_MODES = ("strong", "weak")
 
 
 @dataclass(frozen=True)
 class Filters:
-    """Which runs: each field None for any. ``since``/``until`` in ms since the Unix epoch."""
+    """Which runs: each field None for any. ``since``/``until`` in ms since the Unix epoch;
+    ``scaling`` is ``strong`` (MLCommons strong-scaling folders and mlhpc's own run folders, both
+    scored by the olympic mean) or ``weak`` (weak-scaling folders, scored by throughput)."""
 
     benchmark: str | None = None
     system: str | None = None
@@ -38,6 +43,7 @@ class Filters:
     status: str | None = None
     source: str | None = None
     campaign: str | None = None
+    scaling: str | None = None
     since_ms: float | None = None
     until_ms: float | None = None
 
@@ -78,6 +84,8 @@ def parse_selection(expression: str) -> Filters:
             raise ConfigError(f"selection {expression!r}: unknown key {key!r} (one of {', '.join(sorted(names))})")
         if key in ("since", "until"):
             values[f"{key}_ms"] = parse_date_ms(value.strip(), end=key == "until")
+        elif key == "scaling" and value.strip() not in SCALING_MODES:
+            raise ConfigError(f"selection {expression!r}: scaling={value!r}: one of {', '.join(SCALING_MODES)}")
         elif key == "nodes":
             if not value.strip().isdigit():
                 raise ConfigError(f"selection {expression!r}: nodes={value!r} is not a whole number")
@@ -94,6 +102,8 @@ def _where(query: Select, filters: Filters) -> Select:
         value = getattr(filters, name)
         if value is not None:
             query = query.where(column == value)
+    if filters.scaling is not None:
+        query = query.where(c.scaling.in_(("strong", "runs") if filters.scaling == "strong" else (filters.scaling,)))
     if filters.since_ms is not None:
         query = query.where(c.run_start_ms >= filters.since_ms)
     if filters.until_ms is not None:

@@ -2,11 +2,11 @@
 staging_stop) and `build` (datasets, model, sampler, loaders, optimizer, the training step), with
 the first read of a sample checked against the model (`check_sample`).
 
-`build` is the one place a run's parts are assembled: `mlhpc.train`, `mlhpc.profile` and
+`build` is the one place a run's parts are assembled: `mlhpc.run.train`, `mlhpc.profile` and
 benchmarks/throughput.py call it (through `tool_job` for the last two), so what is profiled and
 benchmarked is what is trained.
 
-`mlhpc.train` calls these in the order docs/architecture.md gives ("How a run flows").
+`mlhpc.run.train` calls these in the order docs/architecture.md gives ("How a run flows").
 """
 
 from __future__ import annotations
@@ -22,18 +22,20 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from mlhpc import checkpoint, perf, runtime
-from mlhpc.checkpoint import Resume
+from mlhpc import perf, runtime
+
+from mlhpc.run import checkpoint
+from mlhpc.run.checkpoint import Resume
 from mlhpc.config import Config
 from mlhpc.data import loader
 from mlhpc.data import sampler as sampling
 from mlhpc.data import stage as staging
 from mlhpc.errors import DataError
 from mlhpc.mllog import ComplianceLog, constants
-from mlhpc.outcome import Stop, staged_source
-from mlhpc.results import RunFiles
+from mlhpc.run.outcome import Stop, staged_source
+from mlhpc.run.result import RunFiles
 from mlhpc.runtime import Runtime
-from mlhpc.step import Step, precision, wrap_model
+from mlhpc.run.step import Step, precision, wrap_model
 from mlhpc.workload import Workload
 
 ProgressFn = Callable[[dict[str, Any]], None]
@@ -139,13 +141,13 @@ def tool_job(config: Config, workload: Workload, rt: Runtime) -> Job:
 def build(job: Job, staged: staging.StagingResult | None, lbs: int, *,
           precision_name: str | None = None) -> Parts:
     """Datasets, model, optimizer, loaders and the training step (compiled and wrapped once,
-    `mlhpc.step.wrap_model`); restored from a checkpoint. The one assembly of a run's parts:
-    `mlhpc.train`, `mlhpc.profile` and benchmarks/throughput.py all call it.
+    `mlhpc.run.step.wrap_model`); restored from a checkpoint. The one assembly of a run's parts:
+    `mlhpc.run.train`, `mlhpc.profile` and benchmarks/throughput.py all call it.
 
     Args:
         lbs: the local batch size (samples per rank per micro-step).
         precision_name: ``"fp32"`` or ``"bf16"`` to override the precision ``train.amp`` gives
-            (`mlhpc.step.precision`); the throughput benchmark measures bf16 on any device.
+            (`mlhpc.run.step.precision`); the throughput benchmark measures bf16 on any device.
 
     Raises:
         DataError: no training or validation samples, or the first sample does not fit the

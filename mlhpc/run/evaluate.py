@@ -35,7 +35,7 @@ def evaluate(model: torch.nn.Module, batches: Iterable, decode, metric: QualityM
     """The metric (``sum / count`` over every rank's batches) of ``model`` in eval mode.
 
     ``batches`` yields ``(x, y)`` on the host; ``decode`` is the dataset's device transform;
-    ``autocast`` the step's precision context (`mlhpc.step.autocast`). Returns a float (NaN-free
+    ``autocast`` the step's precision context (`mlhpc.run.step.autocast`). Returns a float (NaN-free
     unless the model's outputs are).
     """
     model.eval()

@@ -1,7 +1,7 @@
 """How a run ends: its outcome, the signals that stop it, a failed attempt set aside, and the
 ranks' agreement on the outcome before any of them exits.
 
-`agree` is the last collective of a run (`mlhpc.train.run`): rank 0 has written every file of
+`agree` is the last collective of a run (`mlhpc.run.train.run`): rank 0 has written every file of
 the set (result, measured, summary, config, env) before it enters, and every rank leaves it
 with the same status and signal, so that under torchrun, srun or mpiexec no rank exits
 non-zero while rank 0 is still writing (a launcher stops the others when one rank fails).
@@ -17,14 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlhpc import checkpoint, runtime
+from mlhpc import runtime
+
+from mlhpc.run import checkpoint
 from mlhpc.errors import DataError, MlhpcError
-from mlhpc.evaluate import all_reduce
+from mlhpc.run.evaluate import all_reduce
 from mlhpc.mllog import constants
-from mlhpc.results import RunFiles, RunResult
+from mlhpc.run.result import RunFiles, RunResult
 from mlhpc.runtime import Runtime
 
-Job = Any  # an `mlhpc.assemble.Job` (which holds a `Stop`: not imported here, no cycle)
+Job = Any  # an `mlhpc.run.assemble.Job` (which holds a `Stop`: not imported here, no cycle)
 
 @dataclass
 class Outcome:
@@ -73,7 +75,7 @@ def close_failed(job: Job, exc: BaseException) -> None:
 
 def name_source(job: Job, exc: BaseException) -> None:
     """Make a `DataError` that names a file of this node's staged copy (``job.staged.dest``) name
-    the file it was copied from instead, the copy in brackets, as `mlhpc.assemble.sample_name`
+    the file it was copied from instead, the copy in brackets, as `mlhpc.run.assemble.sample_name`
     does: ``SOURCE/train/f.lmdb: key '3': ... [read from the staged copy DEST/train/f.lmdb]``.
     The first path under the copy is mapped by its path relative to the copy; a path with no
     such file in the source (a converted copy) is left as it is."""
@@ -176,7 +178,7 @@ def exit_status(result: RunResult) -> int:
 def agree(result: RunResult, world: Runtime) -> RunResult:
     """Every rank of ``world`` leaves with the job's outcome: the highest exit status of any
     rank's (or instance's) run, and the signal that stopped any of them. Call it once rank 0
-    has written every file of its run (`mlhpc.finish.finish`): it is the run's last collective,
+    has written every file of its run (`mlhpc.run.finish.finish`): it is the run's last collective,
     so no rank exits before the files are there.
 
     From here on a SIGTERM (what torchrun sends the other ranks when one exits non-zero, and

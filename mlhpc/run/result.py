@@ -18,7 +18,7 @@ launcher), ``checkpoint_N.pt`` when the run stopped early or checkpoints periodi
 
 A resumed run's summary carries ``earlier_attempts_s`` (the timed seconds of the attempts before
 it, from its ``resume`` record) and ``time_to_train_total_s`` (its own time to train plus those):
-the honest total, never only the time after the resume (see `mlhpc.checkpoint` for the rules).
+the honest total, never only the time after the resume (see `mlhpc.run.checkpoint` for the rules).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class RunFiles:
 
 @dataclass
 class RunResult:
-    """What `mlhpc.train.run` returns on every rank.
+    """What `mlhpc.run.train.run` returns on every rank.
 
     Attributes:
         status / reason: ``"success"`` or ``"aborted"`` and why (the values logged in
@@ -88,7 +88,7 @@ class RunResult:
         signal: the signal that stopped the run (``"SIGTERM"``; a checkpoint was saved), else
             None; the CLI exits with 128 + its number.
         exit_status: the status every rank of the job exits with, agreed among them
-            (`mlhpc.outcome.agree`): 0 target reached, 1 not reached (by this or another
+            (`mlhpc.run.outcome.agree`): 0 target reached, 1 not reached (by this or another
             instance), 128 + N stopped by signal N.
     """
 

@@ -1,17 +1,18 @@
 """After run_stop: the run's side files, written by the rank that holds the log (`finish`):
 ``measured_N.json`` (what the log cannot hold), ``summary_N.json`` read back from the log
-(`mlhpc.results`), ``config_N.yaml`` and ``env_N.json``."""
+(`mlhpc.run.result`), ``config_N.yaml`` and ``env_N.json``."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from mlhpc import env as envinfo
-from mlhpc import perf, results
-from mlhpc.assemble import Job, Parts
-from mlhpc.outcome import Outcome
-from mlhpc.results import RunResult
-from mlhpc.step import compile_mode
+from mlhpc import perf
+from mlhpc.run import result as results
+from mlhpc.run.assemble import Job, Parts
+from mlhpc.run.outcome import Outcome
+from mlhpc.run.result import RunResult
+from mlhpc.run.step import compile_mode
 
 
 def finish(job: Job, parts: Parts, outcome: Outcome, synthesis_s: float) -> RunResult:
@@ -32,7 +33,12 @@ def finish(job: Job, parts: Parts, outcome: Outcome, synthesis_s: float) -> RunR
         "local_world_size": world.local_world_size, "device": str(job.rt.device),
         "instances": job.config.train.instances}})
     from mlhpc.store import record_run  # the results store (MLHPC_STORE=none: off); a warning, never a raise
-    record_run(files.log.parent, files.log, lambda m: job.progress({"kind": "warning", "message": m}))
+    from mlhpc.store.engine import shown_url
+
+    run_id = record_run(files.log.parent, files.log, lambda m: job.progress({"kind": "warning", "message": m}))
+    if run_id is not None:
+        job.progress({"kind": "note", "message": f"recorded in the results store {shown_url()} as run "
+                      f"{run_id} (mlhpc results show {run_id}; MLHPC_STORE=none turns recording off)"})
     return result
 
 

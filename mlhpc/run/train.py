@@ -13,15 +13,15 @@ One straight line (docs/architecture.md, "How a run flows"), one function per st
            run:  start_run -> stage -> build -> log_samples
       -> train_loop ([epoch_start .. epoch_stop, eval_start .. eval_stop, metric] until target,
          run_stop)
-      -> finish: measured_N.json, then summary_N.json from the log (`mlhpc.results`),
+      -> finish: measured_N.json, then summary_N.json from the log (`mlhpc.run.result`),
          config_N.yaml, env_N.json
       -> agree: every rank leaves with the job's exit status, after rank 0 has written its files
 
-The pieces live in their own files: `mlhpc.assemble` (the `Job`, staging, `build`),
-`mlhpc.runlog` (the log's records around the timed run), `mlhpc.finish` (the side files),
-`mlhpc.outcome` (signals, a failed attempt set aside, the ranks' agreement), `mlhpc.step` (the
-one training step, shared with ``mlhpc profile`` and benchmarks/throughput.py), `mlhpc.evaluate`
-(metric all-reduced over ranks), `mlhpc.checkpoint` (save, restore, resume), `mlhpc.results` (the
+The pieces live in their own files: `mlhpc.run.assemble` (the `Job`, staging, `build`),
+`mlhpc.run.log` (the log's records around the timed run), `mlhpc.run.finish` (the side files),
+`mlhpc.run.outcome` (signals, a failed attempt set aside, the ranks' agreement), `mlhpc.run.step` (the
+one training step, shared with ``mlhpc profile`` and benchmarks/throughput.py), `mlhpc.run.evaluate`
+(metric all-reduced over ranks), `mlhpc.run.checkpoint` (save, restore, resume), `mlhpc.run.result` (the
 result, read back from the log).
 
 Rank 0 writes every log line; the timing events are bracketed by barriers so that a once-only key
@@ -44,21 +44,23 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from mlhpc import checkpoint, outdir, power, runtime
-from mlhpc.assemble import Job, Parts, ProgressFn, build, stage
+from mlhpc import outdir, power, runtime
+from mlhpc.run import checkpoint
+from mlhpc.run.assemble import Job, Parts, ProgressFn, build, stage
 from mlhpc.config import Config
 from mlhpc.data import embedded, loader
 from mlhpc.data import stage as staging
+from mlhpc.data.stage.copies import release
 from mlhpc.data.sampler import ShardSampler
 from mlhpc.errors import ConfigError
-from mlhpc.evaluate import all_reduce, evaluate
-from mlhpc.finish import finish
+from mlhpc.run.evaluate import all_reduce, evaluate
+from mlhpc.run.finish import finish
 from mlhpc.mllog import ComplianceLog, constants
-from mlhpc.outcome import Outcome, RunInterrupted, Stop, agree, close_failed
-from mlhpc.results import RunResult
-from mlhpc.runlog import log_hyperparameters, log_init, log_samples, start_run
+from mlhpc.run.outcome import Outcome, RunInterrupted, Stop, agree, close_failed
+from mlhpc.run.result import RunResult
+from mlhpc.run.log import log_hyperparameters, log_init, log_samples, start_run
 from mlhpc.runtime import Runtime
-from mlhpc.step import autocast, compile_mode, train_step
+from mlhpc.run.step import autocast, compile_mode, train_step
 from mlhpc.workload import get as get_workload
 
 __all__ = ["RunInterrupted", "RunResult", "ShardSampler", "compile_mode", "local_batch_size",
@@ -72,7 +74,7 @@ def run(config: Config | None, *, on_progress: ProgressFn | None = None,
     """Train ``config``'s workload to its quality target; write the run's files on rank 0.
 
     With ``resume_dir`` (a run folder or a ``checkpoint_N.pt``), continue the run stopped there
-    (``config`` is then taken from its checkpoint and may be None; `mlhpc.checkpoint` says what
+    (``config`` is then taken from its checkpoint and may be None; `mlhpc.run.checkpoint` says what
     a resumed run is worth). Returns this rank's instance's `RunResult`.
 
     Everything that can be checked without reading the dataset is checked before
@@ -97,10 +99,14 @@ def run(config: Config | None, *, on_progress: ProgressFn | None = None,
         on_progress(_where(config))
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
+    job = Job(config, workload, world, world, None, resume, on_progress or (lambda event: None))
     with runtime.process_group(world):
-        result = _run_instance(Job(config, workload, world, world, None, resume,
-                                   on_progress or (lambda event: None)))
-        return agree(result, world)  # rank 0 has written every file; no rank exits before
+        try:
+            return agree(_run_instance(job), world)  # rank 0 has written every file; no rank exits before
+        finally:  # every rank of the node is done reading: the copy this run made goes (staging.keep)
+            said = release(job.staged, config.data.staging.keep, world.local_rank, world.node_rank)
+            if said and world.is_main:
+                job.progress({"kind": "note", "message": said})
 
 
 def _where(config: Config) -> dict[str, Any]:
@@ -170,7 +176,7 @@ def _preflight(job: Job) -> None:
     where that start is shown.
 
     Raises:
-        ConfigError: the checkpoint does not fit (`mlhpc.checkpoint.restore`).
+        ConfigError: the checkpoint does not fit (`mlhpc.run.checkpoint.restore`).
     """
     config, workload = job.config, job.workload
     model = workload.build_model(config.model)

@@ -5,7 +5,7 @@ Rank 0 writes; the barriers make a once-only key appear once and measure the slo
 from __future__ import annotations
 
 from mlhpc import mllog, rules, runtime
-from mlhpc.assemble import Job, Parts
+from mlhpc.run.assemble import Job, Parts
 from mlhpc.mllog import constants
 
 
