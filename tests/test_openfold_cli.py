@@ -162,3 +162,19 @@ def test_reference_hyperparameters_pass_closed_openfold_rules(tmp_path):
         assert eval(key["CHECK"].strip(), {}, {"v": v}), (name, logged[name])  # the rule's own text
         checked += 1
     assert checked == len(rules) - 2
+
+
+def test_stage_copies_structures_and_alignments_for_one_node(tiny, tmp_path):
+    """`mlhpc stage` on one node copies every mmCIF and a3m file; the copy checks whole."""
+    dest = tmp_path / "node"
+    out = CliRunner().invoke(main, ["stage", str(MINI), *TINY_DATA, "--set", f"data.path={tiny}",
+                                    "--set", f"data.staging.dest={dest}", "--format", "json"])
+    assert out.exit_code == 0, out.output
+    files = sorted(p.relative_to(tiny).as_posix() for p in tiny.rglob("*")
+                   if p.is_file() and p.suffix in (".cif", ".a3m"))
+    assert len(files) == 2 * 9
+    for rel in files:
+        assert (dest / rel).read_bytes() == (tiny / rel).read_bytes()
+    check = CliRunner().invoke(main, ["data", "check", "openfold", str(dest), "--full", "--json"])
+    assert check.exit_code == 0, check.output
+    assert json.loads(check.stdout)["splits"]["validation"]["samples"] == 3

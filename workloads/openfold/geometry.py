@@ -62,9 +62,9 @@ def backbone(phi_deg: np.ndarray, psi_deg: np.ndarray) -> np.ndarray:
                                    np.full(k, 180.0))
         atoms[:, i + 1, 2] = place(c_i, atoms[:, i + 1, 0], atoms[:, i + 1, 1], BOND_CA_C,
                                    ANGLE_N_CA_C, phi_deg[:, i + 1])
-    for i in range(n):
-        atoms[:, i, 3] = place(atoms[:, i, 0], atoms[:, i, 1], atoms[:, i, 2], BOND_C_O,
-                               ANGLE_CA_C_O, psi_deg[:, i] + 180.0)
+    flat = atoms.reshape(k * n, 4, 3)
+    atoms[:, :, 3] = place(flat[:, 0], flat[:, 1], flat[:, 2], BOND_C_O, ANGLE_CA_C_O,
+                           psi_deg.reshape(-1) + 180.0).reshape(k, n, 3)
     return atoms
 
 

@@ -115,17 +115,17 @@ def torsions(sequence: str) -> tuple[np.ndarray, np.ndarray]:
     return _MOTIF_TORSIONS[motif, 0], _MOTIF_TORSIONS[motif, 1]
 
 
-def acceptable(ca: np.ndarray, cb: np.ndarray, compactness: float) -> bool:
-    """Compact, clash-free and with tertiary contacts (step 2's filter)."""
-    n = len(ca)
-    rg = np.sqrt(((ca - ca.mean(0)) ** 2).sum(-1).mean())
-    if rg > 2.2 * n ** 0.38 * compactness:
-        return False
+def acceptable(ca: np.ndarray, cb: np.ndarray, compactness: float) -> np.ndarray:
+    """Step 2's filter on K chains (C-alpha and C-beta ``[K, N, 3]``): ``[K]`` bool, True for
+    the compact, clash-free chains with tertiary contacts."""
+    n = ca.shape[1]
+    rg = np.sqrt(((ca - ca.mean(1, keepdims=True)) ** 2).sum(-1).mean(-1))
     apart = np.abs(np.arange(n)[:, None] - np.arange(n)[None])
-    d_ca = np.linalg.norm(ca[:, None] - ca[None], axis=-1)
-    if (d_ca[apart >= 3] < 4.0).any():
-        return False
-    return int(((contact_pairs(cb)[0]).size)) >= n / 4
+    d_ca = np.linalg.norm(ca[:, :, None] - ca[:, None], axis=-1)
+    clash = ((d_ca < 4.0) & (apart >= 3)).any(axis=(1, 2))
+    d_cb = np.linalg.norm(cb[:, :, None] - cb[:, None], axis=-1)
+    contacts = ((d_cb < 8.0) & (apart >= 6)).sum(axis=(1, 2)) // 2
+    return (rg <= 2.2 * n ** 0.38 * compactness) & ~clash & (contacts >= n / 4)
 
 
 def contact_pairs(cb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -148,9 +148,10 @@ def fold_chain(cfg: SynthConfig, rng: np.random.Generator, max_rounds: int = 400
         angles = [torsions(s) for s in sequences]
         atoms = geometry.backbone(np.stack([a[0] for a in angles]), np.stack([a[1] for a in angles]))
         cb = geometry.c_beta(atoms[..., 0, :], atoms[..., 1, :], atoms[..., 2, :])
-        for k, sequence in enumerate(sequences):
-            if acceptable(atoms[k, :, 1], cb[k], cfg.compactness):
-                return sequence, np.concatenate([atoms[k], cb[k][:, None]], axis=1)
+        passed = np.nonzero(acceptable(atoms[:, :, 1], cb, cfg.compactness))[0]
+        if len(passed):
+            k = int(passed[0])
+            return sequences[k], np.concatenate([atoms[k], cb[k][:, None]], axis=1)
     raise DataError(f"synth: no compact chain of {length} residues found in {max_rounds} rounds; "
                     "raise synth.compactness")
 
