@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from mlhpc.errors import DataError
 from mlhpc_workloads.openfold import a3m, baselines, data, features, mmcif, synth
 from mlhpc_workloads.openfold.features import FeatureSizes
 from mlhpc_workloads.openfold.synth_cif import format_mmcif
+
+from mlhpc.errors import DataError
 
 DATA = Path(__file__).parent / "data" / "openfold"
 LYSOZYME = ("KVFGRCELAAAMKRHGLDNYRGYSLGNWVCAAKFESNFNTQATNRNTDGSTDYGILQINSRWWCNDGRTPGSRNLCNIPC"
@@ -187,7 +187,7 @@ def test_dataset_query_must_be_the_chain(small, tmp_path):
 
     copy = tmp_path / "copy"
     shutil.copytree(small / "train", copy)
-    victim = sorted((copy / "alignments").glob("*/*.a3m"))[0]
+    victim = min((copy / "alignments").glob("*/*.a3m"))
     lines = victim.read_text().splitlines()
     lines[1] = lines[1][::-1]
     victim.write_text("\n".join(lines) + "\n")

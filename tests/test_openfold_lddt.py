@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from mlhpc_workloads.openfold.lddt import lddt, lddt_ca, lddt_ca_stats
 
 structure = pytest.importorskip("biotite.structure")

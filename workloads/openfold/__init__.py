@@ -20,8 +20,16 @@ from .features import FeatureSizes
 from .formats import DATA_TOOLS
 from .lddt import lddt_ca_stats
 from .synth import SynthConfig, synthesize
-from .training import (REFERENCE_CHECKPOINT_SHA256, ModelConfig, OptimizerConfig, build_loss,
-                       build_model, build_optimizer, checkpoint_sha256, parameter_count)
+from .training import (
+    REFERENCE_CHECKPOINT_SHA256,
+    ModelConfig,
+    OptimizerConfig,
+    build_loss,
+    build_model,
+    build_optimizer,
+    checkpoint_sha256,
+    parameter_count,
+)
 
 TARGET_LDDT_CA = 0.8
 REFERENCE_SAMPLES = (594_595, 180)  # PDB chains released by 2021-09-16 / CAMEO targets

@@ -92,7 +92,7 @@ def _records(text: str, source: str) -> list[tuple[str, str]]:
 
 def _align_one(raw: str, source: str, number: int) -> tuple[str, list[int]]:
     """The match columns of one a3m row and the deletions before each."""
-    raw = raw[:-1] if raw.endswith("*") else raw
+    raw = raw.removesuffix("*")
     aligned: list[str] = []
     counts: list[int] = []
     pending = 0

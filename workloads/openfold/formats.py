@@ -16,7 +16,14 @@ from mlhpc.data.formats import FileCheck
 from mlhpc.errors import DataError
 
 from . import a3m, mmcif
-from .data import ALIGNMENT_DIR, MMCIF_DIR, MMCIF_SUFFIXES, a3m_files, read_raw, ChainEntry
+from .data import (
+    ALIGNMENT_DIR,
+    MMCIF_DIR,
+    MMCIF_SUFFIXES,
+    ChainEntry,
+    a3m_files,
+    read_raw,
+)
 
 FORMAT = "mmcif"
 

@@ -26,7 +26,12 @@ import numpy as np
 
 from mlhpc.errors import DataError
 
-from .residue_constants import ATOM_ORDER, ATOM_TYPE_NUM, RESTYPE_3TO1, sequence_to_aatype
+from .residue_constants import (
+    ATOM_ORDER,
+    ATOM_TYPE_NUM,
+    RESTYPE_3TO1,
+    sequence_to_aatype,
+)
 
 CA = ATOM_ORDER["CA"]
 _PARENT = {"MSE": "MET"}
