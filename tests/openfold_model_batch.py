@@ -71,3 +71,23 @@ def rotation_about(axis: tuple[float, float, float], angle: float) -> torch.Tens
     a = a / a.norm()
     k = torch.tensor([[0, -a[2], a[1]], [a[2], 0, -a[0]], [-a[1], a[0], 0]])
     return torch.eye(3) + math.sin(angle) * k + (1 - math.cos(angle)) * k @ k
+
+
+def one_thread():
+    """Generator for a module fixture: these small tensors run fastest on one thread (on a
+    shared 2-core machine, two OpenMP threads per process were 25x slower under load)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def with_sequence(batch: dict[str, torch.Tensor], sequence: str, seed: int = 0) -> dict:
+    """The batch (one chain, len(sequence) residues) with that sequence and a structure
+    built for it."""
+    from mlhpc_workloads.openfold.residue_constants import sequence_to_aatype
+    aatype = torch.as_tensor(sequence_to_aatype(sequence)).unsqueeze(0)
+    pos, mask = structure(aatype, torch.Generator().manual_seed(seed))
+    out = dict(batch, aatype=aatype, all_atom_positions=pos, all_atom_mask=mask)
+    out["target_feat"] = F.one_hot(aatype + 1, 22).float()
+    return out

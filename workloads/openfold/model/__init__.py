@@ -4,7 +4,8 @@ Public API:
 
 - ``AlphaFoldConfig``: widths, depths, memory options and the ``LossConfig``;
   ``AlphaFoldConfig.reference()`` is the MLPerf HPC v3.0 network (93,229,082 parameters),
-  ``AlphaFoldConfig.mini(**overrides)`` a small one for a CPU.
+  ``AlphaFoldConfig.mini(**overrides)`` a small one for a CPU,
+  ``AlphaFoldConfig.from_mapping(base, overrides)`` either one with keys from a config file.
 - ``AlphaFold(config)``: ``forward(batch, num_recycling_iters=None) -> dict`` (inputs and
   outputs in ``AlphaFold``'s docstring; final_atom_positions [B, N, 37, 3] Angstrom,
   final_atom_mask [B, N, 37], plddt [B, N] in 0..100, distogram_logits, masked_msa_logits,

@@ -75,6 +75,11 @@ class AlphaFoldConfig:
     template_max_bin: float = 50.75
     template_num_bins: int = 39
     template_use_unit_vector: bool = False
+    #: zero the template torsion features of angles whose atoms are missing. The reference
+    #: feeds them unmasked (False, kept by ``reference()``), which makes the network depend on
+    #: where a template sits in space (residue 0's missing predecessor is taken at the
+    #: origin); ``mini()`` zeroes them, a departure of the small configuration.
+    zero_missing_template_angles: bool = False
     template_blocks: int = 2
     template_tri_att_hidden: int = 16
     template_tri_mul_hidden: int = 64
@@ -121,6 +126,28 @@ class AlphaFoldConfig:
         return dataclasses.replace(cls(), **overrides)
 
     @classmethod
+    def from_mapping(cls, base: str, overrides: dict[str, Any]) -> AlphaFoldConfig:
+        """``reference()`` or ``mini()`` (``base``) with overrides read from a config file;
+        a "loss" mapping overrides LossConfig fields.
+
+        Raises ValueError naming the first unknown base or key (e.g. "model.c_q").
+        """
+        if base not in ("reference", "mini"):
+            raise ValueError(f"unknown model base {base!r} (reference or mini)")
+        known = {f.name for f in dataclasses.fields(cls)}
+        loss_known = {f.name for f in dataclasses.fields(LossConfig)}
+        values = dict(overrides)
+        loss = values.pop("loss", None) or {}
+        for key in values:
+            if key not in known:
+                raise ValueError(f"unknown model key model.{key}")
+        for key in loss:
+            if key not in loss_known:
+                raise ValueError(f"unknown model key model.loss.{key}")
+        values["loss"] = dataclasses.replace(LossConfig(), **loss)
+        return getattr(cls, base)(**values)
+
+    @classmethod
     def mini(cls, **overrides: Any) -> AlphaFoldConfig:
         """Small widths and depths for one CPU; every block type is kept."""
         small = {
@@ -130,7 +157,7 @@ class AlphaFoldConfig:
             "evoformer_blocks": 2, "msa_att_hidden": 8, "msa_heads": 4, "opm_hidden": 8,
             "tri_mul_hidden": 32, "tri_att_hidden": 8, "tri_heads": 2, "transition_n": 2,
             "structure_blocks": 4, "ipa_hidden": 16, "ipa_heads": 4, "angle_resnet_hidden": 32,
-            "plddt_hidden": 32, "checkpoint_blocks": False,
+            "plddt_hidden": 32, "checkpoint_blocks": False, "zero_missing_template_angles": True,
         }
         small.update(overrides)
         return dataclasses.replace(cls(), **small)

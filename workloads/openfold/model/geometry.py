@@ -177,5 +177,7 @@ def ground_truth(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out["chi_angles_sin_cos"] = torsions["torsion_angles_sin_cos"][..., 3:, :]
     out["chi_mask"] = torsions["torsion_angles_mask"][..., 3:]
     out["pseudo_beta"], out["pseudo_beta_mask"] = pseudo_beta(aatype, pos, mask)
-    out["atom37_atom_exists"] = atom37_exists(aatype).to(mask.dtype)
+    # padding residues (seq_mask 0) have no atoms to score
+    seq_mask = batch["seq_mask"].to(mask.dtype).unsqueeze(-1)
+    out["atom37_atom_exists"] = atom37_exists(aatype).to(mask.dtype) * seq_mask
     return out

@@ -78,42 +78,6 @@ def chunked(fn: Callable[..., torch.Tensor], sliced: tuple[torch.Tensor, ...],
     return torch.cat(outs, dim=dim)
 
 
-class GatedSelfAttention(nn.Module):
-    """Multi-head self-attention with a sigmoid gate (Algorithm 7 and its row/column uses).
-
-    forward(x [B, S, Q, c_in], mask [B, S or 1, 1, 1, Q] (1 keep), bias [B, 1, H, Q, Q] or
-    None) -> [B, S, Q, c_in]. Chunked along S (dim 1) when ``chunk_size`` is set.
-    """
-
-    def __init__(self, c_in: int, c_hidden: int, num_heads: int, inf: float,
-                 chunk_size: int | None = None):
-        super().__init__()
-        self.c_hidden, self.num_heads, self.inf, self.chunk_size = c_hidden, num_heads, inf, chunk_size
-        hc = c_hidden * num_heads
-        self.linear_q = Linear(c_in, hc, bias=False, init="glorot")
-        self.linear_k = Linear(c_in, hc, bias=False, init="glorot")
-        self.linear_v = Linear(c_in, hc, bias=False, init="glorot")
-        self.linear_g = Linear(c_in, hc, init="gating")
-        self.linear_o = Linear(hc, c_in, init="final")
-
-    def _heads(self, t: torch.Tensor) -> torch.Tensor:
-        return t.view(t.shape[:-1] + (self.num_heads, self.c_hidden)).transpose(-2, -3)
-
-    def _attend(self, x: torch.Tensor, mask: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        q = self._heads(self.linear_q(x)) / math.sqrt(self.c_hidden)
-        k, v = self._heads(self.linear_k(x)), self._heads(self.linear_v(x))
-        o = attention(q, k, v, (mask - 1.0) * self.inf + bias).transpose(-2, -3)
-        g = torch.sigmoid(self.linear_g(x)).view(o.shape)
-        return self.linear_o((o * g).reshape(o.shape[:-2] + (-1,)))
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
-        if bias is None:
-            bias = x.new_zeros(())
-        mask = mask.expand((x.shape[0], x.shape[1]) + mask.shape[2:])
-        return chunked(self._attend, (x, mask), (bias,), self.chunk_size)
-
-
 class CrossAttention(nn.Module):
     """Ungated multi-head attention of queries over keys/values (template point-wise attention,
     Algorithm 17). forward(q_in [*, Q, c_q], kv_in [*, K, c_kv], mask [*, 1, 1, K]) -> [*, Q, c_q].
@@ -131,11 +95,42 @@ class CrossAttention(nn.Module):
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         return t.view(t.shape[:-1] + (self.num_heads, self.c_hidden)).transpose(-2, -3)
 
-    def forward(self, q_in: torch.Tensor, kv_in: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _attention(self, q_in: torch.Tensor, kv_in: torch.Tensor,
+                   logit_bias: torch.Tensor) -> torch.Tensor:
+        """Per-head outputs [*, Q, H, c_hidden] before the output projection."""
         q = self._heads(self.linear_q(q_in)) / math.sqrt(self.c_hidden)
         k, v = self._heads(self.linear_k(kv_in)), self._heads(self.linear_v(kv_in))
-        o = attention(q, k, v, (mask - 1.0) * self.inf).transpose(-2, -3)
+        return attention(q, k, v, logit_bias).transpose(-2, -3)
+
+    def forward(self, q_in: torch.Tensor, kv_in: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        o = self._attention(q_in, kv_in, (mask - 1.0) * self.inf)
         return self.linear_o(o.reshape(o.shape[:-2] + (-1,)))
+
+
+class GatedSelfAttention(CrossAttention):
+    """Multi-head self-attention with a sigmoid gate (Algorithm 7 and its row/column uses).
+
+    forward(x [B, S, Q, c_in], mask [B, S or 1, 1, 1, Q] (1 keep), bias [B, 1, H, Q, Q] or
+    None) -> [B, S, Q, c_in]. Chunked along S (dim 1) when ``chunk_size`` is set.
+    """
+
+    def __init__(self, c_in: int, c_hidden: int, num_heads: int, inf: float,
+                 chunk_size: int | None = None):
+        super().__init__(c_in, c_in, c_hidden, num_heads, inf)
+        self.chunk_size = chunk_size
+        self.linear_g = Linear(c_in, c_hidden * num_heads, init="gating")
+
+    def _attend(self, x: torch.Tensor, mask: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        o = self._attention(x, x, (mask - 1.0) * self.inf + bias)
+        g = torch.sigmoid(self.linear_g(x)).view(o.shape)
+        return self.linear_o((o * g).reshape(o.shape[:-2] + (-1,)))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        if bias is None:
+            bias = x.new_zeros(())
+        mask = mask.expand((x.shape[0], x.shape[1]) + mask.shape[2:])
+        return chunked(self._attend, (x, mask), (bias,), self.chunk_size)
 
 
 class GlobalAttention(nn.Module):

@@ -177,12 +177,14 @@ class StructureModule(nn.Module):
         return s, (frame[0].detach(), frame[1]), out
 
     def forward(self, s: torch.Tensor, z: torch.Tensor, mask: torch.Tensor,
-                aatype: torch.Tensor) -> dict[str, torch.Tensor]:
+                aatype: torch.Tensor, initial_frame: rigid.Frame | None = None) -> dict[str, torch.Tensor]:
         s = self.layer_norm_s(s)
         z = self.layer_norm_z(z)
         s_initial = s
         s = self.linear_in(s)
-        frame = rigid.identity(s.shape[:-1], s)
+        # the "black hole" start: every residue at the origin (translation in position_scale
+        # units); another start frame moves every output frame and atom rigidly with it
+        frame = rigid.identity(s.shape[:-1], s) if initial_frame is None else initial_frame
         outs = []
         for _ in range(self.num_blocks):
             s, frame, out = self._iteration(s, s_initial, z, frame, (mask, aatype))

@@ -48,15 +48,18 @@ def template_pair_feat(batch: dict[str, torch.Tensor], cfg: AlphaFoldConfig) -> 
     return torch.cat(feats, -1) * bb_2d.unsqueeze(-1)
 
 
-def template_angle_feat(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def template_angle_feat(batch: dict[str, torch.Tensor],
+                        zero_missing: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """([B, T, N, 57] aatype one-hot, torsion sin/cos, alternative sin/cos, torsion mask;
-    [B, T, N, 7] torsion mask) from the template coordinates."""
+    [B, T, N, 7] torsion mask) from the template coordinates. ``zero_missing`` zeroes the
+    sin/cos of angles whose atoms are missing (see the config's zero_missing_template_angles)."""
     aatype = batch["template_aatype"].long()
     torsions = geometry.torsion_angles(aatype, batch["template_all_atom_positions"],
                                        batch["template_all_atom_mask"])
-    sin_cos = torsions["torsion_angles_sin_cos"]
-    alt = torsions["alt_torsion_angles_sin_cos"]
     mask = torsions["torsion_angles_mask"]
+    keep = mask.unsqueeze(-1) if zero_missing else torch.ones_like(mask).unsqueeze(-1)
+    sin_cos = torsions["torsion_angles_sin_cos"] * keep
+    alt = torsions["alt_torsion_angles_sin_cos"] * keep
     feat = torch.cat([F.one_hot(aatype, 22).to(sin_cos.dtype), sin_cos.flatten(-2),
                       alt.flatten(-2), mask], -1)
     return feat, mask
@@ -103,7 +106,7 @@ class TemplateEmbedder(nn.Module):
         any_template = (template_mask.sum(-1) > 0).to(z.dtype)
         out = {"pair_update": update * any_template[:, None, None, None]}
         if self.cfg.embed_template_torsion_angles:
-            angle_feat, angle_mask = template_angle_feat(batch)
+            angle_feat, angle_mask = template_angle_feat(batch, self.cfg.zero_missing_template_angles)
             out["msa_rows"] = self.template_angle_embedder(angle_feat.to(z.dtype))
             out["msa_rows_mask"] = angle_mask[..., 2]
         return out
