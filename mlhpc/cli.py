@@ -40,24 +40,15 @@ FORMAT_HELP = "A table for people, JSON for scripts."
 @_friendly
 def list_command(fmt: str, as_json: bool) -> None:
     """The registered workloads: data formats, configs (under ./configs) and quality targets."""
-    from mlhpc.workload import describe
+    from mlhpc.workload import describe, describe_text
 
     rows = describe()
     if as_json or fmt == "json":
         click.echo(json.dumps(rows, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
+    import shutil
 
-    table = Table(title="mlhpc workloads (entry-point group mlhpc.workloads)")
-    for column in ("workload", "data formats", "converts to", "splits", "quality target", "configs"):
-        table.add_column(column, overflow="fold")
-    for r in rows:
-        sign = "<=" if r["direction"] == "min" else ">="
-        table.add_row(r["name"], ", ".join(r["formats"]) or "-", ", ".join(r["convert_to"]) or "-",
-                      ", ".join(r["splits"]), f"{r['metric']} {sign} {r['target']}",
-                      "\n".join(r["configs"]) or "-")
-    Console().print(table)
+    click.echo(describe_text(rows, shutil.get_terminal_size().columns))
 
 
 @main.command("run")
@@ -343,6 +334,11 @@ def synth_command(workload_name: str, out_dir: Path, config_path: Path | None, s
         f"{' and the --set values' if overrides else ''}"))
     try:  # atomic: a hidden sibling folder renamed into place, marked complete (mlhpc.data.embedded)
         wrote = embedded.synthesize(out_dir, workload, config.synth, seed, on_progress=lines)
+    except KeyboardInterrupt:  # Ctrl-C: one line and 128 + SIGINT, as a run exits
+        lines.close()
+        click.echo(f"mlhpc: interrupted (SIGINT): {out_dir} not completed; nothing half-written is in "
+                   "its place", err=True)
+        sys.exit(130)
     finally:
         lines.close()
     if wrote:

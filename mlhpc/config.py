@@ -299,17 +299,24 @@ def _describe(error: dict[str, Any]) -> str:
     return _show(error["msg"][0].lower() + error["msg"][1:])
 
 
+def _ordered_errors(exc: ValidationError) -> list[dict[str, Any]]:
+    """The errors in the order they are reported: unknown keys before the rest (a misspelt key
+    also leaves its required namesake missing), else as pydantic gives them."""
+    return sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+
+
 def _first_error(exc: ValidationError) -> dict[str, Any]:
-    """The error to report: an unknown key before the rest (a misspelt key also leaves its
-    required namesake missing), else the first."""
-    return sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
+    """The error to report first (`_ordered_errors`)."""
+    return _ordered_errors(exc)[0]
 
 
 def _raise(source: str, exc: ValidationError, prefix: tuple[str, ...] = (), hint: str = "") -> None:
-    first = _first_error(exc)
+    first, *rest = _ordered_errors(exc)
     key = _key_path(prefix + tuple(first["loc"]))
-    more = len(exc.errors()) - 1
-    tail = f" (and {more} more)" if more else ""
+    others = [f"{_key_path(prefix + tuple(e['loc']))}: {_describe(e)}" for e in rest]
+    tail = ""
+    if others:  # each other problem named (up to two), so that fixing the first is not a surprise
+        tail = f" (also {'; '.join(others[:2])}" + (f"; and {len(others) - 2} more)" if len(others) > 2 else ")")
     raise ConfigError(f"{source}: {key}: {_describe(first)}{hint}{tail}") from None
 
 

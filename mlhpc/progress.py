@@ -90,9 +90,11 @@ class SynthLines:
         parts = [f"  synth {event['done']}/{event['samples']} samples"] if event.get("samples") \
             else ["  synth"]
         planned = event.get("planned_bytes")
-        if planned or event["bytes"]:  # nothing for a workload writing elsewhere first
+        if planned or event["bytes"] >= 1000:
             parts.append(size_text(event["bytes"]) + (f" of about {size_text(planned)}"
                                                        if planned else " written"))
+        else:  # a workload that computes samples before it writes them: say so, not "0 kB"
+            parts.append("no data on disk yet")
         parts.append(f"{event['elapsed_s']:.0f} s")
         if event.get("eta_s") is not None:
             parts.append(f"about {event['eta_s']:.0f} s left")

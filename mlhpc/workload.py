@@ -200,3 +200,27 @@ def describe(config_dirs: tuple[Path, ...] = (Path("configs"),)) -> list[dict[st
                      "metric": workload.metric.key, "target": workload.metric.target,
                      "direction": workload.metric.direction, "configs": configs.get(name, [])})
     return rows
+
+
+def describe_text(rows: list[dict[str, Any]], width: int = 80) -> str:
+    """`describe`'s rows as lines for a terminal of ``width`` columns: per workload its name and
+    quality target, then its data formats, splits and configs under it. Lines wrap between
+    words only; a config path is one line of its own, never broken (a path longer than the
+    width overflows it whole)."""
+    import textwrap
+
+    def wrapped(label: str, text: str) -> list[str]:
+        return textwrap.wrap(text, max(width, 40), initial_indent=f"  {label:<13} ", subsequent_indent=" " * 16,
+                             break_long_words=False, break_on_hyphens=False) or [f"  {label}"]
+
+    lines = ["mlhpc workloads (entry-point group mlhpc.workloads)"]
+    for r in rows:
+        sign = "<=" if r["direction"] == "min" else ">="
+        formats = ", ".join(r["formats"]) or "-"
+        if r["convert_to"]:
+            formats += f" (converts to {', '.join(r['convert_to'])})"
+        lines += ["", f"{r['name']}  {r['metric']} {sign} {r['target']}", *wrapped("data formats", formats),
+                  *wrapped("splits", ", ".join(r["splits"]))]
+        configs = r["configs"] or ["-"]
+        lines += [f"  {'configs':<13} {configs[0]}", *(" " * 16 + c for c in configs[1:])]
+    return "\n".join(lines)

@@ -320,13 +320,13 @@ def test_the_citation_check_sees_a_missing_section():
     assert match and " ".join(match["section"].replace("#", " ").split()) == "The data layer"
 
 
-# ---- the README's layout names what is there, and all of it ---------------------------------------
+# ---- the layout (docs/layout.md) names what is there, and all of it -------------------------------
 
 _NAME = re.compile(r"^[\w.*<>/-]+$")
 
 
 def _layout_entries(readme: str) -> list[tuple[str, int]]:
-    """``(path, line)`` for every path the README's Layout block names. A line indented less than
+    """``(path, line)`` for every path docs/layout.md's Layout block names. A line indented less than
     12 spaces starts with comma-separated names, each relative to the nearest folder above it
     with a smaller indent, then (after two spaces) what they hold; deeper lines continue the text.
 
@@ -341,7 +341,7 @@ def _layout_entries(readme: str) -> list[tuple[str, int]]:
         if not line.strip() or indent >= 12:
             continue
         names = [n.strip() for n in re.split(r"\s{2,}", line.strip(), maxsplit=1)[0].split(",")]
-        assert all(_NAME.match(n) for n in names), f"README layout line {number}: {line.strip()!r}"
+        assert all(_NAME.match(n) for n in names), f"docs/layout.md layout line {number}: {line.strip()!r}"
         folders = [(i, f) for i, f in folders if i < indent]
         parent = folders[-1][1] if folders else ""
         for name in names:
@@ -358,15 +358,15 @@ def _exists(path: str) -> bool:
 
 
 def test_every_path_in_the_readme_layout_exists_and_every_module_is_named():
-    entries = _layout_entries((ROOT / "README.md").read_text())
+    entries = _layout_entries((ROOT / "docs" / "layout.md").read_text())
     missing = [f"{path} (line {n})" for path, n in entries if not _exists(path)]
-    assert not missing, f"the README's Layout names paths that are not there: {missing}"
+    assert not missing, f"docs/layout.md names paths that are not there: {missing}"
     named = {path for path, _ in entries}
     modules = [p.relative_to(ROOT).as_posix() for base in ("mlhpc", "workloads")
                for p in sorted((ROOT / base).rglob("*.py")) if p.name != "__init__.py"]
     docs = [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "docs").glob("*.md"))]
     unnamed = [m for m in modules + docs if m not in named]
-    assert not unnamed, f"the README's Layout leaves out: {unnamed}"
+    assert not unnamed, f"docs/layout.md leaves out: {unnamed}"
 
 
 def test_the_layout_check_sees_a_stale_line():

@@ -201,10 +201,10 @@ def test_two_nodes_stage_disjoint_lmdb_shards_whose_records_are_the_dataset(tiny
 
 
 def _readme_baselines() -> tuple[float, float]:
-    text = " ".join((ROOT / "README.md").read_text().split())
+    text = " ".join((ROOT / "docs" / "data.md").read_text().split())
     zero = re.search(r"Predicting zero forces scores ([0-9.]+) eV/A", text)
     mean = re.search(r"each element's mean training force ([0-9.]+)", text)
-    assert zero and mean, "the README states both no-network baselines of the mini config"
+    assert zero and mean, "docs/data.md states both no-network baselines of the mini config"
     return float(zero.group(1)), float(mean.group(1))
 
 

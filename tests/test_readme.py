@@ -6,6 +6,8 @@ holds on a tiny run, and it links the generated config reference."""
 from __future__ import annotations
 
 import re
+
+import pytest
 import subprocess
 import sys
 from pathlib import Path
@@ -62,3 +64,83 @@ def test_readme_links_the_config_reference(repo):
     readme = (repo / "README.md").read_text()
     assert "(docs/config-reference.md)" in readme and (repo / "docs" / "config-reference.md").is_file()
     assert "deterministic for a seed" not in readme
+
+
+# ---- every mlhpc command shown in the README and docs/ still parses -------------------------------
+
+DOCS = ["README.md", *sorted(p.relative_to(Path(__file__).resolve().parents[1]).as_posix()
+                             for p in (Path(__file__).resolve().parents[1] / "docs").glob("*.md"))]
+_SHELL_OPERATORS = {"&&", "||", "|", ";", ">", "2>&1"}
+
+
+def shown_commands(text: str) -> list[list[str]]:
+    """The arguments after ``mlhpc`` of every command line in the fenced code blocks of ``text``
+    (``\\``-continued lines joined, comments and shell variables left out, ``a && mlhpc b``
+    and ``torchrun ... mlhpc b`` included; in a synopsis ``[--opt V]`` counts as ``--opt V`` and
+    ``a|b`` as ``a``, a placeholder such as ``N`` as ``1``)."""
+    import shlex
+
+    found = []
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            try:
+                words = shlex.split(line, comments=True)
+            except ValueError:
+                continue
+            for i, word in enumerate(words):
+                if word == "mlhpc" or word.endswith("/mlhpc"):
+                    args = []
+                    for arg in words[i + 1:]:
+                        if arg in _SHELL_OPERATORS:
+                            break
+                        if not arg.startswith("$"):  # a synopsis: [--opt V] parsed as --opt V, a|b as a,
+                            arg = arg.strip("[]").split("|")[0]  # a placeholder (N, RUN) as 1
+                            args.append("1" if re.fullmatch(r"[A-Z][A-Z_]*", arg) else arg)
+                    found.append(args)
+    return found
+
+
+def parse_only(args: list[str]) -> None:
+    """Parse ``mlhpc ARGS`` with click down to the last (sub)command, running nothing.
+
+    Raises:
+        click.UsageError: an unknown command or option, a bad choice, a missing argument.
+    """
+    import click
+
+    from mlhpc.cli import main
+
+    command, name, rest, parent = main, "mlhpc", list(args), None
+    while True:
+        ctx = command.make_context(name, rest, parent=parent)
+        if not isinstance(command, click.Group):
+            return
+        rest = [*getattr(ctx, "_protected_args", []), *ctx.args]
+        name, command, rest = command.resolve_command(ctx, rest)
+        parent = ctx
+
+
+def test_every_mlhpc_command_in_the_readme_and_docs_parses(repo):
+    import click
+
+    shown, bad = 0, []
+    for name in DOCS:
+        for args in shown_commands((repo / name).read_text()):
+            shown += 1
+            try:
+                parse_only(args)
+            except click.UsageError as exc:
+                bad.append(f"{name}: mlhpc {' '.join(args)}: {exc.format_message()}")
+    assert not bad, "\n".join(bad)
+    assert shown >= 20  # the README and docs do show commands
+
+
+def test_a_command_that_no_longer_parses_is_caught():
+    import click
+
+    with pytest.raises(click.UsageError):
+        parse_only(["results", "compare", "only-one"])
+    with pytest.raises(click.UsageError):
+        parse_only(["stage", "--lits"])
+    assert shown_commands("```bash\nmkdir x && .venv/bin/mlhpc run c.yaml --set a=1  # note\n```") == [
+        ["run", "c.yaml", "--set", "a=1"]]

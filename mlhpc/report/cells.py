@@ -18,7 +18,7 @@ from mlhpc.report.score import FolderResult, Report
 NO_POWER_COUNTER = ("no power counter: no run has power readings (power/result_N/node_K.txt), "
                     "so no energy to train ('-')")
 STRONG_TITLE = ("Strong scaling: time to train, olympic mean in minutes as published (* one run "
-                "dropped), then rcp_checker's verdict, its normalisation factor and the score with it")
+                "dropped; raw mean x factor where scaling.json applies one), then rcp_checker's verdict")
 WEAK_TITLE = "Weak scaling: throughput, models/min (M models x accelerators each)"
 
 
@@ -121,22 +121,26 @@ def folder_name(f: FolderResult) -> str:
 
 
 def rcp_cell(f: FolderResult) -> str:
+    """rcp_checker's verdict in a word: ``RCP pass``, ``RCP FAIL`` or ``RCP -`` (not checked)."""
     rcp = f.rcp
     if rcp is None or rcp.passed is None:
         return "RCP -"
-    if not rcp.passed:
-        return "RCP FAIL"
-    if f.normalized_min is None or rcp.normalization == 1.0:
-        return "RCP pass"
-    return f"RCP pass, x{rcp.normalization:.3f} = {f.normalized_min:.2f}"
+    return "RCP pass" if rcp.passed else "RCP FAIL"
 
 
 def strong_cell(f: FolderResult) -> str:
-    """``olympic minutes[*] (RCP verdict[, factor = normalised score])``; ``invalid`` or ``-``."""
+    """The score and how it was made: ``21.04 (raw 20.92 x1.006, RCP pass)`` when a
+    ``scaling.json`` factor is applied, ``20.92 (RCP pass; x1.006 normalised: 21.04)`` when
+    rcp_checker's factor is not applied yet, else ``20.92 (RCP pass)``; ``*``: one run dropped;
+    ``invalid`` or ``-`` without a score."""
     if f.olympic_min is None:
         score = "invalid" if any(n.startswith("invalid") for n in f.notes) else "-"
-    else:
-        score = f"{f.olympic_min:.2f}{'*' if f.dropped else ''}"
+        return f"{score} ({rcp_cell(f)})"
+    score = f"{f.olympic_min:.2f}{'*' if f.dropped else ''}"
+    if f.scaling_factor != 1.0 and f.raw_olympic_min is not None:
+        return f"{score} (raw {f.raw_olympic_min:.2f} x{f.scaling_factor:.3f}, {rcp_cell(f)})"
+    if f.normalized_min is not None and f.rcp is not None and f.rcp.normalization != 1.0:
+        return f"{score} ({rcp_cell(f)}; x{f.rcp.normalization:.3f} normalised: {f.normalized_min:.2f})"
     return f"{score} ({rcp_cell(f)})"
 
 

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from mlhpc.report.package import PackageResult
 
 
-@click.command("report")
+@click.command("report", context_settings={"help_option_names": ["-h", "--help"]})  # also when invoked alone
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
               help="Output format.")

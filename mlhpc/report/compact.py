@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from rich.cells import cell_len
 
-from mlhpc.report.cells import (STRONG_TITLE, WEAK_TITLE, any_energy, energy, energy_unit, fmt, folder_name,
-                                resumed_cell, run_view_title, scale, staging_cell, strong_cell, system_key,
-                                weak_cell)
+from mlhpc.report.cells import (STRONG_TITLE, WEAK_TITLE, any_energy, cost, energy, energy_unit, fmt, folder_name,
+                                folder_nodes, priced, resumed_cell, run_view_title, scale, staging_cell,
+                                strong_cell, system_key, weak_cell)
 from mlhpc.report.score import FolderResult, Report
 
 View = tuple[str, list[str], list[list[str]]]
@@ -29,39 +29,45 @@ def compact_views(report: Report, level: str) -> list[View]:
     (`mlhpc.report.render.resolve_level` has resolved ``auto``)."""
     if level == "runs":
         measured = any_energy(report)
-        return [(run_view_title(f), *_run_rows(f, measured)) for f in report.folders]
+        return [(run_view_title(f), *_run_rows(report, f, measured)) for f in report.folders]
     views = []
     for kinds, title, cell, score in ((("strong", "runs"), STRONG_TITLE, strong_cell, "minutes (RCP)"),
                                       (("weak",), WEAK_TITLE, weak_cell, "models/min (models x accelerators)")):
         folders = sorted((f for f in report.folders if f.kind in kinds),
                          key=lambda f: (f.benchmark or "?", system_key(f)))
         if folders:
-            views.append((title, *_folder_rows(folders, cell, score)))
+            views.append((title, *_folder_rows(report, folders, cell, score)))
     return views
 
 
-def _run_rows(f: FolderResult, measured: bool) -> tuple[list[str], list[list[str]]]:
+def _run_rows(report: Report, f: FolderResult, measured: bool) -> tuple[list[str], list[list[str]]]:
+    """A run folder's rows; a ``cost`` column when a price was given (`mlhpc.report.cells.cost`)."""
     eunit, per = energy_unit(r.energy_to_train_j for r in f.runs)
     header = ["run", "status", "compliant", "time to train s"] + ([f"energy {eunit}"] if measured else [])
-    header += ["staging s", "epochs", "samples/s", "resumed"]
+    header += ["staging s", "epochs", "samples/s", "resumed"] + (["cost"] if priced(report) else [])
     body = []
     for r in f.runs:
         body.append([r.path.rsplit("/", 1)[-1], r.status, fmt(r.compliant), fmt(r.time_to_train_s)]
                     + ([energy(r.energy_to_train_j, per)] if measured else [])
-                    + [staging_cell(r, wide=False), fmt(r.n_epochs), fmt(r.samples_per_s, 1), resumed_cell(r)])
+                    + [staging_cell(r, wide=False), fmt(r.n_epochs), fmt(r.samples_per_s, 1), resumed_cell(r)]
+                    + ([fmt(cost(report, r.number_of_nodes, r.time_to_train_min, r.energy_to_train_j))]
+                       if priced(report) else []))
     return header, body
 
 
-def _folder_rows(folders: list[FolderResult], cell, score: str) -> tuple[list[str], list[list[str]]]:  # type: ignore[no-untyped-def]
+def _folder_rows(report: Report, folders: list[FolderResult], cell, score: str) -> tuple[list[str], list[list[str]]]:  # type: ignore[no-untyped-def]
+    """One row per folder; a ``cost`` column (of the folder's score) when a price was given."""
     multi_round = len({f.round for f in folders}) > 1
     measured = any(f.energy_olympic_j is not None for f in folders)
     header = ["benchmark", "system", "division", "nodes x accelerators", score]
-    header += ["energy kWh"] if measured else []
+    header += (["energy kWh"] if measured else []) + (["cost"] if priced(report) else [])
     body = []
     for f in folders:
         system = f"{f.round} {folder_name(f)}" if multi_round and f.round else folder_name(f)
+        price = cost(report, folder_nodes(f), f.olympic_min if f.kind != "weak" else None, f.energy_olympic_j)
         body.append([f.benchmark or "?", system, f.division or "?", scale(f), cell(f)]
-                    + ([energy(f.energy_olympic_j, 3.6e6)] if measured else []))
+                    + ([energy(f.energy_olympic_j, 3.6e6)] if measured else [])
+                    + ([fmt(price)] if priced(report) else []))
     return header, body
 
 

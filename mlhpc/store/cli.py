@@ -60,7 +60,7 @@ def _filters(kw: dict[str, Any]):
                    until_ms=parse_date_ms(until, end=True) if until else None)
 
 
-@click.group("results")
+@click.group("results", context_settings={"help_option_names": ["-h", "--help"]})  # also when invoked alone
 def results_group() -> None:
     """The results store: every run kept, compared over time, across node counts and with
     MLCommons' published rounds (docs/store.md)."""

@@ -108,6 +108,13 @@ def _config_hash(log: Path) -> str | None:
     return None
 
 
+def _departures(log: Path) -> str | None:
+    """How an mlhpc run departs from the reference (``departs_from_reference`` of its
+    ``measured_N.json``), ``; ``-joined; None when it does not or the file is absent."""
+    listed = next((_json(p).get("departs_from_reference") for p in sidecars(log, "measured", ".json")), None)
+    return "; ".join(str(item) for item in listed)[:4000] if isinstance(listed, list) and listed else None
+
+
 def _seed(parsed: ParsedLog) -> int | None:
     event = parsed.first("seed")
     value = event.value if event is not None else None
@@ -136,6 +143,7 @@ def run_row(folder: FolderResult, run: RunSummary, log: _Log, campaign_id: str |
         "accelerators": nodes * max(run.accelerators_per_node or 0, 1) if nodes else None,
         "global_batch_size": run.global_batch_size, "seed": _seed(log.parsed),
         "config_hash": _config_hash(path) if own else None,
+        "departs_from_reference": _departures(path) if own else None,
         **{k: _text(v, 64) for k, v in software.items()},
         "status": run.status, "dropped_reason": folder.dropped.get(run.path),
         "run_start_ms": run.run_start_ms, "run_stop_ms": run.run_stop_ms,

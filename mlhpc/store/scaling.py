@@ -1,7 +1,7 @@
 """Time to train and parallel efficiency against node count, own runs beside published ones.
 
-Runs of one benchmark that succeeded are grouped into series: own runs by system name, published
-runs by submitter and round (MLCommons names a system per size, e.g. ``..._n128_...``). MLPerf's
+Runs of one benchmark that succeeded are grouped into series: own runs by system name (mini runs,
+whose config departs from the reference, apart and marked), published runs by submitter and round (MLCommons names a system per size, e.g. ``..._n128_...``). MLPerf's
 weak-scaling folders (many concurrent models, a throughput score) are left out: their time to
 train is not one model's. At each node count the time to train is the olympic mean of the runs
 (MLCommons' rule) when there are at least 3, else their mean, said in the ``how`` column.
@@ -52,8 +52,12 @@ class Series:
 
 
 def _label(row: dict[str, Any]) -> str:
+    """The series a row belongs to; an own run whose config departs from the reference (a mini
+    config: smaller model and data, one CPU) is its own series, marked ``mini``, never pooled or
+    shown unmarked beside full-size runs."""
     if row["source"] == "own":
-        return f"{row['system'] or '?'} (own)"
+        mini = ", mini: departs from the reference" if row.get("departs_from_reference") else ""
+        return f"{row['system'] or '?'} (own{mini})"
     return f"{row['submitter'] or '?'} {row['round'] or ''} (published)".replace("  ", " ")
 
 

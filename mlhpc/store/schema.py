@@ -1,7 +1,9 @@
 """The store's tables and their migrations (a small ``schema_version`` table, one row per step).
 
 Version 1 held the run and its log; version 2 added ``energy_to_train_j`` and ``campaign_id``
-(an index on it). `migrate` applies the missing steps in one transaction, under a lock that
+(an index on it); version 3 ``departs_from_reference`` (how an own run's config departs from the
+reference run, e.g. a mini config: ``; ``-joined, from its ``measured_N.json``; None for a run
+that does not, or whose side file is gone). `migrate` applies the missing steps in one transaction, under a lock that
 serialises concurrent first openings (SQLite ``BEGIN IMMEDIATE``, PostgreSQL an advisory
 transaction lock), so several processes opening a new store at once create it once.
 """
@@ -28,7 +30,7 @@ from sqlalchemy import (
 )
 
 #: The schema version this code reads and writes.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: An arbitrary 64-bit key for PostgreSQL's advisory lock around migrations.
 _PG_LOCK_KEY = 0x6D6C687063
 
@@ -70,10 +72,12 @@ runs = Table(
 )
 
 #: Columns each migration step adds to ``runs`` (step 1 creates the tables without them).
-_ADDED = {2: (("energy_to_train_j", "FLOAT"), ("campaign_id", "VARCHAR(128)"))}
+_ADDED = {2: (("energy_to_train_j", "FLOAT"), ("campaign_id", "VARCHAR(128)")),
+          3: (("departs_from_reference", "TEXT"),)}
 
 runs.append_column(Column("energy_to_train_j", Float))
 runs.append_column(Column("campaign_id", String(128)))
+runs.append_column(Column("departs_from_reference", Text))
 Index("ix_runs_campaign", runs.c.campaign_id)
 
 
@@ -98,7 +102,12 @@ def _step_2(conn: Connection) -> None:
     conn.execute(text("CREATE INDEX ix_runs_campaign ON runs (campaign_id)"))
 
 
-STEPS: dict[int, Callable[[Connection], None]] = {1: _step_1, 2: _step_2}
+def _step_3(conn: Connection) -> None:
+    for name, sql_type in _ADDED[3]:
+        conn.execute(text(f"ALTER TABLE runs ADD COLUMN {name} {sql_type}"))
+
+
+STEPS: dict[int, Callable[[Connection], None]] = {1: _step_1, 2: _step_2, 3: _step_3}
 
 
 def current_version(conn: Connection) -> int:

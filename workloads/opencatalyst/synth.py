@@ -206,9 +206,10 @@ def _write_split(folder: Path, records: list[dict[str, Any]], files: int) -> Non
 def synthesize(out_dir: Path, cfg: SynthConfig, seed: int, progress: Any = None) -> None:
     """Write the embedded OC20 mini dataset under ``out_dir`` (layout in the module docstring).
 
-    Complete or absent: everything is written into a hidden folder beside ``out_dir`` and
-    renamed into place, the whole ``out_dir`` when it does not exist, else each split folder
-    that ``out_dir`` lacks (split folders already there are kept as they are). ``progress``
+    Complete or absent, per split: each split folder that ``out_dir`` lacks (split folders
+    already there are kept as they are) is written into a hidden folder inside ``out_dir`` and
+    renamed into place, so that the bytes written count under ``out_dir`` while they are
+    written (the harness's progress reads them there). ``progress``
     (optional, the harness's `mlhpc.data.embedded.SynthWatch` protocol) hears ``{"kind":
     "plan", "samples", "bytes": None}`` (the size depends on the structures drawn) before the
     bases are relaxed and ``{"kind": "done", "samples": 1}`` after each structure.
@@ -221,7 +222,7 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int, progress: Any = None)
     missing = [s for s in _SPLITS if not (out_dir / s).is_dir()]
     if not missing:
         return
-    tmp = out_dir.parent / f".{out_dir.name}.oc20-synth-{os.getpid()}"
+    tmp, made = out_dir / f".oc20-synth-{os.getpid()}", not out_dir.exists()
     counts = {s: cfg.train_samples if s == TRAIN_DIR else cfg.validation_samples for s in missing}
     tell = progress or (lambda event: None)
     tell({"kind": "plan", "samples": sum(counts.values()), "bytes": None})
@@ -233,13 +234,11 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int, progress: Any = None)
                            init=(cfg, bases, seed),
                            done=lambda: tell({"kind": "done", "samples": 1}))
             _write_split(tmp / split, records, min(cfg.files_per_split, count))
-        if out_dir.exists():
-            for split in missing:
-                os.rename(tmp / split, out_dir / split)
-        else:
-            os.rename(tmp, out_dir)
+            os.rename(tmp / split, out_dir / split)
     except OSError as exc:
         raise DataError(f"{exc.filename or out_dir}: cannot write the OC20 synthetic dataset "
                         f"({exc.strerror or exc})") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if made and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()  # absent again after a failure, as it was
