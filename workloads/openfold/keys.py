@@ -23,6 +23,8 @@ MODEL_KEYS = {
     "template_max_bin": "highest template distogram bin, Angstrom",
     "template_num_bins": "template distogram bins",
     "template_use_unit_vector": "give the template pair stack unit vectors between frames",
+    "zero_missing_template_angles": "zero the template torsion features of angles whose atoms "
+                                    "are missing (the reference feeds them unmasked)",
     "template_blocks": "template pair stack blocks",
     "template_tri_att_hidden": "template triangle attention channels per head",
     "template_tri_mul_hidden": "template triangle multiplication channels",

@@ -16,7 +16,7 @@ import hashlib
 import pickle
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, Optional, get_type_hints
 
 import torch
 from pydantic import Field, create_model
@@ -54,10 +54,10 @@ _DATA_FIELDS: dict[str, Any] = {
     "max_templates": (int, Field(4, ge=0, description="template slots per chain")),
     "swa_decay_rate": (float, Field(0.9, ge=0, lt=1, description=(
         "decay of the weight average evaluated (0: evaluate the trained weights)"))),
-    "init_checkpoint": (str | None, Field(None, description=(
+    "init_checkpoint": (Optional[str], Field(None, description=(  # noqa: UP045 (shown so)
         "file the run starts from (the reference continues a partly trained model); its sha256 "
         "is logged as init_checkpoint_sha256sum; null: random initialisation"))),
-    "init_checkpoint_sha256": (str | None, Field(REFERENCE_CHECKPOINT_SHA256, description=(
+    "init_checkpoint_sha256": (Optional[str], Field(REFERENCE_CHECKPOINT_SHA256, description=(  # noqa: UP045
         "sha256 the initial checkpoint must have, checked before the run starts (the "
         "reference's); null: any file"))),
 }
