@@ -262,3 +262,65 @@ def test_structure_free_baselines_stay_far_below_the_target():
     helix, mean = baselines.helix_baseline(val), baselines.mean_structure_baseline(train, val)
     assert helix <= 0.65 and mean <= 0.65
     assert 0.2 < helix and 0.1 < mean  # the baselines measure something (not a broken scorer)
+
+
+# ------------------------------------------------------------------------------ templates
+
+HHR = """Query         t00000_A
+Match_columns 40
+
+ No Hit                             Prob E-value P-value  Score    SS Cols Query HMM  Template HMM
+  1 {self}_A self                    100.0 1E-50 1E-55  300.0   0.0   40    1-40      1-40 (40)
+  2 {other}_A a homologue             99.0 1E-20 1E-25  100.0   0.0   10    3-14      5-14 (40)
+
+No 1
+>{self}_A self
+Probab=100.00  E-value=1e-50  Score=300.00  Aligned_cols=4  Identities=100%
+
+Q t00000_A          1 {q4}   4 (40)
+T {self}_A          1 {q4}   4 (40)
+
+No 2
+>{other}_A a homologue
+Probab=99.00  E-value=1e-20  Score=100.00  Aligned_cols=10  Identities=30%
+
+Q ss_pred             CCCCCCCCCCCC
+Q t00000_A          3 AAAA--AAAAAA  12 (40)
+Q Consensus         3 aaaa--aaaaaa  12 (40)
+                      ||||  ||||||
+T Consensus         5 aaaaaaaaaaaa  16 (40)
+T {other}_A         5 AAAAAAAAAAAA  16 (40)
+T ss_dssp             CCCCCCCCCCCC
+"""
+
+
+def test_hhr_hits_and_their_aligned_pairs():
+    hits = __import__("mlhpc_workloads.openfold.templates", fromlist=["x"]).parse_hhr(
+        HHR.format(self="t00000", other="t00001", q4="MKVL"), "x.hhr")
+    assert [h.name for h in hits] == ["t00000_A", "t00001_A"]
+    pairs = hits[1].pairs.tolist()
+    assert pairs[:4] == [[2, 4], [3, 5], [4, 6], [5, 7]]  # 0-based; the query gap skips 8, 9
+    assert pairs[4:] == [[6, 10], [7, 11], [8, 12], [9, 13], [10, 14], [11, 15]]
+
+
+def test_templates_are_read_from_hhr_and_mmcif(small, tmp_path):
+    """An .hhr beside a chain's alignment gives it a template: the aligned residues carry the
+    template chain's atoms (read from the split's mmCIF), the self-hit is skipped."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(small / "train", copy)
+    entries = data.list_chains(copy)
+    query, other = entries[0], entries[1]
+    (query.a3m_files[0].parent / "pdb70_hits.hhr").write_text(
+        HHR.format(self="t00000", other=other.mmcif.name[:-4], q4="MKVL"))
+    raw = data.read_raw(query, max_templates=2)
+    assert len(raw.templates) == 1
+    template = raw.templates[0]
+    chain = mmcif.read_chain(other.mmcif, "A")
+    assert np.allclose(template["template_all_atom_positions"][2], chain.atom_positions[4])
+    assert np.allclose(template["template_all_atom_positions"][11], chain.atom_positions[15])
+    assert template["template_all_atom_mask"][[0, 1, 12]].sum() == 0
+    feats = features.chain_features(raw, FeatureSizes(None, 4, 4, 2), np.random.default_rng(0))
+    assert feats["template_mask"].tolist() == [1.0, 0.0]
+    assert feats["template_aatype"][0, 2] == chain.aatype[4] and feats["template_aatype"][0, 0] == 21

@@ -5,6 +5,7 @@ one folder per chain named ``<pdb_id>_<chain_id>`` as OpenProteinSet names them)
 
     <split>/mmcif_files/<pdb_id>.cif            (or .cif.gz)
     <split>/alignments/<pdb_id>_<chain_id>/*.a3m   (or in its a3m/ sub-folder, as OpenProteinSet)
+    <split>/alignments/<pdb_id>_<chain_id>/*.hhr   (optional templates, or in its hhr/ sub-folder)
 
 A sample is a chain: one alignment folder and the chain of that id in ``<pdb_id>.cif``. Its
 alignments are merged in the reference's order (``uniref90_hits``, ``bfd_uniclust_hits``,
@@ -23,7 +24,7 @@ from torch.utils.data import Dataset
 
 from mlhpc.errors import DataError
 
-from . import a3m, mmcif
+from . import a3m, mmcif, templates
 from .features import FeatureSizes, RawChain, chain_features
 
 MMCIF_DIR = "mmcif_files"
@@ -95,12 +96,32 @@ def list_chains(split_dir: Path) -> list[ChainEntry]:
     return entries
 
 
-def read_raw(entry: ChainEntry) -> RawChain:
-    """The parsed chain and its merged alignment.
+def hhr_files(chain_dir: Path) -> tuple[Path, ...]:
+    """The ``*.hhr`` files of one chain's alignment folder (or its ``hhr/``), by name."""
+    folder = chain_dir / "hhr" if (chain_dir / "hhr").is_dir() else chain_dir
+    return tuple(sorted(p for p in folder.glob("*.hhr") if p.is_file() and not p.is_symlink()))
+
+
+def _templates(entry: ChainEntry, length: int, max_templates: int) -> tuple[dict, ...]:
+    """The template features of a chain from the ``.hhr`` files beside its alignments, the
+    template structures read from the same split's ``mmcif_files/``."""
+    if not max_templates or not entry.a3m_files:
+        return ()
+    chain_dir = entry.a3m_files[0].parent
+    chain_dir = chain_dir.parent if chain_dir.name == "a3m" else chain_dir
+    hits = [hit for path in hhr_files(chain_dir) for hit in templates.read_hhr(path)]
+    split_dir = entry.mmcif.parent.parent
+    pdb_id = chain_dir.name.rpartition("_")[0]
+    return tuple(templates.chain_templates(hits, length, pdb_id,
+                                           lambda other: mmcif_path(split_dir, other), max_templates))
+
+
+def read_raw(entry: ChainEntry, max_templates: int = 0) -> RawChain:
+    """The parsed chain, its merged alignment and (with ``max_templates``) its templates.
 
     Raises:
-        DataError: as `mmcif.read_chain` and `a3m.read_a3m`, or an alignment whose query is not
-            the chain's sequence (naming the a3m file).
+        DataError: as `mmcif.read_chain`, `a3m.read_a3m` and `templates.read_hhr`, or an
+            alignment whose query is not the chain's sequence (naming the a3m file).
     """
     chain = mmcif.read_chain(entry.mmcif, entry.chain_id)
     msa = a3m.merge([a3m.read_a3m(path) for path in entry.a3m_files])
@@ -108,7 +129,8 @@ def read_raw(entry: ChainEntry) -> RawChain:
         raise DataError(f"{entry.a3m_files[0]}: the query ({len(msa.sequences[0])} residues) is "
                         f"not the sequence of {chain.source} ({len(chain.sequence)} residues)")
     return RawChain(chain.aatype, chain.residue_index, chain.atom_positions, chain.atom_mask,
-                    msa.msa(), msa.deletion_matrix, chain.resolution_A)
+                    msa.msa(), msa.deletion_matrix, chain.resolution_A,
+                    _templates(entry, len(chain.aatype), max_templates))
 
 
 class OpenFoldDataset(Dataset):
@@ -146,7 +168,8 @@ class OpenFoldDataset(Dataset):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if not 0 <= index < len(self.entries):
             raise IndexError(f"chain {index} of {len(self.entries)}")
-        features = chain_features(read_raw(self.entries[index]), self.sizes, self._rng(index))
+        raw = read_raw(self.entries[index], self.sizes.max_templates)
+        features = chain_features(raw, self.sizes, self._rng(index))
         return {k: torch.from_numpy(np.ascontiguousarray(v)).reshape(v.shape) for k, v in features.items()}
 
     @staticmethod

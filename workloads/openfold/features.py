@@ -49,7 +49,8 @@ class RawChain:
 
     aatype ``[N]`` int64; residue_index ``[N]`` int64; all_atom_positions ``[N, 37, 3]`` float32
     Angstrom; all_atom_mask ``[N, 37]`` float32; msa ``[S0, N]`` int64 (0..21); deletion_matrix
-    ``[S0, N]`` int32; resolution_A float.
+    ``[S0, N]`` int32; resolution_A float; templates: per template the `templates.hit_features`
+    arrays over the N residues (none when no ``.hhr`` was read).
     """
 
     aatype: np.ndarray
@@ -59,6 +60,7 @@ class RawChain:
     msa: np.ndarray
     deletion_matrix: np.ndarray
     resolution_A: float
+    templates: tuple[dict[str, np.ndarray], ...] = ()
 
 
 def _one_hot(values: np.ndarray, classes: int) -> np.ndarray:
@@ -73,9 +75,11 @@ def crop(chain: RawChain, crop_size: int | None, rng: np.random.Generator) -> Ra
         return chain
     start = int(rng.integers(0, n - crop_size + 1))
     window = slice(start, start + crop_size)
+    templates = tuple({k: v[window] for k, v in t.items()} for t in chain.templates)
     return RawChain(chain.aatype[window], chain.residue_index[window],
                     chain.all_atom_positions[window], chain.all_atom_mask[window],
-                    chain.msa[:, window], chain.deletion_matrix[:, window], chain.resolution_A)
+                    chain.msa[:, window], chain.deletion_matrix[:, window], chain.resolution_A,
+                    templates)
 
 
 def masked_msa(msa: np.ndarray, profile: np.ndarray, rng: np.random.Generator
@@ -143,16 +147,21 @@ def msa_features(chain: RawChain, sizes: FeatureSizes, rng: np.random.Generator)
             "extra_msa_mask": np.ones((len(extra), msa.shape[1]), dtype=np.float32)}
 
 
-def template_features(n: int, sizes: FeatureSizes) -> dict[str, np.ndarray]:
-    """``max_templates`` empty template slots (``template_mask`` 0): the features of a chain
-    for which no template was found (or templates are not read)."""
-    t = sizes.max_templates
-    return {"template_aatype": np.zeros((t, n), dtype=np.int64),
-            "template_all_atom_positions": np.zeros((t, n, 37, 3), dtype=np.float32),
-            "template_all_atom_mask": np.zeros((t, n, 37), dtype=np.float32),
-            "template_mask": np.zeros((t,), dtype=np.float32),
-            "template_pseudo_beta": np.zeros((t, n, 3), dtype=np.float32),
-            "template_pseudo_beta_mask": np.zeros((t, n), dtype=np.float32)}
+def template_features(chain: RawChain, sizes: FeatureSizes) -> dict[str, np.ndarray]:
+    """``max_templates`` template slots: the chain's templates first (``template_mask`` 1),
+    then empty slots (mask 0, gap type 21 and no atoms)."""
+    t, n = sizes.max_templates, len(chain.aatype)
+    out = {"template_aatype": np.full((t, n), 21, dtype=np.int64),
+           "template_all_atom_positions": np.zeros((t, n, 37, 3), dtype=np.float32),
+           "template_all_atom_mask": np.zeros((t, n, 37), dtype=np.float32),
+           "template_mask": np.zeros((t,), dtype=np.float32),
+           "template_pseudo_beta": np.zeros((t, n, 3), dtype=np.float32),
+           "template_pseudo_beta_mask": np.zeros((t, n), dtype=np.float32)}
+    for slot, template in enumerate(chain.templates[:t]):
+        for key, value in template.items():
+            out[key][slot] = value
+        out["template_mask"][slot] = 1.0
+    return out
 
 
 def chain_features(chain: RawChain, sizes: FeatureSizes, rng: np.random.Generator
@@ -175,5 +184,5 @@ def chain_features(chain: RawChain, sizes: FeatureSizes, rng: np.random.Generato
                 "all_atom_mask": chain.all_atom_mask.astype(np.float32),
                 "resolution": np.asarray(chain.resolution_A, dtype=np.float32)}
     features.update(msa_features(chain, sizes, rng))
-    features.update(template_features(n, sizes))
+    features.update(template_features(chain, sizes))
     return features

@@ -3,8 +3,9 @@ a3m alignments (layout: `data`), as ``mlhpc data check`` and staging see them.
 
 A data file is an mmCIF file; its samples are the chains of it that have an alignment folder.
 Checking a file reads it (gemmi) and, for each of those chains, its alignments: quick reads the
-first a3m of each chain and compares its query with the chain's sequence; full reads every a3m
-and builds the chain's features once (`data.read_raw`). Nothing is converted: the reader takes
+first a3m of each chain and compares its query with the chain's sequence; full reads every a3m,
+the ``.hhr`` templates and their structures, and builds the chain's features once
+(`data.read_raw`). Nothing is converted: the reader takes
 the files as the reference's preprocessing leaves them (``convert`` and ``prepare`` say so).
 """
 
@@ -26,6 +27,7 @@ from .data import (
 )
 
 FORMAT = "mmcif"
+FULL_CHECK_TEMPLATES = 4  # templates (.hhr hits) a full check reads per chain, as the reference
 
 
 def _pdb_id(path: Path) -> str:
@@ -84,7 +86,7 @@ class OpenFoldDataTools:
         for entry in entries:
             size += sum(p.stat().st_size for p in entry.a3m_files)
             if full:
-                read_raw(entry)
+                read_raw(entry, max_templates=FULL_CHECK_TEMPLATES)
                 continue
             chain = mmcif.read_chain(path, entry.chain_id)
             query = a3m.read_a3m(entry.a3m_files[0]).sequences[0]
