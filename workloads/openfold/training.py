@@ -92,35 +92,51 @@ def alphafold_config(cfg: Any) -> AlphaFoldConfig:
 
 class AveragedAlphaFold(torch.nn.Module):
     """AlphaFold with an exponential moving average of its weights (the reference's "SWA"):
-    training calls the network, evaluation the averaged weights. The averages are buffers
-    (saved in checkpoints, not trained, not counted as parameters); `update_average` follows
-    each optimizer step. ``forward(batch) -> dict`` as `AlphaFold`."""
+    training calls the network, evaluation the averaged weights; `update_average` follows each
+    optimizer step. ``forward(batch) -> dict`` as `AlphaFold`.
+
+    The averages are neither parameters (not trained, not counted) nor buffers: DDP broadcasts
+    every buffer at each step, and a copy of all weights per step would be wasted (every rank
+    holds the same averages). They move with the module (``.to``) and live in its state dict
+    under ``swa.<parameter name>``, so checkpoints keep them."""
 
     def __init__(self, net: AlphaFold, decay: float) -> None:
         super().__init__()
         self.net, self.decay = net, decay
-        self._names = [name for name, _ in net.named_parameters()]
-        for name, param in net.named_parameters():
-            self.register_buffer(_buffer_name(name), param.detach().clone())
+        self.average = {name: p.detach().clone() for name, p in net.named_parameters()}
 
     @torch.no_grad()
     def update_average(self) -> None:
         """``average = decay * average + (1 - decay) * weight`` for every weight."""
         for name, param in self.net.named_parameters():
-            getattr(self, _buffer_name(name)).lerp_(param.detach(), 1.0 - self.decay)
-
-    def averaged(self) -> dict[str, torch.Tensor]:
-        """The averaged weights by parameter name."""
-        return {name: getattr(self, _buffer_name(name)) for name in self._names}
+            self.average[name].lerp_(param.detach(), 1.0 - self.decay)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if self.training or self.decay == 0:
             return self.net(batch)
-        return torch.func.functional_call(self.net, self.averaged(), (batch,))
+        return torch.func.functional_call(self.net, self.average, (batch,))
 
+    def _apply(self, fn: Any, recurse: bool = True) -> AveragedAlphaFold:
+        super()._apply(fn, recurse)
+        self.average = {name: fn(value) for name, value in self.average.items()}
+        return self
 
-def _buffer_name(name: str) -> str:
-    return "swa__" + name.replace(".", "__")
+    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for name, value in self.average.items():
+            destination[f"{prefix}swa.{name}"] = value if keep_vars else value.detach()
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
+        missing, unexpected = args[2], args[3]
+        for name, value in self.average.items():
+            key = f"{prefix}swa.{name}"
+            if key in state_dict:
+                with torch.no_grad():
+                    value.copy_(state_dict[key])
+            else:
+                missing.append(key)
+        super()._load_from_state_dict(state_dict, prefix, *args)
+        unexpected[:] = [k for k in unexpected if not k.startswith(f"{prefix}swa.")]
 
 
 def build_model(cfg: Any) -> AveragedAlphaFold:
