@@ -168,7 +168,7 @@ def test_dataset_batches_pad_and_mask(small):
     sizes = FeatureSizes(crop_size=36, max_msa_clusters=8, max_extra_msa=16, max_templates=1)
     train = data.OpenFoldDataset(small / "train", sizes, train=True)
     assert len(train) == SMALL.train_chains
-    inputs, batch = data.collate([train[i] for i in range(4)])
+    inputs, batch = train.collate_fn([train[i] for i in range(4)])
     assert set(inputs) == set(data.INPUT_KEYS) and "all_atom_positions" not in inputs
     b, n = inputs["aatype"].shape
     assert b == 4 and n <= 36 and batch["msa_feat"].shape == (4, 8, n, 49)
@@ -177,9 +177,11 @@ def test_dataset_batches_pad_and_mask(small):
         assert batch["all_atom_mask"][k, int(lengths[k]):].sum() == 0
     assert inputs["aatype"].dtype == torch.int64 and batch["resolution"].shape == (4,)
     val = data.OpenFoldDataset(small / "validation", sizes, train=False)
-    first, again = val[0], val[0]
+    (x, first), (_, again) = val[0], val[0]
     assert all(torch.equal(first[k], again[k]) for k in first)  # evaluation sees fixed features
     assert first["aatype"].shape[0] >= SMALL.min_length  # no crop in evaluation
+    assert set(x) == set(data.INPUT_KEYS) and x["aatype"] is first["aatype"]
+    assert val.locate(2) == (val.entries[2].mmcif, 0)
 
 
 def test_dataset_query_must_be_the_chain(small, tmp_path):
@@ -324,3 +326,13 @@ def test_templates_are_read_from_hhr_and_mmcif(small, tmp_path):
     feats = features.chain_features(raw, FeatureSizes(None, 4, 4, 2), np.random.default_rng(0))
     assert feats["template_mask"].tolist() == [1.0, 0.0]
     assert feats["template_aatype"][0, 2] == chain.aatype[4] and feats["template_aatype"][0, 0] == 21
+
+
+def test_shallow_alignments_are_padded_to_the_configured_rows():
+    """A chain with fewer aligned rows than max_msa_clusters still gets every extra-MSA row
+    (masked), as AlphaFold's fixed-size padding: the model never sees an empty extra MSA."""
+    sizes = FeatureSizes(crop_size=None, max_msa_clusters=8, max_extra_msa=12, max_templates=1)
+    out = features.chain_features(_raw(n=20, rows=5), sizes, np.random.default_rng(0))
+    assert out["msa_feat"].shape == (8, 20, 49) and out["extra_msa"].shape == (12, 20)
+    assert out["msa_mask"].sum(1).tolist() == [20] * 5 + [0] * 3
+    assert out["extra_msa_mask"].sum() == 0 and out["bert_mask"][5:].sum() == 0

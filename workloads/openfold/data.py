@@ -136,8 +136,8 @@ def read_raw(entry: ChainEntry, max_templates: int = 0) -> RawChain:
 class OpenFoldDataset(Dataset):
     """Map-style dataset of the chains of one split folder.
 
-    ``dataset[i]`` -> dict of tensors, chain ``i``'s features (`features.chain_features`, no
-    batch axis). Training draws a new crop, MSA sample and BERT mask at every read (from a
+    ``dataset[i]`` -> ``(inputs, features)``, dicts of tensors: chain ``i``'s features
+    (`features.chain_features`, no batch axis) and the `INPUT_KEYS` among them. Training draws a new crop, MSA sample and BERT mask at every read (from a
     generator seeded by torch's seed, the index and a read counter: reproducible for a
     ``train.seed``); evaluation (``train=False``) keeps the whole chain and draws from a
     generator seeded by ``seed`` and the index only, so every evaluation sees the same features.
@@ -165,18 +165,26 @@ class OpenFoldDataset(Dataset):
         self._reads += 1
         return np.random.default_rng([torch.initial_seed() % (1 << 63), index, self._reads])
 
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+    def __getitem__(self, index: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """``(inputs, features)``: the `INPUT_KEYS` and every feature of chain ``index``."""
         if not 0 <= index < len(self.entries):
             raise IndexError(f"chain {index} of {len(self.entries)}")
         raw = read_raw(self.entries[index], self.sizes.max_templates)
         features = chain_features(raw, self.sizes, self._rng(index))
-        return {k: torch.from_numpy(np.ascontiguousarray(v)).reshape(v.shape) for k, v in features.items()}
+        tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).reshape(v.shape)
+                   for k, v in features.items()}
+        return {k: tensors[k] for k in INPUT_KEYS}, tensors
+
+    def locate(self, index: int) -> tuple[Path, int]:
+        """The mmCIF file of chain ``index`` and the chain's place among that file's samples."""
+        entry = self.entries[index]
+        return entry.mmcif, sum(1 for e in self.entries[:index] if e.mmcif == entry.mmcif)
 
     @staticmethod
-    def collate_fn(samples: list[dict[str, torch.Tensor]]
+    def collate_fn(samples: list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]
                    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """`collate`."""
-        return collate(samples)
+        """`collate` of the samples' features."""
+        return collate([features for _, features in samples])
 
     @staticmethod
     def batch_len(x: dict[str, torch.Tensor]) -> int:

@@ -13,7 +13,10 @@ pipeline (Jumper et al. 2021, supplement 1.2.5-1.2.7 and Algorithms 1-3; the ref
    mean deletion count average over the centre and its members;
 5. ``msa_feat`` (49 channels): centre one-hot (23), has-deletion, deletion value
    ``2/pi * arctan(d/3)``, cluster profile (23), cluster deletion mean ``2/pi * arctan(m/3)``;
-   ``target_feat`` (22): a zero between-segment flag and the residue one-hot over 21 types.
+   ``target_feat`` (22): a zero between-segment flag and the residue one-hot over 21 types;
+6. the centres and the extra rows are zero-padded to ``max_msa_clusters`` and
+   ``max_extra_msa`` rows (masks 0), as AlphaFold's fixed-size padding, so that a chain with a
+   shallow alignment still gives the model every input (an empty extra MSA would not do).
 
 Shapes below: N residues (after the crop), S centres, E extra rows, T templates; the batch
 dimension is added by the collate function (`mlhpc_workloads.openfold.data.collate`).
@@ -138,13 +141,20 @@ def msa_features(chain: RawChain, sizes: FeatureSizes, rng: np.random.Generator)
         _deletion_value(centre_del)[..., None], cluster_profile,
         _deletion_value(deletion_mean)[..., None]], axis=-1)
     extra = rest_rows[:sizes.max_extra_msa]
-    return {"msa_feat": msa_feat.astype(np.float32),
-            "msa_mask": np.ones(masked.shape, dtype=np.float32),
-            "true_msa": msa[centre_rows].astype(np.int64), "bert_mask": bert_mask,
-            "extra_msa": msa[extra].astype(np.int64),
-            "extra_has_deletion": np.clip(deletions[extra], 0, 1).astype(np.float32),
-            "extra_deletion_value": _deletion_value(deletions[extra]),
-            "extra_msa_mask": np.ones((len(extra), msa.shape[1]), dtype=np.float32)}
+    centres = {"msa_feat": msa_feat.astype(np.float32),
+               "msa_mask": np.ones(masked.shape, dtype=np.float32),
+               "true_msa": msa[centre_rows].astype(np.int64), "bert_mask": bert_mask}
+    extras = {"extra_msa": msa[extra].astype(np.int64),
+              "extra_has_deletion": np.clip(deletions[extra], 0, 1).astype(np.float32),
+              "extra_deletion_value": _deletion_value(deletions[extra]),
+              "extra_msa_mask": np.ones((len(extra), msa.shape[1]), dtype=np.float32)}
+    return {**_pad_rows(centres, sizes.max_msa_clusters), **_pad_rows(extras, sizes.max_extra_msa)}
+
+
+def _pad_rows(arrays: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    """Each array zero-padded along its first (row) axis to ``rows`` (masks 0 there), as
+    AlphaFold's ``make_fixed_size`` pads the MSA and the extra MSA."""
+    return {k: np.pad(v, [(0, rows - len(v))] + [(0, 0)] * (v.ndim - 1)) for k, v in arrays.items()}
 
 
 def template_features(chain: RawChain, sizes: FeatureSizes) -> dict[str, np.ndarray]:
