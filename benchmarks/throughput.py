@@ -70,7 +70,7 @@ def one_batch(config: cfg.Config, batch_size: int, precision: str,
         raise DataError(f"{config.data.path}: {len(parts.train_ds)} training samples, fewer than "
                         f"the batch of {batch_size}")
     x, y = loader.to_device(next(iter(parts.train_loader)), rt.device,
-                            loader.device_transform(parts.train_ds))
+                            parts.train_ds.device_transform)
     return job, parts, x, y
 
 
@@ -115,7 +115,7 @@ def measure(config: cfg.Config, batch_size: int, steps: int, warmup: int, precis
         "workload": workload.name, "device": (torch.cuda.get_device_name(rt.device) if cuda
                                               else f"cpu ({torch.get_num_threads()} threads)"),
         "torch": torch.__version__, "precision": precision, "compile": mode,
-        "channels_last": bool(getattr(config.model, "channels_last", False)),
+        "model_settings": workload.model_settings(config.model),
         "sample_shape": list(x.shape[1:]), "batch_size": batch_size, "steps": steps,
         "warmup_steps": warmup, "warmup_s": warmup_s, "timed_s": timed_s,
         "samples_per_s": samples_per_s, "forward_flops_per_sample": flops.forward_flops,

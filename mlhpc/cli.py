@@ -15,7 +15,9 @@ from typing import Any, Callable
 
 import click
 
+from mlhpc import rules
 from mlhpc.errors import ConfigError, one_line_errors
+from mlhpc.text import console, echo
 
 SET_HELP = "Override a config value, e.g. --set train.max_epochs=5 (repeatable)."
 
@@ -44,11 +46,11 @@ def list_command(fmt: str, as_json: bool) -> None:
 
     rows = describe()
     if as_json or fmt == "json":
-        click.echo(json.dumps(rows, indent=2))
+        echo(json.dumps(rows, indent=2))
         return
     import shutil
 
-    click.echo(describe_text(rows, shutil.get_terminal_size().columns))
+    echo(describe_text(rows, shutil.get_terminal_size().columns))
 
 
 @main.command("run")
@@ -91,7 +93,7 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
     if result.summary:
         print_summary(result.summary)
     if result.signal and result.summary:  # stopped by a signal, checkpoint saved
-        click.echo(f"mlhpc: stopped by {result.signal}; continue with: mlhpc run --resume "
+        echo(f"mlhpc: stopped by {result.signal}; continue with: mlhpc run --resume "
                    f"{Path(result.result_file).parent if result.result_file else '<run folder>'}",
                    err=True)
     # agreed by every rank (`mlhpc.run.outcome.agree`): 0 reached, 1 not, 128 + N signal N
@@ -130,9 +132,9 @@ def stage_command(config_path: Path | None, overrides: tuple[str, ...], fmt: str
     if not reports:
         return
     if result is None:
-        click.echo("staging is disabled in this config (data.staging.enabled: false); nothing copied")
+        echo("staging is disabled in this config (data.staging.enabled: false); nothing copied")
     elif fmt == "json":
-        click.echo(json.dumps(result.to_dict(), indent=2, default=str))
+        echo(json.dumps(result.to_dict(), indent=2, default=str))
     else:
         _print_staging(result.to_dict())
 
@@ -144,12 +146,11 @@ def _staged_copies(roots: list[Path] | None, clean: bool, fmt: str) -> None:
     copies = find_copies(roots)
     if clean:
         copies = [remove_copy(c.path) for c in copies]
-    click.echo(json.dumps([c.to_dict() for c in copies], indent=2) if fmt == "json" else render(copies, clean))
+    echo(json.dumps([c.to_dict() for c in copies], indent=2) if fmt == "json" else render(copies, clean))
 
 
 def _print_staging(staged: dict[str, Any]) -> None:
     """`mlhpc stage`'s table: what each node holds, what was copied, how fast."""
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"staged {staged['source']} -> {staged['dest']}", show_header=False)
@@ -170,7 +171,7 @@ def _print_staging(staged: dict[str, Any]) -> None:
         rows.append(("source", "not reachable: the complete verified copy was used"))
     for name, value in rows:
         table.add_row(name, value)
-    Console().print(table)
+    console().print(table)
 
 
 @main.command("submit")
@@ -183,7 +184,8 @@ def _print_staging(staged: dict[str, Any]) -> None:
 @click.option("--cpus-per-task", type=int, default=None,
               help="CPUs per task (--cpus-per-task); also sets OMP_NUM_THREADS in the job.")
 @click.option("--runs", type=int, default=1, show_default=True,
-              help="Runs in one results folder (MLPerf HPC scores need 10 for CosmoFlow, 5 for DeepCAM).")
+              help="Runs in one results folder (an MLPerf HPC score needs "
+                   + ", ".join(f"{n} for {b}" for b, n in rules.ruleset().runs.items()) + ").")
 @click.option("--instances", type=int, default=1, show_default=True,
               help="Throughput mode: concurrent model instances per run.")
 @click.option("--time", "time_limit", default=None,
@@ -221,17 +223,17 @@ def submit_command(config_path: Path, nodes: int, gpus_per_node: int, tasks_per_
     # every job's config and script checked before anything is queued
     campaign, jobs = render_jobs(config_path, options, list(overrides), list(sweeps))
     for note in dict.fromkeys(note for job in jobs for note in job.notes):
-        click.echo(note, err=True)
+        echo(note, err=True)
     if campaign is not None:
-        click.echo(f"mlhpc: campaign {campaign}: {len(jobs)} job(s), MLHPC_CAMPAIGN={campaign}, "
+        echo(f"mlhpc: campaign {campaign}: {len(jobs)} job(s), MLHPC_CAMPAIGN={campaign}, "
                    f"read with: mlhpc results scaling --campaign {campaign} --benchmark ...", err=True)
     for job in jobs:
         if campaign is not None:
-            click.echo(f"mlhpc: job {' '.join(job.point)} -> {job.output_dir}", err=True)
+            echo(f"mlhpc: job {' '.join(job.point)} -> {job.output_dir}", err=True)
         if dry_run:
-            click.echo(job.script, nl=False)
+            echo(job.script, nl=False)
     for job_id in submit_jobs(campaign, jobs, dry_run=dry_run):
-        click.echo(job_id)
+        echo(job_id)
 
 
 @main.command("profile")
@@ -247,7 +249,6 @@ def submit_command(config_path: Path, nodes: int, gpus_per_node: int, tasks_per_
 def profile_command(config_path: Path, steps: int, warmup: int, trace_path: Path | None,
                     overrides: tuple[str, ...]) -> None:
     """A few training steps under torch.profiler: time per phase and operator, memory, trace."""
-    from rich.console import Console
     from rich.table import Table
 
     from mlhpc import config as cfg
@@ -255,27 +256,27 @@ def profile_command(config_path: Path, steps: int, warmup: int, trace_path: Path
 
     result = profile(cfg.load(config_path, overrides), steps=steps, warmup=warmup,
                      trace_path=trace_path)
-    console = Console()
+    out = console()
     phases = Table(title=f"time per step phase (ms, local batch {result.local_batch_size}, "
                    f"{result.samples_per_s:.1f} samples/s)")
     for name in result.phase_ms:
         phases.add_column(name, justify="right")
     phases.add_row(*(f"{v:.2f}" for v in result.phase_ms.values()))
-    console.print(phases)
+    out.print(phases)
     ops = Table(title="operators by self CPU time per step")
     for col in ("operator", "calls", "self CPU ms", "share"):
         ops.add_column(col, justify="left" if col == "operator" else "right")
     for row in result.operators:
         ops.add_row(row["name"], str(row["calls"]), f"{row['self_cpu_ms']:.2f}", f"{100 * row['share']:.1f}%")
-    console.print(ops)
+    out.print(ops)
     mem = Table(title="memory (MB)")
     for key, value in result.memory.items():
         mem.add_column(key.replace("_bytes", ""), justify="right")
     mem.add_row(*("n/a" if v is None else f"{v / 1e6:.2f}" for v in result.memory.values()))
-    console.print(mem)
-    console.print(f"FLOPs per sample: forward {result.flops['forward_flops'] / 1e9:.3f} GFLOP, "
+    out.print(mem)
+    out.print(f"FLOPs per sample: forward {result.flops['forward_flops'] / 1e9:.3f} GFLOP, "
                   f"forward+backward {result.flops['train_flops'] / 1e9:.3f} GFLOP", highlight=False)
-    console.print(f"trace: {result.trace} (open in chrome://tracing or ui.perfetto.dev)", highlight=False,
+    out.print(f"trace: {result.trace} (open in chrome://tracing or ui.perfetto.dev)", highlight=False,
                   soft_wrap=True)  # the path in one piece, to be copied
 
 
@@ -293,10 +294,10 @@ def config_reference_command(out_path: Path | None) -> None:
     from mlhpc import config_reference
 
     if out_path is None:
-        click.echo(config_reference.render(), nl=False)
+        echo(config_reference.render(), nl=False)
     else:
         config_reference.write(out_path)
-        click.echo(f"wrote {out_path}")
+        echo(f"wrote {out_path}")
 
 
 @main.group("data")
@@ -336,15 +337,15 @@ def synth_command(workload_name: str, out_dir: Path, config_path: Path | None, s
         wrote = embedded.synthesize(out_dir, workload, config.synth, seed, on_progress=lines)
     except KeyboardInterrupt:  # Ctrl-C: one line and 128 + SIGINT, as a run exits
         lines.close()
-        click.echo(f"mlhpc: interrupted (SIGINT): {out_dir} not completed; nothing half-written is in "
+        echo(f"mlhpc: interrupted (SIGINT): {out_dir} not completed; nothing half-written is in "
                    "its place", err=True)
         sys.exit(130)
     finally:
         lines.close()
     if wrote:
-        click.echo(f"wrote {workload_name} data to {out_dir.resolve()}")
+        echo(f"wrote {workload_name} data to {out_dir.resolve()}")
     else:
-        click.echo(f"{out_dir}: already a complete {workload_name} dataset with these settings")
+        echo(f"{out_dir}: already a complete {workload_name} dataset with these settings")
 
 
 def _data_tools_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -366,7 +367,8 @@ def _data_tools_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 @click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Processes reading files in parallel.")
 @click.option("--format", "fmt", default="table", show_default=True, metavar="[table|json]",
-              help=FORMAT_HELP + " (A form of the files here, e.g. hdf5, is read as --form.)")
+              help=FORMAT_HELP + " (A form of the files here, as `mlhpc list` shows them, is read as "
+                   "--form.)")
 @click.option("--json", "as_json", is_flag=True, hidden=True, help="Old spelling of --format json.")
 @_friendly
 def check_command(workload_name: str, path: Path, full: bool, form: str, workers: int,
@@ -392,19 +394,19 @@ def check_command(workload_name: str, path: Path, full: bool, form: str, workers
     report = _data_tools_call(data_check.check, workload, path, full=full, fmt=form,
                               workers=workers)
     if fmt == "json":
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        echo(json.dumps(report.to_dict(), indent=2))
     else:
-        click.echo(f"{path}: {workload_name} data in form {report.format}"
+        echo(f"{path}: {workload_name} data in form {report.format}"
                    f"{' (every sample read)' if full else ''}")
         for name, split in report.splits.items():
             shape = "x".join(str(d) for d in split.sample_shape or ())
-            click.echo(f"  {name}: {split.files} files, {split.samples} samples of {shape} "
+            echo(f"  {name}: {split.files} files, {split.samples} samples of {shape} "
                        f"{split.dtype}, {split.bytes / 1e9:.3f} GB, {len(split.bad)} bad")
     bad = [line for split in report.splits.values() for line in split.bad]
     for line in bad:
-        click.echo(f"bad: {line}", err=True)
+        echo(f"bad: {line}", err=True)
     if bad:
-        click.echo(f"mlhpc: error: {len(bad)} bad file(s) in {path}", err=True)
+        echo(f"mlhpc: error: {len(bad)} bad file(s) in {path}", err=True)
         sys.exit(2)
 
 
@@ -417,12 +419,12 @@ def _output_and_form(fmt: str, form: str, workload: Any) -> tuple[str, str]:
     """
     from mlhpc.hints import did_you_mean
 
-    forms = ("auto", *getattr(workload.data_tools, "formats", ()))
+    forms = ("auto", *(workload.data_tools.formats if workload.data_tools is not None else ()))
     if fmt not in ("table", "json"):
         if fmt not in forms or form != "auto":
             raise ConfigError(f"--format {fmt!r}: expected table or json"
                               f"{did_you_mean(fmt, ('table', 'json', *forms))}")
-        click.echo(f"mlhpc: --format {fmt} read as --form {fmt} (--format picks table or json)",
+        echo(f"mlhpc: --format {fmt} read as --form {fmt} (--format picks table or json)",
                    err=True)
         fmt, form = "table", fmt
     if form not in forms:
@@ -435,7 +437,7 @@ def _output_and_form(fmt: str, form: str, workload: Any) -> tuple[str, str]:
 @click.argument("workload_name")
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
-@click.option("--to", "to", required=True, help="Form to write (e.g. hdf5, npy).")
+@click.option("--to", "to", required=True, help="Form to write (one of the workload's, as `mlhpc list` shows them).")
 @click.option("--format", "fmt", default="auto", show_default=True,
               help="The form of SRC (auto: detected from the file names).")
 @click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
@@ -449,32 +451,48 @@ def convert_command(workload_name: str, src: Path, dst: Path, to: str, fmt: str,
 
     result = _data_tools_call(data_convert.convert, get(workload_name), src, dst, to, fmt=fmt,
                               workers=workers)
-    click.echo(_summary("converted", result))
+    echo(_summary("converted", result))
 
 
-@data_group.command("prepare")
+class _PrepareCommand(click.Command):
+    """``data prepare``, whose help ends with each registered workload's own options."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from mlhpc.workload import get, names, prepare_options
+
+        rows = []
+        for name in names():
+            try:
+                tools = get(name).data_tools
+            except ConfigError:  # a broken entry point: `mlhpc list` says why
+                continue
+            for option in prepare_options(tools) if tools is not None else []:
+                rows.append((f"{name}: {option['name']}",
+                             f"{option['description']} (default {option['default']})"))
+        with formatter.section("Options of each workload (--option KEY=VALUE)"):
+            formatter.write_dl(rows or [("(none)", "no registered workload declares one")])
+
+
+@data_group.command("prepare", cls=_PrepareCommand)
 @click.argument("workload_name")
 @click.argument("raw_dir", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
 @click.option("--to", "to", default=None,
               help="Form to write (one the workload's data convert writes; default: its first).")
-@click.option("--sample-size", type=click.IntRange(1), default=128, show_default=True,
-              help="Cells per side of a sample (the reference splits 512^3 universes into 128^3).")
-@click.option("--validation-fraction", type=float, default=0.1111, show_default=True,
-              help="Share of the raw files (whole files, the last in name order) for validation/.")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
+              help="One of the workload's own prepare options, listed below (repeatable).")
 @click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Processes preparing files in parallel.")
 @_friendly
-def prepare_command(workload_name: str, raw_dir: Path, dst: Path, to: str, sample_size: int,
-                    validation_fraction: float, workers: int) -> None:  # one parameter per click option
-    """Split raw simulation files into training samples (the reference's prepare.py)."""
+def prepare_command(workload_name: str, raw_dir: Path, dst: Path, to: str,
+                    options: tuple[str, ...], workers: int) -> None:
+    """Make raw files into training samples, as the reference's preparation step does."""
     from mlhpc.data import convert as data_convert
     from mlhpc.workload import get
 
     result = _data_tools_call(data_convert.prepare, get(workload_name), raw_dir, dst, to,
-                              workers=workers, sample_size=sample_size,
-                              validation_fraction=validation_fraction)
-    click.echo(_summary("prepared", result))
+                              workers=workers, options=options)
+    echo(_summary("prepared", result))
 
 
 def _summary(verb: str, result: Any) -> str:

@@ -105,6 +105,9 @@ class Section(BaseModel):
     def _int64(cls, value: Any, info: ValidationInfo) -> Any:
         if _out_of_int64(value):
             raise ValueError(f"integers must lie within {INT64_MIN} .. {INT64_MAX}")
+        if isinstance(value, (str, Path)) and any(ord(c) < 32 or ord(c) == 127 for c in str(value)):
+            raise ValueError("holds a control character (a newline, tab or escape); a name or path "
+                             "may not (a folder whose name ends in a newline is no one's to find)")
         return value
 
 
@@ -160,7 +163,7 @@ class StagingConfig(Section):
         "read each staged file back and check its checksum against the source's"))
     to: str = Field("none", pattern=r"^[a-z][a-z0-9_-]*$", description=(
         "none: copy the files as they are; else a form the workload's data convert writes "
-        "(e.g. npy, hdf5), converted on the way to the node"))
+        "(`mlhpc list` shows them), converted on the way to the node"))
     follow_links: bool = Field(False, description=(
         "read a symbolic link to a file inside the source as that file (links out of the "
         "source, and links to folders, are refused either way); false: every link is refused"))
@@ -458,7 +461,7 @@ def _check_format(config: Any, workload: Any, source: str) -> None:
         ConfigError: it names another form (the message lists the workload's).
     """
     fmt = config.data.format
-    known = tuple(getattr(workload.data_tools, "formats", ()) or ())
+    known = tuple(workload.data_tools.formats) if workload.data_tools is not None else ()
     if fmt != "auto" and fmt not in known:
         listed = ", ".join(("auto",) + known)
         raise ConfigError(f"{source}: data.format: {fmt!r} is not a form workload "
@@ -472,4 +475,6 @@ def load(path: Path | str, overrides: tuple[str, ...] = ()) -> Config:
 
 def save(config: Config, path: Path) -> None:
     """Write the resolved config as YAML (what the run actually used)."""
-    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    from mlhpc.data.files import write_text_atomic
+
+    write_text_atomic(Path(path), yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -12,9 +12,9 @@ Units follow the project's naming rule (units live in names): a key ending ``_s`
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -32,8 +32,6 @@ UNITS = {
     "_steps": "steps", "_ms": "ms", "_km": "km", "_pa": "Pa", "_A": "Å", "_k": "K", "_s": "s",
 }
 COMMON = ("submission", "data", "train", "output", "power")
-WORKLOAD_SECTIONS = (("model", "model_config"), ("optimizer", "optimizer_config"),
-                     ("synth", "synth_config"))
 
 
 @dataclass(frozen=True)
@@ -53,9 +51,15 @@ def _section(ann: Any) -> type[BaseModel] | None:
                 None)
 
 
+def _after_first_line(doc: str) -> str:
+    """A docstring with its first line (never indented) set apart, so the rest dedents."""
+    first, _, rest = doc.partition("\n")
+    return first.strip() + "\n" + textwrap.dedent(rest)
+
+
 def docstring_attributes(model: type) -> dict[str, str]:
     """``name -> text`` of the ``Attributes:`` block of ``model``'s own docstring (Google style)."""
-    doc = inspect.cleandoc(model.__dict__.get("__doc__") or "")
+    doc = _after_first_line(model.__doc__ or "").strip()  # a class docstring is its own
     found: dict[str, str] = {}
     block = doc.split("Attributes:", 1)[1] if "Attributes:" in doc else ""
     name = None
@@ -131,13 +135,13 @@ def section_keys(model: type[BaseModel], prefix: str) -> list[Key]:
 
 
 def shipped_workloads() -> list[str]:
-    """The workloads this distribution ships (its ``mlhpc.workloads`` entry points into
-    ``mlhpc_workloads``); a third party's workload, or one registered in a process, documents
-    its own keys."""
+    """The workloads this distribution ships (the ``mlhpc.workloads`` entry points of the
+    ``mlhpc`` distribution itself); a third party's workload, or one registered in a process,
+    documents its own keys."""
     from importlib.metadata import entry_points
 
     return sorted(ep.name for ep in entry_points(group="mlhpc.workloads")
-                  if ep.value.startswith("mlhpc_workloads."))
+                  if ep.dist is not None and ep.dist.name == "mlhpc")
 
 
 def sections() -> list[tuple[str, list[Key]]]:
@@ -151,8 +155,8 @@ def sections() -> list[tuple[str, list[Key]]]:
                                                   f"{name}.")))
     for workload in shipped_workloads():
         spec = get(workload)
-        for section, attr in WORKLOAD_SECTIONS:
-            found.append((f"`{section}` ({workload})", section_keys(getattr(spec, attr), f"{section}.")))
+        for section, model in spec.sections().items():
+            found.append((f"`{section}` ({workload})", section_keys(model, f"{section}.")))
     return found
 
 

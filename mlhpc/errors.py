@@ -38,23 +38,24 @@ class OutputError(MlhpcError):
 
 def one_line_errors(os_errors: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A decorator for CLI commands: an `MlhpcError` (and, with ``os_errors``, an `OSError`)
-    becomes one line ``mlhpc: error: ...`` on stderr and the exit status the error carries
+    becomes one line ``mlhpc: error: ...`` on stderr (`mlhpc.text.echo`: control characters
+    shown, never sent; credentials masked) and the exit status the error carries
     (``exit_status``, else 2); anything else keeps its traceback (a bug)."""
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            import click
+            from mlhpc.text import echo, one_line
 
             try:
                 return fn(*args, **kwargs)
             except MlhpcError as exc:
-                click.echo("mlhpc: error: " + " ".join(str(exc).splitlines()), err=True)
+                echo("mlhpc: error: " + one_line(exc), err=True)
                 sys.exit(getattr(exc, "exit_status", 2))
             except OSError as exc:
                 if not os_errors:
                     raise
-                click.echo(f"mlhpc: error: {exc.filename or ''}: {exc.strerror or exc}", err=True)
+                echo(f"mlhpc: error: {one_line(exc.filename or '')}: {one_line(exc.strerror or exc)}", err=True)
                 sys.exit(2)
 
         return wrapper

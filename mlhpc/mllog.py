@@ -1,10 +1,10 @@
 """Compliance logging on top of `mlperf_logging.mllog` (MLPerf HPC rules, hpc 3.0.0 ruleset).
 
 Only global rank 0 writes. Each run writes a fresh ``result_N.txt``: the file is created with
-``O_EXCL`` (mode ``"x"``), so no run ever overwrites or appends to an existing result, and two
+``O_EXCL | O_NOFOLLOW``, so no run ever overwrites or appends to an existing result, and two
 runs started at once into one folder get distinct files. ``result_N.txt`` claims the whole set of
-run N (`RUN_FILES`: its summary, measured values, config, environment, checkpoint and resume
-claim): a slot N is free only when no file of that set exists, so a side file left by an earlier
+run N (`RUN_FILES`: its summary, measured values, config, environment, checkpoint, resume
+claim and power folder ``power/result_N``): a slot N is free only when no file of that set exists, so a side file left by an earlier
 run (its log moved or deleted) is never overwritten. Every line is flushed as it is written,
 so a crash leaves a readable log.
 
@@ -38,7 +38,7 @@ RESUME = "resume"  # mlhpc: this run continues a stopped one (value: where from,
 RESULT_PATTERN = "result_{}.txt"
 #: The files of run N, one set: claimed together through ``result_N.txt``, never overwritten.
 RUN_FILES = (RESULT_PATTERN, "measured_{}.json", "summary_{}.json", "config_{}.yaml",
-             "env_{}.json", "checkpoint_{}.pt", "resumed_{}.json")
+             "env_{}.json", "checkpoint_{}.pt", "resumed_{}.json", "power/result_{}")
 _counter = itertools.count()
 
 
@@ -58,11 +58,11 @@ def open_next_result(out_dir: Path) -> tuple[Path, IO[str]]:
         if slot_taken(out_dir, n):
             continue
         path = out_dir / RESULT_PATTERN.format(n)
-        try:
-            handle = open(path, "x", buffering=1, encoding="utf-8")
+        try:  # O_EXCL: never an existing file, never through a planted link (EEXIST)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except FileExistsError:
             continue
-        return path, handle
+        return path, os.fdopen(fd, "w", buffering=1, encoding="utf-8")
     raise AssertionError("unreachable")
 
 

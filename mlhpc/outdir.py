@@ -4,7 +4,7 @@
 a file, is read-only (permissions or a read-only mount) or on a full file system is reported as
 one line (`OutputError`, exit status 2) with nothing created. `write_text_atomic` writes a side
 file (summary, config, environment) through a temporary sibling that is removed when the write
-fails, so a full disk leaves no 0-byte ``*.tmp`` behind.
+fails, so a full disk leaves no 0-byte temporary file behind.
 """
 
 from __future__ import annotations
@@ -83,29 +83,23 @@ def check_output_dir(path: Path | str, key: str = "output.dir",
 
 
 def write_text_atomic(path: Path | str, text: str, exclusive: bool = False) -> None:
-    """Write ``text`` (UTF-8) to ``path`` through a temporary sibling, fsynced, then renamed;
-    with ``exclusive`` an existing ``path`` is never replaced (the rename becomes a hard link,
-    which fails when ``path`` exists). On any failure the temporary file is removed.
+    """Write ``text`` (UTF-8) to ``path`` through the project's one atomic writer
+    (`mlhpc.data.files.write_text_atomic`); with ``exclusive`` an existing ``path`` is never
+    replaced. On any failure the temporary file is removed.
 
     Raises:
         OutputError: the file cannot be written (full file system, permissions, ...) or, with
             ``exclusive``, already exists; the message names the file.
     """
+    from mlhpc.data.files import UnsafeFolder
+    from mlhpc.data.files import write_text_atomic as write_atomic
+
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
     try:
-        with open(tmp, "x", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        if exclusive:
-            os.link(tmp, path)
-            tmp.unlink()
-        else:
-            os.replace(tmp, path)
+        write_atomic(path, text, exclusive=exclusive)
     except FileExistsError:
-        tmp.unlink(missing_ok=True)
         raise OutputError(f"{path}: already exists; results are never overwritten") from None
+    except UnsafeFolder as exc:
+        raise OutputError(f"{path}: cannot write ({exc.strerror})") from None
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise OutputError(f"{path}: cannot write ({_reason(exc)})") from None

@@ -30,7 +30,7 @@ from mlhpc.data.files import atomic_output
 from mlhpc.config import Config
 from mlhpc.errors import ConfigError, OutputError
 from mlhpc.data.embedded import ensure_data
-from mlhpc.data.loader import device_transform, to_device
+from mlhpc.data.loader import to_device
 from mlhpc.runtime import Runtime
 from mlhpc.run.step import Step, compile_mode, train_step
 from mlhpc.run.train import local_batch_size
@@ -107,7 +107,7 @@ def _profile(config: Config, rt: Runtime, steps: int, warmup: int, trace_path: P
     lbs = local_batch_size(config, rt)
     parts = assemble.build(job, None, lbs)  # the run's parts: model, loaders, optimizer, step
     step, loader = parts.step, parts.train_loader
-    decode = device_transform(parts.train_ds)
+    decode = parts.train_ds.device_transform
     x0, y0 = to_device(next(iter(loader)), rt.device, decode)
     scratch, scratch_opt = assemble.scratch_copy(job, parts.model)
     memory = perf.memory_breakdown(scratch, scratch_opt, x0, step.loss_fn, y0)

@@ -14,6 +14,8 @@ import sys
 import time
 from typing import IO, Any
 
+from mlhpc.text import console, echo, joined, styled
+
 #: The longest a log file (not a terminal) goes without a synthesis line, in seconds.
 LOG_INTERVAL_S = 5.0
 
@@ -61,10 +63,9 @@ class SynthLines:
                         "system holds it (interrupted, it resumes where it stopped)")
         self.last_line = time.monotonic()
         if self.tty:
-            from rich.console import Console
             from rich.progress import Progress
 
-            self.bar = Progress(transient=True, console=Console(file=self.stream))
+            self.bar = Progress(transient=True, console=console(file=self.stream))
             self.bar.start()
             self.task = self.bar.add_task("synthesising", total=event["samples"] or None)
 
@@ -106,7 +107,7 @@ class SynthLines:
             self.bar = None
 
     def _print(self, line: str) -> None:
-        print(line, file=self.stream, flush=True)
+        echo(line, file=self.stream)
 
 
 def where_line(name: str, key: str, event: dict[str, Any]) -> str:
@@ -124,9 +125,7 @@ class RunProgress:
     """Progress for `mlhpc run`: a rich live line on a terminal, plain lines otherwise (Slurm)."""
 
     def __init__(self) -> None:
-        from rich.console import Console
-
-        self.console = Console(stderr=False)
+        self.console = console(stderr=False)
         self.tty = sys.stdout.isatty()
         self.synth = SynthLines(sys.stdout)
 
@@ -148,7 +147,7 @@ class RunProgress:
                     f"eval {event['eval_s']:.1f} s{reached}")
             self._line(line)
         elif kind == "warning":
-            self.console.print(f"[yellow]warning:[/yellow] {event['message']}", highlight=False)
+            self.console.print(joined(styled("warning:", "yellow"), " ", event["message"]))
         elif kind == "note":  # one whole line: a path in it is never wrapped
             self._line(event["message"])
         elif kind == "step":  # every train.log_every_steps, on a terminal and in a log file
@@ -171,7 +170,7 @@ class RunProgress:
         if self.tty:
             self.console.print(line, highlight=False)
         else:
-            print(line, flush=True)
+            echo(line, file=sys.stdout)
 
 
 class DataProgress:
@@ -191,14 +190,12 @@ class DataProgress:
             files = event["files"]
             skipped = event.get("skipped", 0)
             if skipped:
-                print(f"{event['what']}: {skipped} of {files} files already done (resumed)",
-                      file=sys.stderr, flush=True)
+                echo(f"{event['what']}: {skipped} of {files} files already done (resumed)", file=sys.stderr)
             self.step = max(1, files // 10)
             if self.tty:
-                from rich.console import Console
                 from rich.progress import Progress
 
-                self.bar = Progress(transient=True, console=Console(stderr=True))
+                self.bar = Progress(transient=True, console=console(stderr=True))
                 self.bar.start()
                 self.task = self.bar.add_task(event["what"], total=files, completed=skipped)
         elif kind == "file":
@@ -207,7 +204,7 @@ class DataProgress:
             elif event["done"] % self.step == 0 or event["done"] == event["files"]:
                 gb = event.get("bytes_read")
                 read = f", {gb / 1e9:.3f} GB read" if gb is not None else ""
-                print(f"{event['done']}/{event['files']} files{read}", file=sys.stderr, flush=True)
+                echo(f"{event['done']}/{event['files']} files{read}", file=sys.stderr)
         elif kind == "done":
             self.close()
 
@@ -217,9 +214,15 @@ class DataProgress:
             self.bar = None
 
 
+def _epochs(s: dict[str, Any]) -> str:
+    """Epochs to the target when reached, else the last epoch run (a summary's figures)."""
+    done = s.get("epochs_to_target")
+    done = done if done is not None else (s.get("last_epoch") or s.get("n_epochs") or 0)
+    return f"{done:g}"
+
+
 def print_summary(summary: dict[str, Any]) -> None:
     """The end-of-run table: `mlhpc.run.result` figures, read back from the run's log."""
-    from rich.console import Console
     from rich.table import Table
 
     s, perf = summary, summary.get("perf", {})
@@ -238,8 +241,8 @@ def print_summary(summary: dict[str, Any]) -> None:
         ("init", _secs(s.get("init_s"))),
         ("data synthesis (before init)", _secs(s.get("synthesis_s"))),
         ((f"epochs to target ({s['metric_key']} {sign} {s['target']})" if s["status"] == "success"
-          else "epochs run (target not reached)"), f"{s['epochs']}"),
-        (f"final {s['metric_key']}", "n/a" if s.get("metric_value") is None else f"{s['metric_value']:.4f}"),
+          else "epochs run (target not reached)"), _epochs(s)),
+        (f"final {s['metric_key']}", f"{s['metric_series'][-1][1]:.4f}" if s.get("metric_series") else "n/a"),
         ("mean epoch time", _secs(s.get("mean_epoch_s"))),
         ("training throughput", f"{s.get('samples_per_s') or 0:.1f} samples/s"),
         ("evaluation time (total)", _secs(s.get("total_eval_s"))),
@@ -253,12 +256,12 @@ def print_summary(summary: dict[str, Any]) -> None:
     ]
     for name, value in rows:
         table.add_row(name, value)
-    console = Console()
-    console.print(table)
+    out = console()
+    out.print(table)
     for name, value in _path_lines(s):  # whole lines: a path is never cut or wrapped by the table
-        print(f"{name}: {value}", flush=True)
+        echo(f"{name}: {value}", file=sys.stdout)
     if s.get("departs_from_reference"):
-        console.print("departs from the reference: " + "; ".join(s["departs_from_reference"]),
+        out.print("departs from the reference: " + "; ".join(s["departs_from_reference"]),
                       highlight=False)
 
 

@@ -1,4 +1,5 @@
-"""MLPerf HPC rules that the harness applies, kept as data in one place.
+"""MLPerf HPC rules that the harness and the report apply, kept as data in one place: one
+`Ruleset` table per version (`RULESETS`), and the initialisation limits.
 
 From mlcommons/training_policies ``hpc_training_rules.adoc`` (and, for the v3.0 order of
 staging, mlcommons/logging issue 318; see docs/staging-at-scale.md):
@@ -7,7 +8,7 @@ staging, mlcommons/logging issue 318; see docs/staging-at-scale.md):
   before ``init_start``;
 - from v3.0 data may start on any durable storage, node-local disks included, never RAM, and
   staging sits in initialisation, untimed; before v3.0 the data started on a parallel file system
-  and staging was timed (`STAGING_TIMED`);
+  and staging was timed (`Ruleset.staging_timed`);
 - at most 30 minutes of initialisation before the clock for the closed division, 4 hours for the
   open division (`INIT_LIMIT_S`);
 - "arbitrary sharding is allowed if the data stay randomly ordered overall and each datum appears
@@ -16,19 +17,75 @@ staging, mlcommons/logging issue 318; see docs/staging-at-scale.md):
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping, Optional
 
 #: Initialisation allowed before ``run_start``, seconds, by division.
 INIT_LIMIT_S = {"closed": 30 * 60.0, "open": 4 * 3600.0}
 
-#: Whether staging counts inside the timed run, by the first ruleset of each regime.
-STAGING_TIMED = {"0.7.0": True, "1.0.0": True, "2.0.0": True, "3.0.0": False}
+
+@dataclass(frozen=True)
+class Ruleset:
+    """The rules of one MLPerf HPC ruleset version that the harness and the report apply.
+
+    Attributes:
+        version: ``"X.Y.Z"``, as mlperf_logging names its ``hpc_X.Y.Z`` rule folders.
+        staging_timed: data staging counts inside the timed run (before v3.0 the data started
+            on the parallel file system; from v3.0 staging sits in the untimed initialisation).
+        runs: the result files a strong-scaling score needs, per benchmark of the round
+            (mlperf_logging's ``benchmark_meta``: the benchmarks the round allows and their
+            counts).
+        max_dropped: runs a strong-scaling score may drop (a failed run counts as the slowest):
+            result_summarizer's olympic mean drops this many at each end.
+        sample_counted_epochs: benchmarks whose ``epoch_num`` counts training samples rather
+            than passes over the data.
+    """
+
+    version: str
+    staging_timed: bool
+    runs: Mapping[str, int]
+    max_dropped: int = 1
+    sample_counted_epochs: frozenset[str] = frozenset()
 
 
-def staging_timed(ruleset: str) -> bool:
-    """Whether ``ruleset`` (``"X.Y.Z"``) times staging inside the run (before v3.0)."""
-    major = int(str(ruleset).split(".")[0])
-    return major < 3
+def _ruleset(version: str, staging_timed: bool, runs: dict[str, int],
+             sample_counted: frozenset[str] = frozenset()) -> Ruleset:
+    return Ruleset(version, staging_timed, MappingProxyType(runs), 1, sample_counted)
+
+
+_V07 = {"cosmoflow": 10, "deepcam": 5}
+_V10 = {**_V07, "oc20": 5}
+#: One table per ruleset version, the rounds' own rules (mlcommons/training_policies
+#: hpc_training_rules.adoc of each round; mlperf_logging's benchmark_meta for the runs).
+RULESETS: Mapping[str, Ruleset] = MappingProxyType({
+    "0.7.0": _ruleset("0.7.0", True, _V07),
+    "1.0.0": _ruleset("1.0.0", True, _V10),
+    "2.0.0": _ruleset("2.0.0", True, _V10),
+    "3.0.0": _ruleset("3.0.0", False, {**_V10, "openfold": 10}, frozenset({"openfold"})),
+})
+#: The ruleset mlhpc's own runs follow.
+CURRENT = "3.0.0"
+
+
+def ruleset(version: str | None = None) -> Ruleset:
+    """The rules of ``version`` (``"X.Y.Z"``; None: `CURRENT`); an unknown version gets the
+    rules of the latest one before it (a patch release keeps its round's rules).
+
+    Raises:
+        ValueError: ``version`` is not ``X.Y.Z`` or precedes every known ruleset.
+    """
+    version = version or CURRENT
+    key = tuple(int(p) for p in version.split("."))
+    known = [v for v in RULESETS if tuple(int(p) for p in v.split(".")) <= key]
+    if not known:
+        raise ValueError(f"ruleset {version}: no MLPerf HPC ruleset before it")
+    return RULESETS[max(known, key=lambda v: tuple(int(p) for p in v.split(".")))]
+
+
+def staging_timed(version: str) -> bool:
+    """Whether ruleset ``version`` (``"X.Y.Z"``) times staging inside the run (before v3.0)."""
+    return ruleset(version).staging_timed
 
 
 def init_limit_s(division: str) -> float:

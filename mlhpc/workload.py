@@ -1,4 +1,10 @@
-"""The `Workload` spec: what a benchmark declares so that one harness can train it.
+"""The `Workload` spec, the one door between the harness and a benchmark: everything a workload
+declares and everything the harness calls on a workload's objects, with its types.
+
+A workload imports from here: `Workload` (its constructors and settings), `QualityMetric`,
+`WorkloadDataset` (every hook the harness calls on a dataset), `SynthProgress` (what its
+synthesis tells), `DataTools` and `FileCheck` (its formats, for ``mlhpc data`` and staging, with
+its ``mlhpc data prepare`` options). The harness calls nothing a workload did not declare here.
 
 Follows the shape of torchtitan's ``TrainSpec`` (torchtitan/protocols/train_spec.py): the harness
 (`mlhpc.run.train`) is model-agnostic and never branches on a workload's name; a workload is a frozen
@@ -9,17 +15,19 @@ imports a workload package (the bundled ones are installed as ``mlhpc_workloads`
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple
 
-from mlhpc.errors import ConfigError
+from pydantic import BaseModel, ConfigDict
+
+from mlhpc.data.inputs import read_text_input
+from mlhpc.errors import ConfigError, DataError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
-    from pydantic import BaseModel
-    from torch.utils.data import Dataset
 
     from mlhpc.runtime import Runtime
 
@@ -53,6 +61,194 @@ class QualityMetric:
         return value <= goal if self.direction == "min" else value >= goal
 
 
+# ---- the dataset protocol -----------------------------------------------------------------------
+
+
+class SampleLocation(NamedTuple):
+    """Where sample ``index`` of a dataset is stored: its file and its index within that file
+    (0 for a file that holds one sample)."""
+
+    file: Path
+    index: int
+
+
+class WorkloadDataset:
+    """The map-style dataset a workload's ``build_datasets`` returns: every hook the harness
+    calls on it, with the default a dataset that does not override it gets. The harness calls
+    these and nothing else (`mlhpc.data.loader`, `mlhpc.run`); a DataLoader takes it as it takes a
+    torch ``Dataset``.
+
+    Attributes:
+        memory_mapped: the training data are read through memory maps (reported in the run's
+            ``measured_N.json``); default False.
+
+    A dataset overrides, where its data need it:
+        ``__len__`` / ``__getitem__``: required; ``__getitem__(i) -> (x, y)``.
+        `collate_fn`: the DataLoader's collate function (default torch's ``default_collate``).
+        `device_transform`: decodes a batch input on the training device (default: none).
+        `batch_len`: samples in a batch input (default ``len(x)``).
+        `locate`: the file and the index within it of a sample, named in errors (default None).
+    """
+
+    memory_mapped: bool = False
+
+    def __len__(self) -> int:
+        raise NotImplementedError(f"{type(self).__name__} does not define __len__")
+
+    def __getitem__(self, index: int) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not define __getitem__")
+
+    def collate_fn(self, samples: Any) -> Any:
+        """A batch ``(x, y)`` from what the DataLoader fetched: a list of ``__getitem__`` items,
+        or what the dataset's own ``__getitems__`` returned."""
+        from torch.utils.data import default_collate
+
+        return default_collate(samples)
+
+    def device_transform(self, x: Any) -> Any:
+        """A batch input ``x`` decoded on the device it has just been moved to."""
+        return x
+
+    def batch_len(self, x: Any) -> int:
+        """Samples in a batch input ``x`` (a graph batch counts structures, not atoms)."""
+        return len(x)
+
+    def locate(self, index: int) -> SampleLocation | None:
+        """Where sample ``index`` is stored, or None when the dataset cannot say."""
+        return None
+
+    @property
+    def decodes_on_device(self) -> bool:
+        """The dataset decodes its batches on the device (it overrides `device_transform`)."""
+        return type(self).device_transform is not WorkloadDataset.device_transform
+
+
+# ---- embedded data ------------------------------------------------------------------------------
+
+
+class SynthProgress:
+    """What a workload's ``synthesize`` tells the harness as it writes (this class is also the
+    silent listener a direct call gets): `plan` once, before the first sample, then `done` as
+    samples are written. A workload that says nothing is watched through the bytes it writes."""
+
+    def plan(self, samples: int, size_bytes: int | None = None) -> None:
+        """``samples`` are about to be written, about ``size_bytes`` in all (None: unknown)."""
+
+    def done(self, samples: int = 1) -> None:
+        """``samples`` more have been written."""
+
+
+#: The listener of a ``synthesize`` called outside the harness.
+NO_PROGRESS = SynthProgress()
+
+
+# ---- data tools ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    """What `DataTools.check_file` found in one file: sample count, one sample's shape and
+    dtype (as stored), and the file's size in bytes."""
+
+    samples: int
+    sample_shape: tuple[int, ...]
+    dtype: str
+    bytes: int
+
+
+class NoPrepareOptions(BaseModel):
+    """The options of a workload whose data need no preparation step."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataTools:
+    """A workload's data tools (``Workload.data_tools``): recognise, list, check, convert and
+    prepare its files one file at a time, for ``mlhpc data check | convert | prepare`` and for
+    staging. A workload subclasses this and overrides what its formats need; every method raises
+    DataError naming the file (and record or sample) on bad input. `convert_file` and
+    `prepare_file` write their outputs through `mlhpc.data.files.atomic_output` and return
+    ``(path, samples)`` for each.
+
+    Attributes:
+        formats: the forms its reader accepts (``data.format`` values besides ``auto``).
+        convert_to: the forms `convert_file` writes.
+        root_files: names of files at the dataset root copied unchanged (a statistics file).
+        splits: the split folder names it writes.
+        prepare_options: the pydantic model of the options of ``mlhpc data prepare`` for this
+            workload (``--option KEY=VALUE``), each field with its default and description.
+    """
+
+    formats: tuple[str, ...] = ()
+    convert_to: tuple[str, ...] = ()
+    root_files: tuple[str, ...] = ()
+    splits: tuple[str, ...] = ("train", "validation")
+    prepare_options: type[BaseModel] = NoPrepareOptions
+
+    def find_splits(self, root: Path) -> tuple[str, ...]:
+        """The split folder names of the dataset at ``root`` (a dataset that names its folders
+        its own way answers here); default `splits`."""
+        return self.splits
+
+    def detect(self, split_dir: Path) -> str:
+        """The form of the files in ``split_dir``."""
+        raise DataError(f"{split_dir}: this workload's data tools recognise no files")
+
+    def list_files(self, split_dir: Path, fmt: str) -> list[Path]:
+        """The data files of form ``fmt`` in ``split_dir``, in reading order."""
+        raise DataError(f"{split_dir}: this workload's data tools list no files")
+
+    def check_file(self, path: Path, fmt: str, full: bool) -> FileCheck:
+        """One file checked: quick (framing, counts) or ``full`` (every sample decoded)."""
+        raise DataError(f"{path}: this workload's data tools check no files")
+
+    def convert_file(self, path: Path, fmt: str, out_dir: Path, to: str) -> list[tuple[Path, int]]:
+        """One file rewritten in form ``to`` under ``out_dir``."""
+        raise DataError(f"{path}: this workload's data tools convert no files")
+
+    def finish_split(self, out_dir: Path, to: str) -> list[Path]:
+        """What a split needs once all its files are written (file lists); their paths."""
+        return []
+
+    def list_raw(self, raw_dir: Path) -> list[Path]:
+        """The raw files ``mlhpc data prepare`` makes samples of."""
+        raise DataError(f"{raw_dir}: this workload has no preparation step")
+
+    def prepare_splits(self, raw: list[Path], options: Any) -> list[tuple[str, Path]]:
+        """``(split, raw file)`` for every raw file: which split its samples go to."""
+        raise DataError("this workload has no preparation step")
+
+    def prepare_file(self, path: Path, out_dir: Path, to: str, options: Any
+                     ) -> list[tuple[Path, int]]:
+        """One raw file made into samples of form ``to`` under ``out_dir``; ``options`` is a
+        `prepare_options` instance."""
+        raise DataError(f"{path}: this workload has no preparation step")
+
+
+def last_files_to_validation(raw: list[Path], fraction: float, splits: tuple[str, ...]
+                             ) -> list[tuple[str, Path]]:
+    """Whole raw files to splits: the last ``ceil(n * fraction)`` in the given order (at least
+    one when there are two files or more and ``fraction`` > 0, never all) to ``splits[1]``, the
+    rest to ``splits[0]``; what the reference's preparation does with whole universes.
+
+    Raises:
+        DataError: ``fraction`` outside [0, 1).
+    """
+    if not 0 <= fraction < 1:
+        raise DataError(f"validation share {fraction}: expected 0 <= f < 1")
+    n_valid = math.ceil(len(raw) * fraction) if len(raw) > 1 else 0
+    n_valid = min(max(n_valid, 1 if len(raw) > 1 and fraction > 0 else 0), max(len(raw) - 1, 0))
+    return [(splits[1] if i >= len(raw) - n_valid else splits[0], path) for i, path in enumerate(raw)]
+
+
+def every_model_setting(model: BaseModel) -> dict[str, Any]:
+    """The default `Workload.model_settings`: every field of the model section."""
+    return model.model_dump(mode="json")
+
+
+# ---- the workload -------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Workload:
     """A trainable MLPerf HPC benchmark, declared as data.
@@ -62,12 +258,11 @@ class Workload:
         model_config / optimizer_config / synth_config: pydantic models validating the config
             sections ``model``, ``optimizer`` and ``synth`` of this workload.
         build_model: ``model_config -> nn.Module`` (float32 weights, on the CPU).
-        build_datasets: ``(config, runtime, data_dir) -> (train, validation)`` map-style datasets
-            reading the official on-disk layout under ``data_dir``; raises ``DataError``. A
-            dataset may also define ``collate_fn`` (whole batches from ``__getitems__``) and
-            ``device_transform`` (decode a batch on the training device); see `mlhpc.data.loader`.
-        synthesize: ``(out_dir, synth_config, seed) -> None`` writes embedded data in the official
-            layout (``train/`` and ``validation/``).
+        build_datasets: ``(config, runtime, data_dir) -> (train, validation)``, two
+            `WorkloadDataset` reading the official on-disk layout under ``data_dir``; raises
+            ``DataError``.
+        synthesize: ``(out_dir, synth_config, seed, progress) -> None`` writes embedded data in
+            the official layout (its split folders), telling ``progress`` (`SynthProgress`).
         build_loss: ``config -> (output, target) -> scalar loss tensor``.
         metric: the quality metric and its target.
         build_optimizer: ``(model, config, steps_per_epoch) -> (optimizer, scheduler)``; the
@@ -78,26 +273,61 @@ class Workload:
             summary when a mini config departs from them.
         departures: ``config -> [str]``, every way ``config`` departs from the reference run
             (optimizer, target, sample counts, model size, ...), one short phrase each. When None,
-            the harness lists the model fields that differ from the model config's defaults.
-        data_tools: a `mlhpc.data.formats.DataTools` (list, check, convert and prepare the
-            workload's files, one file at a time) for ``mlhpc data convert | prepare | check``;
-            None when the workload offers none.
+            the harness lists the model settings that differ from the model config's defaults.
+        model_settings: ``model section -> {name: value}``, the settings a report shows of the
+            model (those that decide the input it takes and its memory layout); default every
+            field (`every_model_setting`).
+        data_tools: its `DataTools` for ``mlhpc data convert | prepare | check`` and staging
+            conversions; None when the workload offers none.
     """
 
     name: str
-    model_config: type["BaseModel"]
-    optimizer_config: type["BaseModel"]
-    synth_config: type["BaseModel"]
+    model_config: type[BaseModel]
+    optimizer_config: type[BaseModel]
+    synth_config: type[BaseModel]
     build_model: Callable[[Any], "torch.nn.Module"]
-    build_datasets: Callable[["Config", "Runtime", Path], tuple["Dataset", "Dataset"]]
-    synthesize: Callable[[Path, Any, int], None]
+    build_datasets: Callable[["Config", "Runtime", Path], tuple[WorkloadDataset, WorkloadDataset]]
+    synthesize: Callable[[Path, Any, int, SynthProgress], None]
     build_loss: Callable[["Config"], Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]]
     metric: QualityMetric
     build_optimizer: Callable[["torch.nn.Module", "Config", int], tuple[Any, Any]]
     hyperparameters: Callable[["Config"], dict[str, Any]]
     reference_samples: tuple[int, int] = (0, 0)
     departures: Callable[["Config"], list[str]] | None = None
-    data_tools: Any = None  # `mlhpc.data.formats.DataTools`: data convert / prepare / check
+    model_settings: Callable[[Any], dict[str, Any]] = every_model_setting
+    data_tools: DataTools | None = None
+
+    def __post_init__(self) -> None:
+        if self.data_tools is not None and not isinstance(self.data_tools, DataTools):
+            raise ConfigError(f"workload {self.name!r}: data_tools is a "
+                              f"{type(self.data_tools).__name__}, not a mlhpc.workload.DataTools")
+
+    def sections(self) -> dict[str, type[BaseModel]]:
+        """The config sections this workload validates: ``model``, ``optimizer``, ``synth``."""
+        return {"model": self.model_config, "optimizer": self.optimizer_config,
+                "synth": self.synth_config}
+
+    def tools(self) -> DataTools:
+        """Its data tools. Raises DataError when it declares none."""
+        if self.data_tools is None:
+            raise DataError(f"workload {self.name!r} declares no data tools (Workload.data_tools); "
+                            f"mlhpc data convert/prepare/check cannot read its files")
+        return self.data_tools
+
+    def datasets(self, config: "Config", runtime: "Runtime", data_dir: Path
+                 ) -> tuple[WorkloadDataset, WorkloadDataset]:
+        """``build_datasets``, each checked to be a `WorkloadDataset`.
+
+        Raises:
+            DataError: as ``build_datasets``.
+            ConfigError: it returned something else.
+        """
+        found = self.build_datasets(config, runtime, data_dir)
+        for dataset in found:
+            if not isinstance(dataset, WorkloadDataset):
+                raise ConfigError(f"workload {self.name!r}: build_datasets returned a "
+                                  f"{type(dataset).__name__}, not a mlhpc.workload.WorkloadDataset")
+        return found[0], found[1]
 
 
 # ---- the registry -------------------------------------------------------------------------------
@@ -170,6 +400,42 @@ def get(name: str) -> Workload:
     return workload
 
 
+def source_files(name: str) -> list[tuple[Path, Path]]:
+    """``(file, path within a package)`` for every Python file of workload ``name``'s source,
+    found through its entry point: the module it names (a package: every file under its
+    folder) and, when that lies in a package, the package's own top-level files (its
+    ``__init__.py`` and the modules its workloads share). Paths within a package keep the
+    import names (``top/sub/file.py``), so the source can be imported as it was installed.
+
+    Raises:
+        ConfigError: no installed entry point provides ``name`` (a workload registered in a
+            process has no installed source), or its module cannot be found.
+    """
+    import importlib.util
+
+    found = _entry_points()
+    if name not in found:
+        raise ConfigError(f"workload {name!r}: no installed package provides it (entry-point group "
+                          f"{ENTRY_POINT_GROUP}); its source cannot be found")
+    module = found[name].module
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ConfigError(f"workload {name!r}: module {module} of its entry point is not found")
+    origin = Path(spec.origin)
+    parts = module.split(".")
+    if spec.submodule_search_locations:  # a package: its folder, at its import path
+        folder, base = origin.parent, Path(*parts)
+        files = [(p, base / p.relative_to(folder)) for p in sorted(folder.rglob("*.py"))
+                 if "__pycache__" not in p.parts]
+        above = folder.parent
+    else:
+        files, above = [(origin, Path(*parts[:-1], origin.name))], origin.parent
+    for depth in range(len(parts) - 1, 0, -1):  # the packages above it: their own files
+        files += [(p, Path(*parts[:depth], p.name)) for p in sorted(above.glob("*.py"))]
+        above = above.parent
+    return files
+
+
 def describe(config_dirs: tuple[Path, ...] = (Path("configs"),)) -> list[dict[str, Any]]:
     """One dict per registered workload, sorted by name: ``name``, ``formats`` (the forms its data
     tools read), ``convert_to``, ``splits``, ``metric`` (key), ``target``, ``direction`` and
@@ -184,8 +450,8 @@ def describe(config_dirs: tuple[Path, ...] = (Path("configs"),)) -> list[dict[st
     for folder in config_dirs:
         for path in sorted(Path(folder).glob("*.yaml")) if Path(folder).is_dir() else []:
             try:
-                head = path.read_text(encoding="utf-8", errors="replace")[:65536]
-            except OSError:
+                head = read_text_input(path, root=folder, what="config")[:65536]
+            except DataError:
                 continue
             found = re.search(r"^workload:\s*([A-Za-z0-9_.-]+)\s*$", head, re.M)
             if found:
@@ -193,13 +459,20 @@ def describe(config_dirs: tuple[Path, ...] = (Path("configs"),)) -> list[dict[st
     rows = []
     for name in names():
         workload = get(name)
-        tools = workload.data_tools
-        rows.append({"name": name, "formats": list(getattr(tools, "formats", ()) or ()),
-                     "convert_to": list(getattr(tools, "convert_to", ()) or ()),
-                     "splits": list(getattr(tools, "splits", ("train", "validation"))),
+        tools = workload.data_tools or DataTools()
+        rows.append({"name": name, "formats": list(tools.formats),
+                     "convert_to": list(tools.convert_to), "splits": list(tools.splits),
+                     "prepare_options": prepare_options(tools),
                      "metric": workload.metric.key, "target": workload.metric.target,
                      "direction": workload.metric.direction, "configs": configs.get(name, [])})
     return rows
+
+
+def prepare_options(tools: DataTools) -> list[dict[str, Any]]:
+    """``{"name", "default", "description"}`` for each option of ``mlhpc data prepare`` the
+    tools declare (`DataTools.prepare_options`)."""
+    return [{"name": key, "default": field.default, "description": field.description or ""}
+            for key, field in tools.prepare_options.model_fields.items()]
 
 
 def describe_text(rows: list[dict[str, Any]], width: int = 80) -> str:

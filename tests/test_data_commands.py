@@ -98,7 +98,7 @@ def test_prepare_splits_universes_like_the_reference(workload, tmp_path):
         with h5py.File(raw / f"univ_ics_2019-03_a{i:08d}.hdf5", "w") as f:
             f["full"], f["unitPar"] = full, unit
         universes.append((full, unit))
-    result = data_convert.prepare(workload, raw, tmp_path / "prep", "npy", sample_size=8, workers=2)
+    result = data_convert.prepare(workload, raw, tmp_path / "prep", "npy", options={"sample_size": 8}, workers=2)
     assert result.samples == 16 and result.source_files == 2
     # prepare.py's split_universe: np.split along axis 0, then 1, then 2
     expected = [xijk for xi in np.split(universes[1][0], 2, axis=0)

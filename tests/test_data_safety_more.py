@@ -72,7 +72,7 @@ def convert_args(source: Path, dest: Path) -> list[str]:
 
 
 def prepare_args(raw: Path, dest: Path) -> list[str]:
-    return ["data", "prepare", "cosmoflow", str(raw), str(dest), "--to", "npy", "--sample-size", "8"]
+    return ["data", "prepare", "cosmoflow", str(raw), str(dest), "--to", "npy", "--option", "sample_size=8"]
 
 
 def package_args(dest: Path, run: Path = MINI_RUNS) -> list[str]:
@@ -443,7 +443,7 @@ def test_a_killed_prepare_is_refused_by_check_stage_and_run(raw: Path, tmp_path:
     monkeypatch.setattr(type(tools), "prepare_file", dies)
     out = tmp_path / "prepared"
     with pytest.raises(KeyboardInterrupt):
-        data_convert.prepare(get("cosmoflow"), raw, out, "npy", sample_size=8)
+        data_convert.prepare(get("cosmoflow"), raw, out, "npy", options={"sample_size": 8})
     monkeypatch.undo()
     assert not (out / MANIFEST_NAME).exists() and list(out.glob(JOURNAL_PREFIX + "*"))
     code, err = cli("data", "check", "cosmoflow", str(out))

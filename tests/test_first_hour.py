@@ -84,11 +84,11 @@ def test_a_log_gets_a_line_every_interval_or_tenth(monkeypatch):
 
 
 def test_a_slow_silent_synthesis_still_reports(tmp_path, monkeypatch):
-    """A workload that reports nothing (no ``progress`` keyword) is watched through its bytes,
+    """A workload that reports nothing to its ``progress`` is watched through its bytes,
     at least every TICK_S seconds."""
     monkeypatch.setattr(embedded, "TICK_S", 0.1)
 
-    def synthesize(out_dir, synth, seed):
+    def synthesize(out_dir, synth, seed, progress):  # says nothing to ``progress``
         for split in ("train", "validation"):
             (out_dir / split).mkdir(exist_ok=True)
             (out_dir / split / "a.bin").write_bytes(b"x" * 1000)

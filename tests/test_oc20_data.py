@@ -65,7 +65,7 @@ def test_records_round_trip(tmp_path, layout):
     assert lmdb_io.write_lmdb(tmp_path / "data.0001.lmdb", recs[2:], layout) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.0000.lmdb", "data.0001.lmdb"]
     folder = lmdb_io.LmdbFolder(tmp_path)
-    assert len(folder) == 4 and folder.locate(2) == (1, 0)
+    assert len(folder) == 4 and folder.position(2) == (1, 0)
     for want, got in zip(recs, folder):
         np.testing.assert_allclose(got["pos"].numpy(), want["pos"], rtol=1e-6)
         np.testing.assert_allclose(got["forces"].numpy(), want["force"], rtol=1e-6)

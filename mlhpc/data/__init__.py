@@ -1,7 +1,8 @@
 """Everything that touches a dataset, one job per file (docs/architecture.md, "The data layer"):
 
-- `files`: atomic output (one temporary-name rule), checksums, locks, safe walking and opening
-  (no link followed out of a tree, none written through), ownership and overlap checks;
+- `files`: the project's one atomic writer and temporary-name rule, checksums, locks, folders
+  opened without following links (none written through), ownership and overlap checks;
+- `inputs`: the project's one reader: no link out of a tree, regular files only, sizes capped;
 - `manifest`: the one manifest schema (versioned) and its one parser; complete-or-absent;
 - `formats`: the `DataTools` protocol a workload implements for its formats, and detection;
 - `pool`: the one parallel driver (threads or processes);

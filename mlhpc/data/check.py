@@ -12,7 +12,7 @@ quick (default)
 full (``--full``)
     additionally every sample decoded and its values checked (finite, in range, labels valid).
 
-The per-file work is the workload's (`mlhpc.data.formats.DataTools.check_file`); the driver runs
+The per-file work is the workload's (`mlhpc.workload.DataTools.check_file`); the driver runs
 files in parallel processes (`mlhpc.data.pool`).
 """
 
@@ -123,7 +123,7 @@ def resembles(workload: Any, root: Path, others: list[Any] | None = None) -> str
             except ConfigError:  # a broken entry point recognises nothing
                 continue
     for other in others:
-        tools = getattr(other, "data_tools", None)
+        tools = other.data_tools
         if tools is None or other.name == workload.name:
             continue
         try:

@@ -16,7 +16,6 @@ node's CPUs cannot feed accelerators that consume int16 counts at GB/s.
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import socket
@@ -42,7 +41,6 @@ from mlhpc.data.formats import (
     detect,
     list_split,
     split_dirs,
-    splits_of,
     tools_of,
 )
 from mlhpc.data.pool import run_all
@@ -77,14 +75,14 @@ class ConvertResult:
 @dataclass(frozen=True)
 class _Writing:
     """What a convert or prepare writes: from form ``fmt`` (``"raw"`` for prepare) to form ``to``
-    under ``dest``; ``prepare_size`` > 0 cuts raw files into samples of that size per side."""
+    under ``dest``; ``prepare`` (the workload's prepare options) makes samples of raw files."""
 
     tools: DataTools
     fmt: str
     to: str
     dest: Path
     what: str  # "convert" or "prepare": the manifest's kind and the progress events' name
-    prepare_size: int = 0
+    prepare: Any = None
 
 
 def _describe(path: Path, root: Path, samples: int, source: str | None, mode: int) -> dict[str, Any]:
@@ -103,8 +101,8 @@ def _convert_one(writing: _Writing, rel: str, source: Path, out_dir: Path) -> di
         check_no_links(writing.dest, out_dir)
         mode = copy_mode(source.stat().st_mode)
         with output_mode(mode):
-            if writing.prepare_size:
-                outputs = writing.tools.prepare_file(source, out_dir, writing.to, writing.prepare_size)
+            if writing.prepare is not None:
+                outputs = writing.tools.prepare_file(source, out_dir, writing.to, writing.prepare)
             else:
                 outputs = writing.tools.convert_file(source, writing.fmt, out_dir, writing.to)
         described = [_describe(p, writing.dest, n, rel, mode) for p, n in outputs]
@@ -228,15 +226,14 @@ class ConvertOptions:
         fmt: the source's form (``auto``: detected; convert only).
         workers: processes converting files in parallel (1: here).
         on_progress: called with progress events (library code never prints).
-        sample_size: cells per side of a prepared sample (prepare only).
-        validation_fraction: the share of raw files that go to validation (prepare only).
+        options: the workload's prepare options (prepare only): ``KEY=VALUE`` strings or a
+            mapping, validated by its `mlhpc.workload.DataTools.prepare_options` model.
     """
 
     fmt: str = "auto"
     workers: int = 1
     on_progress: ProgressFn | None = None
-    sample_size: int = 128
-    validation_fraction: float = 0.1111
+    options: Any = ()
 
     def progress(self) -> ProgressFn:
         return self.on_progress or (lambda event: None)
@@ -279,38 +276,63 @@ def convert(workload: Any, src: Path, dst: Path, to: str, **options: Any) -> Con
 
 
 def prepare(workload: Any, raw_dir: Path, dst: Path, to: str | None, **options: Any) -> ConvertResult:
-    """The reference's preparation step (for CosmoFlow mlcommons/hpc ``cosmoflow/prepare.py``):
-    each raw file under ``raw_dir`` made into samples (of ``sample_size`` per side where the
-    workload cuts volumes), written in form ``to`` (None: the workload's first ``convert_to``).
-    ``options``: `ConvertOptions` fields.
-
-    Whole raw files go to one split: the last ``ceil(n * validation_fraction)`` (at least one
-    when there are two or more) in name order to the validation split, the rest to training.
+    """The reference's preparation step: each raw file under ``raw_dir`` made into samples by
+    the workload's data tools, written in form ``to`` (None: the workload's first
+    ``convert_to``); which split a raw file's samples go to is the tools' choice
+    (`mlhpc.workload.DataTools.prepare_splits`). ``options``: `ConvertOptions` fields.
 
     Raises:
-        DataError: no raw files, a malformed one (named), a size that does not divide it,
-            ``raw_dir`` and ``dst`` containing each other, an output that cannot be written.
+        ConfigError: an option the workload does not declare, or a bad value (named).
+        DataError: no raw files, a malformed one (named), ``raw_dir`` and ``dst`` containing
+            each other, an output that cannot be written.
     """
     opts = ConvertOptions(**options)
-    validation_fraction = opts.validation_fraction
     tools = tools_of(workload)
+    settings = prepare_settings(tools, opts.options)
     raw_dir, dst = Path(raw_dir), Path(dst)
     to = to or tools.convert_to[0]
     if to not in tools.convert_to:
         raise DataError(f"--to {to!r}: expected one of {', '.join(tools.convert_to)}")
-    if not 0 <= validation_fraction < 1:
-        raise DataError(f"--validation-fraction {validation_fraction}: expected 0 <= f < 1")
     refuse_overlap(raw_dir, dst, "data prepare", DataError)
     raw = tools.list_raw(raw_dir)
     if not raw:
         raise DataError(f"{raw_dir}: no raw files to prepare")
     _output_root(raw_dir, dst, "data prepare")
-    n_valid = math.ceil(len(raw) * validation_fraction) if len(raw) > 1 else 0
-    n_valid = min(max(n_valid, 1 if len(raw) > 1 and validation_fraction > 0 else 0), len(raw) - 1)
-    train_split, valid_split = splits_of(tools)[:2]
-    jobs = []
-    for i, path in enumerate(raw):
-        split = valid_split if i >= len(raw) - n_valid else train_split
-        jobs.append((f"{split}/{path.name}", path, _make_split(dst, split)))
-    writing = _Writing(tools, "raw", to, dst, "prepare", prepare_size=opts.sample_size)
+    jobs = [(f"{split}/{path.name}", path, _make_split(dst, split))
+            for split, path in tools.prepare_splits(raw, settings)]
+    writing = _Writing(tools, "raw", to, dst, "prepare", prepare=settings)
     return _drive(writing, jobs, opts.workers, opts.progress())
+
+
+def prepare_settings(tools: DataTools, given: Any) -> Any:
+    """The workload's prepare options (`mlhpc.workload.DataTools.prepare_options`) from
+    ``given``: ``KEY=VALUE`` strings (values read as YAML scalars) or a mapping.
+
+    Raises:
+        ConfigError: a key the workload does not declare, or a value its model refuses.
+    """
+    import pydantic
+    import yaml
+
+    from mlhpc.errors import ConfigError
+    from mlhpc.hints import did_you_mean
+
+    model = tools.prepare_options
+    values = dict(given) if isinstance(given, dict) else {}
+    for item in () if isinstance(given, dict) else given:
+        key, sep, text = str(item).partition("=")
+        if not sep:
+            raise ConfigError(f"--option {item!r}: expected KEY=VALUE")
+        values[key.strip()] = yaml.safe_load(text) if text.strip() else text
+    known = tuple(model.model_fields)
+    for key in values:
+        if key not in known:
+            listed = ", ".join(known) or "none"
+            raise ConfigError(f"--option {key}: not an option of this workload's data prepare "
+                              f"(its options: {listed}){did_you_mean(key, known)}")
+    try:
+        return model(**values)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"--option {where}: {first['msg']}") from None

@@ -1,6 +1,6 @@
 """Embedded (synthetic) datasets that are complete or absent, never half-written.
 
-A workload's ``synthesize(out_dir, synth_config, seed)`` writes its official on-disk layout. This
+A workload's ``synthesize(out_dir, synth_config, seed, progress)`` writes its official on-disk layout. This
 module wraps it so that an interrupted synthesis (SIGKILL, a full disk, a node failure) can never
 be trained or evaluated on:
 
@@ -23,7 +23,6 @@ writer is completed.
 from __future__ import annotations
 
 import fcntl
-import inspect
 import json
 import os
 import shutil
@@ -36,8 +35,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from mlhpc.config import SEED_MAX
 from mlhpc.data.files import is_part_file, write_text_atomic
 from mlhpc.data.formats import splits_of
+from mlhpc.data.inputs import read_text_input
 from mlhpc.data.manifest import require_complete
 from mlhpc.errors import ConfigError, DataError
+from mlhpc.workload import SynthProgress
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from mlhpc.config import Config
@@ -55,14 +56,14 @@ TICK_S = 1.0
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
-class SynthWatch:
+class SynthWatch(SynthProgress):
     """What a running synthesis has done, told to ``on_progress`` (None: nothing is watched).
 
-    A workload's ``synthesize`` may take a keyword ``progress`` (a callable of one dict): it
-    calls it with ``{"kind": "plan", "samples": n, "bytes": b}`` before it writes its first
-    sample (``n`` samples about to be written, ``b`` their estimated size in bytes, or None),
-    then with ``{"kind": "done", "samples": k}`` each time ``k`` more are written. A workload
-    without it is watched through the bytes under its output folder alone. A thread reports at
+    A workload's ``synthesize`` is handed this watch as its ``progress``
+    (`mlhpc.workload.SynthProgress`): ``plan(n, b)`` before it writes its first sample (``n``
+    samples about to be written, ``b`` their estimated size in bytes, or None), then ``done(k)``
+    each time ``k`` more are written. A workload that says nothing is watched through the bytes
+    under its output folder alone. A thread reports at
     least every `TICK_S` seconds, so a slow sample never leaves a log silent.
 
     Events: ``{"kind": "synth_plan", "path", "samples", "bytes"}``, then ``{"kind":
@@ -75,7 +76,8 @@ class SynthWatch:
         self.folder, self.path, self.emit = Path(folder), Path(path), on_progress
         self.samples: int | None = None
         self.planned_bytes: int | None = None
-        self.done: int | None = None
+        self.done_samples: int | None = None
+        self._planned = False
         self.start = time.monotonic()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -94,43 +96,42 @@ class SynthWatch:
             self._thread.join()
 
     def run(self, synthesize: Callable[..., None], synth: Any, seed: int) -> None:
-        """``synthesize(folder, synth, seed)``, with ``progress=`` where it takes one."""
-        try:
-            takes = "progress" in inspect.signature(synthesize).parameters
-        except (TypeError, ValueError):
-            takes = False
-        if self.emit is not None and takes:
-            synthesize(self.folder, synth, seed, progress=self.workload_event)
-            return
-        self._emit({"kind": "synth_plan", "path": str(self.path.absolute()), "samples": None,
-                    "bytes": None})
-        synthesize(self.folder, synth, seed)
+        """``synthesize(folder, synth, seed, self)``."""
+        synthesize(self.folder, synth, seed, self)
 
-    def workload_event(self, event: dict[str, Any]) -> None:
-        """The workload's ``progress`` callback (see the class docstring)."""
+    def plan(self, samples: int, size_bytes: int | None = None) -> None:
+        """The workload is about to write ``samples`` samples, about ``size_bytes`` bytes."""
         with self._lock:
-            if event.get("kind") == "plan":
-                self.samples, self.done = int(event["samples"]), 0
-                self.planned_bytes = event.get("bytes")
-                self.start = time.monotonic()  # rates from here: set-up before is not writing
-                self._emit({"kind": "synth_plan", "path": str(self.path.absolute()),
-                            "samples": self.samples, "bytes": self.planned_bytes})
-                return
-            if event.get("kind") == "done":
-                self.done = (self.done or 0) + int(event.get("samples", 1))
+            self.samples, self.done_samples = int(samples), 0
+            self.planned_bytes = size_bytes
+            self.start = time.monotonic()  # rates from here: set-up before is not writing
+            self._planned = True
+        self._emit({"kind": "synth_plan", "path": str(self.path.absolute()),
+                    "samples": self.samples, "bytes": self.planned_bytes})
+
+    def done(self, samples: int = 1) -> None:
+        """``samples`` more are written."""
+        with self._lock:
+            self.done_samples = (self.done_samples or 0) + int(samples)
         self.report()
 
     def report(self) -> None:
-        """One ``synth_progress`` event: samples done, bytes on disk, elapsed, remaining."""
+        """One ``synth_progress`` event: samples done, bytes on disk, elapsed, remaining (after
+        a ``synth_plan`` of unknown size when the workload has announced none)."""
+        if not self._planned:
+            self._planned = True
+            self._emit({"kind": "synth_plan", "path": str(self.path.absolute()), "samples": None,
+                        "bytes": None})
         with self._lock:
             elapsed_s = time.monotonic() - self.start
             written = _bytes_under(self.folder)
             eta_s = None
             if self.samples is not None:  # from the samples written, once there are some
-                eta_s = elapsed_s * (self.samples - self.done) / self.done if self.done else None
+                eta_s = (elapsed_s * (self.samples - self.done_samples) / self.done_samples
+                         if self.done_samples else None)
             elif self.planned_bytes and written:
                 eta_s = max(0.0, elapsed_s * (self.planned_bytes - written) / written)
-            self._emit({"kind": "synth_progress", "path": str(self.path.absolute()), "done": self.done,
+            self._emit({"kind": "synth_progress", "path": str(self.path.absolute()), "done": self.done_samples,
                         "samples": self.samples, "bytes": written,
                         "planned_bytes": self.planned_bytes, "elapsed_s": elapsed_s,
                         "eta_s": eta_s})
@@ -163,7 +164,7 @@ def staging_folder(path: Path) -> Path:
 
 
 def _settings(workload: str, synth: Any, seed: int) -> dict[str, Any]:
-    dumped = synth.model_dump(mode="json") if hasattr(synth, "model_dump") else dict(synth or {})
+    dumped = synth.model_dump(mode="json") if synth is not None else {}
     return {"workload": workload, "seed": seed,
             "synth": {k: v for k, v in dumped.items() if k not in NOT_CONTENT}}
 
@@ -195,8 +196,8 @@ def read_marker(path: Path) -> dict[str, Any] | None:
     """The completion marker of dataset folder ``path``, or None when it has none or it is not
     a JSON object of the expected format."""
     try:
-        marker = json.loads((Path(path) / MARKER).read_text())
-    except (OSError, ValueError):
+        marker = json.loads(read_text_input(Path(path) / MARKER, root=path, what="completion marker"))
+    except (DataError, ValueError, RecursionError):
         return None
     if not isinstance(marker, dict) or marker.get("format") != MARKER_FORMAT:
         return None
@@ -370,8 +371,8 @@ def _synthesize_into_place(path: Path, workload: "Workload", synth: Any, seed: i
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return json.loads(read_text_input(path, root=path.parent, what="synthesis record"))
+    except (DataError, ValueError, RecursionError):
         return None
 
 
@@ -469,13 +470,13 @@ def _holds_files(folder: Path) -> bool:
 
 def _require_splits(path: Path, workload: "Workload", state: str) -> None:
     """Raises DataError when a split folder of ``path`` is missing or holds no data file."""
-    for split in splits_of(getattr(workload, "data_tools", None)):
+    for split in splits_of(workload.data_tools):
         folder = path / split
         if not folder.is_dir() or not _holds_files(folder):
             hint = ""
             if state == "unmarked" and not folder.exists():  # someone's own data, not ours
                 hint = (f"; a folder of raw data (e.g. whole simulated universes) is made into "
                         f"its split folders by `mlhpc data prepare {workload.name} {path} DST`")
-            names = " and ".join(f"{s}/" for s in splits_of(getattr(workload, "data_tools", None)))
+            names = " and ".join(f"{s}/" for s in splits_of(workload.data_tools))
             raise DataError(f"{folder}: dataset folder is missing or empty "
                             f"(expected {names} with data files){hint}")

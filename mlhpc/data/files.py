@@ -3,27 +3,24 @@ safe opening.
 
 One rule for each thing a data command does to a file system:
 
-- **Temporary names.** A file is written under `part_path` (``.NAME.HOST-PID.mlhpc-part`` beside
-  its final name) and renamed into place (`atomic_output`), so a file under its final name is
-  always whole; `is_part_file` tells leftovers of an interrupted writer.
+- **Temporary names and atomic output**, for the whole project: a file is written under
+  `part_path` (``.NAME.HOST-PID.mlhpc-part`` beside its final name) and renamed into place
+  (`atomic_output`, `write_text_atomic`, `write_under`), so a file under its final name is always
+  whole; `is_part_file` tells leftovers of an interrupted writer.
 - **Checksums.** XXH3-128 (`checksum`): staging guards against corruption, not against an
   adversary, and a 128-bit XXH3 detects accidental changes as reliably as a cryptographic hash at
   memory speed (25.9 GB/s per core on this project's build machine against 1.9 GB/s for
   SHA-256, BENCHMARKS.md).
-- **Links.** A source tree is walked without following a link out of it (`walk_files`): a link
-  is refused, naming it, unless the caller opts in with ``follow_links`` and then only a link
-  whose target lies inside the tree is read. A destination is written through directory
-  descriptors opened with ``O_NOFOLLOW`` (`open_dir`), so a link planted in it is never written
-  through.
+- **Links.** Reading (a source walked, any file opened) is `mlhpc.data.inputs`: no link out of
+  its tree, nothing but regular files, sizes capped. A destination is written through folder
+  descriptors opened with ``O_NOFOLLOW`` (`open_dir`), never through a planted link.
 - **Ownership and modes.** A destination folder must belong to the invoking user and be writable
   by nobody else (`check_private_dir`); new destinations are created ``0700``
   (`make_private_dir`); a copied or converted file never gets more permission bits than its
   source (`copy_mode`, `output_mode`), and a file with no one source is created ``0600``.
 - **Overlap.** A source and a destination may not contain each other (`refuse_overlap`).
 
-mlhpc runs on shared cluster nodes, often as an administrator: these rules are what keeps its data
-commands from being turned against the user who runs them. See docs/architecture.md, "The data
-layer".
+See docs/architecture.md, "The data layer".
 """
 
 from __future__ import annotations
@@ -35,10 +32,10 @@ import pwd
 import socket
 import stat
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Iterator, Optional
 
 import xxhash
 
@@ -86,46 +83,80 @@ def output_mode(mode: int) -> Iterator[None]:
         _OUTPUT_MODE.reset(token)
 
 
-@contextmanager
-def atomic_output(final: Path, mode: Optional[int] = None) -> Iterator[Path]:
-    """A temporary path beside ``final`` to write (`part_path`); renamed to ``final`` when the
-    block succeeds, removed when it fails, so a half-written file never carries the final name.
+class UnsafeFolder(PermissionError):
+    """An output folder is owned by another user or writable by others (`check_output_folder`)."""
 
-    The temporary file is created here with ``O_EXCL | O_NOFOLLOW`` (a link planted at that
-    name is not followed: the creation fails) and permission bits ``mode`` (default: those of
-    the enclosing `output_mode`, else ``0600``; the umask may take more away), then handed to
-    the writer, which may reopen it by path (h5py, numpy): owner read/write until the rename,
-    so a read-only ``mode`` (a ``0444`` source) does not lock the writer out.
-    ``final``'s folder must not be a link.
+
+def check_output_folder(fd: int, path: Path) -> None:
+    """Raise `UnsafeFolder` unless the folder open as ``fd`` belongs to the invoking user (or
+    root) and is writable by no other user (no ``o+w``): whoever can write a folder can swap a
+    file in it for a link between its creation and a writer's reopening by path. A sticky
+    folder (``/tmp``, a fresh tmpfs) is accepted: there no one removes or renames another's file."""
+    st = os.fstat(fd)
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in (os.geteuid(), 0) or (mode & 0o002 and not mode & stat.S_ISVTX):
+        raise UnsafeFolder(errno.EPERM, f"folder owned by {_owner(st.st_uid)} with mode {mode:04o}: "
+                           "an output folder must be yours and writable by no other user", str(path))
+
+
+@contextmanager
+def atomic_output(final: Path, mode: int | None = None, exclusive: bool = False) -> Iterator[Path]:
+    """The project's one atomic writer: a temporary path beside ``final`` to write
+    (`part_path`), renamed to ``final`` when the block succeeds, removed when it fails, so a
+    half-written file never carries the final name. With ``exclusive`` an existing ``final`` is
+    never replaced (the rename is a hard link, which fails with FileExistsError).
+
+    ``final``'s folder is opened ``O_NOFOLLOW`` (a link there fails with ELOOP) and must pass
+    `check_output_folder`; the temporary file is created relative to that descriptor with
+    ``O_EXCL | O_NOFOLLOW`` and bits ``mode`` (default: the enclosing `output_mode`, else
+    ``0600``; the umask may take more away), owner read/write until the rename so a writer that
+    reopens it by path (h5py, numpy) is not locked out; the rename is relative to it too.
 
     Raises:
-        OSError: the folder is missing, is a link, or cannot be written.
+        OSError: the folder is missing, a link, unsafe (`UnsafeFolder`) or not writable.
     """
     final = Path(final)
-    tmp = part_path(final)
-    parent = final.parent
-    if parent.is_symlink():
-        raise OSError(errno.ELOOP, "folder is a symbolic link", str(parent))
     bits = _OUTPUT_MODE.get() if mode is None else mode & 0o666
-    unlink_quietly(tmp)  # a leftover of this very process id (a recycled pid)
-    os.close(os.open(tmp, _NEW_FILE_FLAGS, bits | PRIVATE_FILE_MODE))
+    dir_fd = open_root(final.parent)
+    try:
+        check_output_folder(dir_fd, final.parent)
+        with _new_file(dir_fd, final.name, bits, exclusive) as name:
+            yield final.parent / name
+    finally:
+        os.close(dir_fd)
+
+
+@contextmanager
+def _new_file(dir_fd: int, final: str, bits: int, exclusive: bool) -> Iterator[str]:
+    """The temporary name (`part_path`) of ``final`` in the folder ``dir_fd``, created new
+    (``O_EXCL | O_NOFOLLOW``), renamed (``exclusive``: linked) to ``final`` or removed."""
+    tmp = part_path(Path(final)).name
+    with suppress(OSError):  # a leftover of this very process id (a recycled pid)
+        os.unlink(tmp, dir_fd=dir_fd)
+    os.close(os.open(tmp, _NEW_FILE_FLAGS, bits | PRIVATE_FILE_MODE, dir_fd=dir_fd))
     try:
         yield tmp
-        narrow_mode(tmp, bits)
-        os.replace(tmp, final)
+        narrow_mode(tmp, bits, dir_fd)
+        if exclusive:
+            os.link(tmp, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+            os.unlink(tmp, dir_fd=dir_fd)
+        else:
+            os.replace(tmp, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
-        unlink_quietly(tmp)
+        with suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
         raise
 
 
-def write_text_atomic(final: Path, text: str) -> None:
-    """``text`` written to ``final`` through `atomic_output` (complete or absent).
+def write_text_atomic(final: Path, text: str, exclusive: bool = False) -> None:
+    """``text`` (UTF-8) written to ``final`` through `atomic_output` (complete or absent), fsynced.
 
     Raises:
         OSError: as `atomic_output`, or the write fails (full disk, read-only file system).
     """
-    with atomic_output(final) as tmp:
-        with open(tmp, "w", encoding="utf-8") as handle:
+    with atomic_output(final, exclusive=exclusive) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
@@ -141,7 +172,7 @@ def thread_buffers() -> tuple[bytearray, bytearray]:
     return _buffers.pair
 
 
-def new_digest() -> "xxhash.xxh3_128":
+def new_digest() -> xxhash.xxh3_128:
     """A fresh XXH3-128 digest."""
     return xxhash.xxh3_128()
 
@@ -169,10 +200,12 @@ def reason(exc: OSError) -> str:
               errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only file system",
               errno.ENOTDIR: "not a folder", errno.EISDIR: "is a folder",
               errno.ELOOP: "a symbolic link where none may be"}
+    if isinstance(exc, UnsafeFolder):
+        return exc.strerror
     return causes.get(exc.errno, exc.strerror or str(exc))
 
 
-def dest_error(path: Path, exc: OSError, src: Optional[Path] = None) -> StagingError:
+def dest_error(path: Path, exc: OSError, src: Path | None = None) -> StagingError:
     """A StagingError naming ``path`` and the cause of ``exc`` (and the source being copied)."""
     what = f" (copying {src})" if src is not None else ""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -280,7 +313,7 @@ def check_private_dir(path: Path, error: type[MlhpcError], what: str) -> None:
 
 
 def make_private_dir(path: Path, error: type[MlhpcError], what: str,
-                     failure: Optional[str] = None) -> None:
+                     failure: str | None = None) -> None:
     """Create ``path`` (and missing parents) with the last component ``0700``, or check an
     existing one with `check_private_dir`: the one destination check of every command that
     writes a folder (stage, data convert and prepare, report --package).
@@ -330,11 +363,11 @@ def common_mode(paths: list[Path]) -> int:
     return mode
 
 
-def narrow_mode(path: Path, allowed: int) -> None:
-    """Take from the file ``path`` every permission bit outside ``allowed`` (a writer that makes
-    its own files, e.g. LMDB, ignores `output_mode`); never adds one, never follows a link.
-    Raises OSError (ELOOP for a link)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+def narrow_mode(path: Path | str, allowed: int, dir_fd: int | None = None) -> None:
+    """Take from the file ``path`` (relative to ``dir_fd`` if given) every permission bit outside
+    ``allowed`` (a writer that makes its own files, e.g. LMDB, ignores `output_mode`); never adds
+    one, never follows a link. Raises OSError (ELOOP for a link)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
     try:
         mode = stat.S_IMODE(os.fstat(fd).st_mode)
         if mode & ~allowed:
@@ -355,7 +388,6 @@ def write_under(root: Path, rel: Path, data: bytes, mode: int = PRIVATE_FILE_MOD
     """
     rel = Path(rel)
     final = Path(root) / rel
-    tmp = part_path(final).name
     try:
         root_fd = open_root(root)
         try:
@@ -365,14 +397,13 @@ def write_under(root: Path, rel: Path, data: bytes, mode: int = PRIVATE_FILE_MOD
     except OSError as exc:
         raise _blocker(Path(root), rel.parts[:-1], exc) from None
     try:
-        with os.fdopen(os.open(tmp, _NEW_FILE_FLAGS, mode & 0o666, dir_fd=dir_fd), "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, rel.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        with _new_file(dir_fd, rel.name, mode & 0o666, False) as tmp:
+            fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
     except OSError as exc:
-        with suppress(OSError):
-            os.unlink(tmp, dir_fd=dir_fd)
         raise OSError(exc.errno, exc.strerror, str(final)) from None
     finally:
         os.close(dir_fd)
@@ -394,57 +425,6 @@ def _blocker(root: Path, parts: tuple[str, ...], exc: OSError) -> OSError:
 
 
 # ---- walking a source, opening under a destination ------------------------------------------------
-
-
-def walk_files(root: Path, error: type[MlhpcError], follow_links: bool = False
-               ) -> Iterator[tuple[str, os.stat_result]]:
-    """``(relative POSIX path, stat)`` of every regular file under ``root``, never following a
-    link out of it.
-
-    A symbolic link (to a file or a folder) is refused with ``error`` naming it, unless
-    ``follow_links``: then a link whose target (resolved) lies inside ``root`` is read as its
-    target, and any other link is still refused. FIFOs, sockets and devices are skipped.
-
-    Raises:
-        error: a link (as above), or a folder that cannot be listed.
-    """
-    root = Path(root)
-    top = resolved(root)
-    yield from _walk(root, "", top, error, follow_links)
-
-
-def _walk(folder: Path, prefix: str, top: Path, error: type[MlhpcError], follow: bool
-          ) -> Iterator[tuple[str, os.stat_result]]:
-    try:
-        entries = sorted(os.scandir(folder), key=lambda e: e.name)
-    except OSError as exc:
-        raise error(f"{folder}: cannot list folder ({reason(exc)})") from None
-    for entry in entries:
-        rel = prefix + entry.name
-        path = Path(entry.path)
-        try:
-            if entry.is_symlink():
-                _check_link(path, top, error, follow)
-            st = os.stat(path)
-        except OSError as exc:
-            raise error(f"{path}: cannot stat ({reason(exc)})") from None
-        if stat.S_ISDIR(st.st_mode):
-            yield from _walk(path, rel + "/", top, error, follow)
-        elif stat.S_ISREG(st.st_mode):
-            yield rel, st
-
-
-def _check_link(path: Path, top: Path, error: type[MlhpcError], follow: bool) -> None:
-    target = resolved(path)
-    if not follow:
-        raise error(f"{path}: symbolic link in the source (to {os.readlink(path)}); links are not "
-                    "followed (copy the file, or allow links to files inside the source with "
-                    "--set data.staging.follow_links=true)")
-    if not is_under(target, top) or target == top:
-        raise error(f"{path}: symbolic link points outside the source tree (to {target}); refused")
-    if target.is_dir():
-        raise error(f"{path}: symbolic link to a folder ({target}); a linked folder would be read "
-                    "twice, so it is refused even with data.staging.follow_links=true")
 
 
 def open_dir(root_fd: int, rel_parts: tuple[str, ...], create: bool) -> int:

@@ -1,87 +1,41 @@
-"""A workload's data formats, as the harness sees them: the `DataTools` protocol and detection.
+"""A workload's data formats, as the harness sees them: detection and listing through the
+workload's `mlhpc.workload.DataTools`.
 
 The harness names no format: a workload declares a `DataTools` object (``Workload.data_tools``)
 that recognises, lists, checks, converts and prepares its own files, one file at a time, and the
 drivers (`mlhpc.data.check`, `mlhpc.data.convert`, `mlhpc.data.stage`) do what every dataset
 needs around that. A dataset folder holds one folder per split; the split names come from the
-tools (``splits``, default ``("train", "validation")``).
+tools (``splits``, ``find_splits``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING
 
 from mlhpc.errors import DataError
+from mlhpc.workload import DataTools, FileCheck
 
-SPLITS = ("train", "validation")
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from mlhpc.workload import Workload
 
+__all__ = ["DataTools", "FileCheck", "SPLITS", "detect", "list_split", "split_dirs", "splits_of",
+           "tools_of"]
 
-def splits_of(tools: Any) -> tuple[str, ...]:
-    """The split folder names of a workload's data tools (``tools.splits``, default `SPLITS`;
-    ``tools`` may be None)."""
-    return tuple(getattr(tools, "splits", SPLITS) or SPLITS)
-
-
-@dataclass(frozen=True)
-class FileCheck:
-    """What `DataTools.check_file` found in one file: sample count, one sample's shape and
-    dtype (as stored), and the file's size in bytes."""
-
-    samples: int
-    sample_shape: tuple[int, ...]
-    dtype: str
-    bytes: int
+SPLITS = DataTools.splits
 
 
-class DataTools(Protocol):
-    """A workload's data tools (``Workload.data_tools``). Every method raises DataError naming
-    the file (and record or sample) on bad input. `convert_file` and `prepare_file` write their
-    outputs through `atomic_output` and return ``(path, samples)`` for each; `finish_split` writes
-    what a split needs once all its files are done (e.g. file lists) and returns the paths.
-
-    Attributes:
-        formats: the forms its reader accepts (``data.format`` values besides ``auto``).
-        convert_to: the forms `convert_file` writes.
-        root_files: names of files at the dataset root that are copied unchanged (e.g. a
-            normalisation statistics file).
-        splits: (optional) the split folder names it writes, default ``("train", "validation")``.
-        find_splits: (optional) ``root -> split folder names`` of a dataset that names its
-            folders its own way (the real OC20 data: ``train``, ``val_id``); default ``splits``.
-    """
-
-    formats: tuple[str, ...]
-    convert_to: tuple[str, ...]
-    root_files: tuple[str, ...]
-
-    def detect(self, split_dir: Path) -> str: ...
-
-    def list_files(self, split_dir: Path, fmt: str) -> list[Path]: ...
-
-    def check_file(self, path: Path, fmt: str, full: bool) -> FileCheck: ...
-
-    def convert_file(self, path: Path, fmt: str, out_dir: Path, to: str
-                     ) -> list[tuple[Path, int]]: ...
-
-    def finish_split(self, out_dir: Path, to: str) -> list[Path]: ...
-
-    def list_raw(self, raw_dir: Path) -> list[Path]: ...
-
-    def prepare_file(self, path: Path, out_dir: Path, to: str, sample_size: int
-                     ) -> list[tuple[Path, int]]: ...
+def splits_of(tools: DataTools | None) -> tuple[str, ...]:
+    """The split folder names of a workload's data tools (`SPLITS` when it declares none)."""
+    return SPLITS if tools is None else tools.splits
 
 
-def tools_of(workload: Any) -> DataTools:
+def tools_of(workload: "Workload") -> DataTools:
     """The workload's data tools. Raises DataError when it declares none."""
-    tools = getattr(workload, "data_tools", None)
-    if tools is None:
-        raise DataError(f"workload {workload.name!r} declares no data tools (Workload.data_tools); "
-                        f"mlhpc data convert/prepare/check cannot read its files")
-    return tools
+    return workload.tools()
 
 
-def split_dirs(tools: Any, root: Path) -> list[str]:
+def split_dirs(tools: DataTools, root: Path) -> list[str]:
     """The split folders of the dataset at ``root`` (`splits_of`), each checked to exist.
 
     Raises:
@@ -94,8 +48,7 @@ def split_dirs(tools: Any, root: Path) -> list[str]:
     if not root.is_dir():
         raise DataError(f"{root}: dataset folder does not exist")
     require_complete(root)
-    finder = getattr(tools, "find_splits", None)
-    names = tuple(finder(root)) if callable(finder) else splits_of(tools)
+    names = tuple(tools.find_splits(root))
     missing = [s for s in names if not (root / s).is_dir()]
     if missing:
         raise DataError(f"{root}: no {missing[0]}/ folder; a dataset folder holds "
@@ -121,7 +74,7 @@ def detect(tools: DataTools, root: Path, fmt: str = "auto") -> str:
     return next(iter(found.values()))
 
 
-def list_split(tools: Any, root: Path, split: str, form: str) -> list[Path]:
+def list_split(tools: DataTools, root: Path, split: str, form: str) -> list[Path]:
     """The data files of ``root/split`` as the workload lists them, none of them reached through
     a symbolic link (a link in a dataset could point at any file on the node, which a convert
     would copy into its output).

@@ -1,36 +1,37 @@
 """The harness's side of the dataset protocol: batching and on-device decoding.
 
-A workload's datasets (`mlhpc.workload.Workload.build_datasets`) are map-style torch Datasets.
-Two optional attributes let a dataset take over the hot path, and every loop of the harness
-(training, evaluation, FLOP counting, ``mlhpc profile``) honours them through this module:
+A workload's datasets (`mlhpc.workload.Workload.build_datasets`) are `mlhpc.workload.WorkloadDataset`
+objects; every loop of the harness (training, evaluation, FLOP counting, ``mlhpc profile``) calls
+their hooks through this module, and only those:
 
 - ``collate_fn``: the DataLoader's ``collate_fn``. A dataset that fills whole batches in
   ``__getitems__`` (one copy per sample, into shared memory inside a worker) returns them as they
   are instead of letting torch's default_collate stack single items.
 - ``device_transform(x) -> x``: applied to each batch's input after it has been moved to the
-  training device, so decoding (CosmoFlow's ``log(counts + 1)`` and standardisation) runs
-  vectorised where the model runs and the loader moves compact stored dtypes (int16).
-
+  training device, so decoding runs vectorised where the model runs and the loader moves compact
+  stored dtypes.
 - ``batch_len(x) -> int``: the number of samples in a batch input that is not a plain tensor
   (a graph batch is a dict of tensors whose first dimensions count atoms and edges).
 
-Batches may be tensors or mappings / tuples of tensors (`move`). Datasets without these
-attributes get torch's defaults: default_collate, the identity and ``len(x)``. `channels_first`
-and `PerChannel` are the pieces the workloads' decoders share.
+Batches may be tensors or mappings / tuples of tensors (`move`). `channels_first` and
+`PerChannel` are the pieces the workloads' decoders share.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
-from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data import DataLoader
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from mlhpc.workload import WorkloadDataset
 
 
-def make_loader(dataset: Dataset, batch_size: int, *, device: torch.device | str = "cpu",
+def make_loader(dataset: "WorkloadDataset", batch_size: int, *, device: torch.device | str = "cpu",
                 **options: Any) -> DataLoader:
-    """A DataLoader over ``dataset`` with its own ``collate_fn`` (if any), pinned host memory when
+    """A DataLoader over ``dataset`` with its ``collate_fn``, pinned host memory when
     ``device`` is CUDA, and persistent workers when ``num_workers > 0``.
 
     Args:
@@ -47,14 +48,8 @@ def make_loader(dataset: Dataset, batch_size: int, *, device: torch.device | str
     return DataLoader(dataset, batch_size=batch_size, sampler=options.get("sampler"),
                       shuffle=bool(options.get("shuffle", False)),
                       drop_last=bool(options.get("drop_last", False)), num_workers=workers,
-                      collate_fn=getattr(dataset, "collate_fn", None),
+                      collate_fn=dataset.collate_fn,
                       pin_memory=device.type == "cuda", persistent_workers=workers > 0)
-
-
-def device_transform(dataset: Dataset) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The dataset's ``device_transform``, or the identity."""
-    transform = getattr(dataset, "device_transform", None)
-    return transform if callable(transform) else _identity
 
 
 def move(value: Any, device: torch.device) -> Any:
@@ -77,22 +72,10 @@ def to_device(batch: tuple[Any, Any], device: torch.device,
     return transform(move(x, device)), move(y, device)
 
 
-def batch_len(dataset: Dataset, x: Any) -> int:
-    """Samples in a batch input ``x``: the dataset's ``batch_len(x)`` when it defines one (a
-    graph batch of B structures holds N atoms), else ``len(x)`` (a tensor's first dimension)."""
-    counter = getattr(dataset, "batch_len", None)
-    return int(counter(x)) if callable(counter) else len(x)
-
-
-def first_batch(dataset: Dataset) -> tuple[Any, Any]:
-    """A batch of the dataset's first sample, collated as its loader collates (its own
-    ``collate_fn`` when it has one, else torch's default). Reads the dataset."""
-    collate = getattr(dataset, "collate_fn", None) or default_collate
-    return collate([dataset[0]])
-
-
-def _identity(x: torch.Tensor) -> torch.Tensor:
-    return x
+def first_batch(dataset: "WorkloadDataset") -> tuple[Any, Any]:
+    """A batch of the dataset's first sample, collated as its loader collates. Reads the
+    dataset."""
+    return dataset.collate_fn([dataset[0]])
 
 
 def channels_first(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

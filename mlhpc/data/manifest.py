@@ -44,6 +44,7 @@ from mlhpc.data.files import (
     unlink_quietly,
     write_text_atomic,
 )
+from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import DataError, MlhpcError, StagingError
 
 #: Staging's plan entries, job and shard (`mlhpc.data.stage`), named here only in annotations:
@@ -56,6 +57,10 @@ MANIFEST_FORMAT = "mlhpc-manifest"
 MANIFEST_VERSION = 3  # 3: one schema for staging, conversion and preparation; "complete"
 MAX_MANIFEST_BYTES = 1 << 30  # a manifest of ~10 million files; anything larger is not ours
 IDENTITY = ("source_mtime_ns", "source_ctime_ns", "source_ino")  # with bytes: "same file"
+
+
+#: The largest conversion journal read (one short JSON line per file written).
+JOURNAL_MAX_BYTES = 1 << 30
 
 
 def describe_output(root: Path, path: Path, samples: int, mode: int) -> dict[str, Any]:
@@ -82,10 +87,8 @@ def load(folder: Path) -> Optional[dict[str, Any]]:
     every reader of a manifest goes through it."""
     path = Path(folder) / MANIFEST_NAME
     try:
-        if os.lstat(path).st_size > MAX_MANIFEST_BYTES:
-            return None
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        doc = json.loads(read_text_input(path, MAX_MANIFEST_BYTES, folder, "manifest"))
+    except (DataError, ValueError, RecursionError):
         return None
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT \
             or doc.get("version") != MANIFEST_VERSION or doc.get("algorithm") != CHECKSUM \
@@ -176,8 +179,8 @@ def journal_entries(dest: Path) -> Iterator[dict[str, Any]]:
     journals and lines torn by an interruption are passed over."""
     for journal in sorted(dest.glob(JOURNAL_PREFIX + "*.jsonl")):
         try:
-            lines = journal.read_text().splitlines()
-        except OSError:
+            lines = read_text_input(journal, JOURNAL_MAX_BYTES, dest, "journal").splitlines()
+        except DataError:
             continue
         for line in lines:
             try:

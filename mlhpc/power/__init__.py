@@ -15,12 +15,14 @@ supplies, NICs, disks and anything else outside the GPUs and the RAPL zones. See
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from mlhpc.data.files import reason
 from mlhpc.power.sampler import Clock, Sampler
 from mlhpc.power.sources import NodeMeter, SourceError, close_nvml, find_nvml, find_rapl
 
@@ -47,6 +49,19 @@ class PowerConfig(BaseModel):
     interval_s: float = Field(1.0, ge=0.05, le=1.0)
     node_meter_command: str = ""
     powercap_root: Path = Field(Path("/sys/class/powercap"), strict=False)
+
+    @field_validator("node_meter_command")
+    @classmethod
+    def _splits(cls, value: str) -> str:
+        """The command is split as it will be run (no shell), at load: an unbalanced quote is a
+        config error before the run starts, not a failure after run_start."""
+        import shlex
+
+        try:
+            shlex.split(value)
+        except ValueError as exc:
+            raise ValueError(f"cannot be split into a command and its arguments ({exc})") from None
+        return value
 
 
 def node_file(out_dir: Path, result_name: str, node: int) -> Path:
@@ -165,12 +180,28 @@ def _start(config: PowerConfig, rt: Any, name: str, out_dir: Path, clock: Clock,
     sampler = Sampler(sources, config.interval_s, part_path(final.parent.parent / f"{name}.{final.name}"),
                       final, clock, meta)
     try:
-        if final.exists():
+        _claim_folder(Path(out_dir), (POWER_DIR,))
+        if os.path.lexists(final):
             raise FileExistsError(f"{final} exists")
         sampler.start()
     except (OSError, SourceError) as exc:
-        say(f"power: cannot write {final} ({exc}); no energy for this run")
+        why = reason(exc) if isinstance(exc, OSError) and exc.errno else str(exc)
+        say(f"power: cannot write {final} ({why}); no energy for this run")
         sampler.stop(publish=False)
         close_nvml(nvml)
         return None, None
     return sampler, nvml
+
+
+def _claim_folder(out_dir: Path, parts: tuple[str, ...]) -> None:
+    """Create ``out_dir/power`` (``0700`` where missing) without following a link: a planted
+    ``power`` link is refused (OSError ELOOP), never written through. ``power/result_N`` itself
+    was claimed with the run's log (`mlhpc.mllog.RUN_FILES`) and is made by the publisher."""
+    from mlhpc.data.files import check_output_folder, open_dir, open_root
+
+    root = open_root(out_dir)
+    try:
+        check_output_folder(root, out_dir)
+        os.close(open_dir(root, parts, create=True))
+    finally:
+        os.close(root)

@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 from mlperf_logging.mllog import constants
 
 from mlhpc.power.sources import COUNTER, Source, SourceError
+from mlhpc.report.plausible import implausible
 
 Clock = Callable[[], float]  # seconds since the Unix epoch, the run's log clock (time.time)
 
@@ -90,7 +91,8 @@ class Sampler:
             tick = max(tick + 1, int((time.monotonic() - begin) / self.interval_s) + 1)
 
     def read_once(self) -> bool:
-        """Read every source and write one ``power_reading``; a source that fails skips the
+        """Read every source and write one ``power_reading``; a source that fails, or whose
+        watts are implausible (a counter reset gives negative watts: `implausible`), skips the
         tick (the next reading's interval then covers it) and is recorded in ``missed``."""
         now_ms = self._now_ms()
         if now_ms <= self._last_ms:
@@ -106,6 +108,8 @@ class Sampler:
                     watts[source.name] = (value - self._last[source.name]) / dt_s
                 else:
                     watts[source.name] = value
+                if problem := implausible("power_w", watts[source.name]):  # a counter reset
+                    raise SourceError(f"{source.name}: reading refused ({problem})")
         except SourceError as exc:
             self.missed.append(f"{now_ms}: {exc}")
             return False

@@ -12,10 +12,15 @@ nothing here guesses a figure (no TDP, no estimate).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import re
+import select
 import shlex
+import signal
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -57,6 +62,10 @@ class RaplDomain:
             delta = raw - self._last_raw
             if delta < 0:  # the counter wrapped past max_energy_range_uj
                 delta += self.max_range_uj
+            if delta < 0:  # reset (or no range known): resynchronise, refuse this interval
+                previous, self._last_raw = self._last_raw, raw
+                raise SourceError(f"{self.name}: energy_uj went back from {previous} to {raw} "
+                                  "(counter reset); this interval is not measured")
             self._total_uj += delta
         self._last_raw = raw
         return self._total_uj / 1e6
@@ -161,7 +170,9 @@ def close_nvml(nvml: Any) -> None:
 @dataclass
 class NodeMeter:
     """A site's command printing the node's instantaneous power in watts as one number (a BMC
-    query, a PDU, Slurm's acct_gather_energy): run without a shell, ``timeout_s`` at most."""
+    query, a PDU, Slurm's acct_gather_energy): run without a shell in its own process group,
+    ``timeout_s`` at most, its output read up to `METER_OUTPUT_BYTES`, the group killed after
+    each reading (`run_bounded`)."""
 
     command: str
     timeout_s: float = 5.0
@@ -173,20 +184,64 @@ class NodeMeter:
         self.argv = shlex.split(self.command)
 
     def read(self) -> float:
-        try:
-            done = subprocess.run(self.argv, capture_output=True, text=True, timeout=self.timeout_s,
-                                  check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise SourceError(f"node meter {self.command!r}: {_why(exc)}") from None
-        text = done.stdout.strip()
+        out, status = run_bounded(self.argv, self.timeout_s, f"node meter {self.command!r}")
+        text = out.decode("utf-8", errors="replace").strip()
         try:
             watts = float(text)
         except ValueError:
             watts = math.nan
-        if done.returncode != 0 or not math.isfinite(watts) or watts < 0:
-            raise SourceError(f"node meter {self.command!r}: exit {done.returncode}, printed "
+        if status != 0 or not math.isfinite(watts) or watts < 0:
+            raise SourceError(f"node meter {self.command!r}: exit {status}, printed "
                               f"{text[:40]!r}; expected one number of watts")
         return watts
+
+
+#: The most bytes a node meter may print (one number is a few bytes).
+METER_OUTPUT_BYTES = 4096
+
+
+def run_bounded(argv: list[str], timeout_s: float, what: str) -> tuple[bytes, int]:
+    """Run ``argv`` (no shell) in its own process group, read at most `METER_OUTPUT_BYTES` of
+    its output within ``timeout_s`` seconds, then kill the whole group (SIGKILL: whatever the
+    command left running dies with it) and reap it. Returns ``(output, exit status)``.
+
+    Raises:
+        SourceError: it cannot be started, runs past ``timeout_s`` or prints more than the cap.
+    """
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:
+        raise SourceError(f"{what}: {_why(exc)}") from None
+    try:
+        out, problem = _read_until(proc.stdout, time.monotonic() + timeout_s)
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.stdout.close()
+        status = proc.wait()
+    if problem:
+        raise SourceError(f"{what}: {problem.format(timeout_s=timeout_s)}; its process group was killed")
+    return out, status
+
+
+def _read_until(stream: Any, deadline: float) -> tuple[bytes, str]:
+    """Bytes of ``stream`` until its end, the deadline or the cap; a problem in words, or ""."""
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return b"".join(chunks), "timed out after {timeout_s} s"
+        if not select.select([stream], [], [], left)[0]:
+            continue
+        chunk = os.read(stream.fileno(), METER_OUTPUT_BYTES + 1)
+        if not chunk:
+            return b"".join(chunks), ""
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > METER_OUTPUT_BYTES:
+            return b"", f"printed more than {METER_OUTPUT_BYTES} bytes"
 
 
 def _why(exc: BaseException) -> str:

@@ -96,7 +96,7 @@ def folder_nodes(f: FolderResult) -> int | None:
     nodes = f.system_desc.get("number_of_nodes")
     try:
         return int(nodes) if nodes not in (None, "") else f.nodes
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return f.nodes
 
 

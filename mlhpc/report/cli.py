@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from mlhpc.report.render import FORMATS, LEVELS
+from mlhpc.text import console, echo, one_line
 
 if TYPE_CHECKING:
     from mlhpc.report.package import PackageResult
@@ -68,20 +69,18 @@ def report_command(paths: tuple[Path, ...], fmt: str, level: str, wide: bool, co
                                                         price_per_kwh=price_per_kwh, wide=wide,
                                                         width=width))
     except MlhpcError as exc:  # the project's convention: one line on stderr, exit status 2
-        click.echo(f"mlhpc: error: {exc}", err=True)
+        echo(f"mlhpc: error: {one_line(exc)}", err=True)
         raise SystemExit(2) from None
     if isinstance(outcome.output, str):
-        click.echo(outcome.output, nl=not outcome.output.endswith("\n"))
+        echo(outcome.output, nl=not outcome.output.endswith("\n"))
     else:
-        from rich.console import Console
-
         from mlhpc.report.render import natural_width
 
-        Console(width=max(width, natural_width(outcome.output)) if wide else width).print(outcome.output)
+        console(width=max(width, natural_width(outcome.output)) if wide else width).print(outcome.output)
     for path in outcome.plots:
-        click.echo(f"wrote {path}", err=True)
+        echo(f"wrote {path}", err=True)
     for line in outcome.plots_skipped:
-        click.echo(line, err=True)
+        echo(line, err=True)
     if outcome.package is not None:
         _echo_package(outcome.package)
 
@@ -91,24 +90,22 @@ def _console_width() -> int:
     else 100."""
     import os
 
-    from rich.console import Console
-
-    console = Console()
-    if console.is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
-        return max(console.width, 20)
+    probe = console()
+    if probe.is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
+        return max(probe.width, 20)
     return 100
 
 
 def _echo_package(package: PackageResult) -> None:
     """What was packaged, its warnings and the package checker's verdict (exit 1 if it rejects)."""
-    click.echo(f"packaged {len(package.result_files)} runs into {package.root}", err=True)
+    echo(f"packaged {len(package.result_files)} runs into {package.root}", err=True)
     for warning in package.warnings:
-        click.echo(f"warning: {warning}", err=True)
+        echo(f"warning: {warning}", err=True)
     if package.checker_ok is None:
         return
     how = "with --rcp-bypass" if package.rcp_bypass else "without RCP bypass"
     if not package.checker_ok:
         first = package.checker_messages[0] if package.checker_messages else "see its log"
-        click.echo(f"mlhpc: error: package_checker ({how}) rejected {package.root}: {first}", err=True)
+        echo(f"mlhpc: error: package_checker ({how}) rejected {package.root}: {first}", err=True)
         raise SystemExit(1)
-    click.echo(f"package_checker ({how}): accepted", err=True)
+    echo(f"package_checker ({how}): accepted", err=True)

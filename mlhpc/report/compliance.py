@@ -22,7 +22,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlhpc.errors import ConfigError
+from mlhpc.data.files import make_private_dir, write_text_atomic
+from mlhpc.data.inputs import read_text_input
+from mlhpc.errors import ConfigError, DataError
 from mlhpc.report.parse import TOKEN, ParsedLog
 
 SUPPORTED_RULESETS = ("1.0.0", "2.0.0", "3.0.0")
@@ -104,20 +106,18 @@ def _disk_path(key: tuple[str, str, str]) -> Path:
 
 def _load(key: tuple[str, str, str]) -> Verdict | None:
     try:
-        data = json.loads(_disk_path(key).read_text())
+        data = json.loads(read_text_input(_disk_path(key), what="compliance verdict"))
         return Verdict(ok=bool(data["ok"]), ruleset=key[1], messages=tuple(str(m) for m in data["messages"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, DataError):
         return None
 
 
 def _store(key: tuple[str, str, str], verdict: Verdict) -> None:
     path = _disk_path(key)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"ok": verdict.ok, "messages": list(verdict.messages)}))
-        os.replace(tmp, path)
-    except OSError:
+        make_private_dir(path.parent, ConfigError, "compliance cache")
+        write_text_atomic(path, json.dumps({"ok": verdict.ok, "messages": list(verdict.messages)}))
+    except (OSError, ConfigError):
         pass
 
 

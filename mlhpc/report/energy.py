@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from mlperf_logging.mllog import constants
 
+from mlhpc.errors import LogFormatError
 from mlhpc.report.parse import Event, parse_log
+from mlhpc.report.plausible import implausible
 
 if TYPE_CHECKING:
     from mlhpc.report.runs import RunSummary
@@ -82,6 +84,8 @@ def node_energy(events: list[Event], time_to_train_ms: float) -> tuple[float, li
             watts = event.value
             if isinstance(watts, bool) or not isinstance(watts, (int, float)):
                 raise ValueError(f"power_reading at {event.time_ms:.0f} ms without a number of watts")
+            if problem := implausible("power_w", watts):
+                raise ValueError(f"power_reading at {event.time_ms:.0f} ms refused: {problem}")
             total += watts * (event.time_ms - previous)
             spans.append((previous, event.time_ms, float(watts)))
             previous, last = event.time_ms, max(last or event.time_ms, event.time_ms)
@@ -112,6 +116,8 @@ def switch_energy(events: list[Event], time_to_train_ms: float) -> float:
 def run_energy(log: Path, time_to_train_ms: float | None) -> RunEnergy:
     """The energy of the run logged in ``log`` from ``power/<log stem>/`` (see the module doc)."""
     folder = power_folder(log)
+    if folder.parent.is_symlink() or folder.is_symlink():
+        return RunEnergy(note=f"{folder}: a symbolic link, not followed: no energy")
     if not folder.is_dir():
         return RunEnergy(note=f"{POWER_NOTE_PREFIX}, or power sampling off: no power readings")
     files = sorted(folder.iterdir(), key=lambda p: p.name)
@@ -122,8 +128,8 @@ def run_energy(log: Path, time_to_train_ms: float | None) -> RunEnergy:
         return RunEnergy(note="no time to train: energy not computed")
     out = RunEnergy(energy_j=0.0)
     for path in nodes + [p for p in files if _SWITCH.match(p.name)]:
-        parsed = parse_log(path)
-        try:
+        try:  # the one reader: no link out of the power folder, no FIFO, size capped
+            parsed = parse_log(path, root=folder)
             if parsed.malformed:
                 raise ValueError(parsed.malformed[0].message)
             if _SWITCH.match(path.name):
@@ -131,6 +137,10 @@ def run_energy(log: Path, time_to_train_ms: float | None) -> RunEnergy:
             else:
                 joules, spans = node_energy(parsed.events, time_to_train_ms)
                 out.readings.append(spans)
+            if problem := implausible("energy_j", joules):
+                raise ValueError(f"refused: {problem}")
+        except LogFormatError as exc:
+            return RunEnergy(note=f"{exc}: no energy")
         except ValueError as exc:
             return RunEnergy(note=f"{path}: {exc}: no energy")
         out.node_energy_j[path.stem] = joules

@@ -49,15 +49,16 @@ from mlhpc.data.files import (
     reason,
     refuse_overlap,
     resolved,
-    walk_files,
     write_under,
 )
+from mlhpc.data.inputs import open_input, read_text_input, walk_files
 from mlhpc.errors import ConfigError, LogFormatError
-from mlhpc.report.mlperf_adapter import package_checker_command
 from mlhpc.report.energy import POWER_DIR, is_power_log, power_folder
-from mlhpc.report.parse import parse_log
+from mlhpc.report.mlperf_adapter import package_checker_command
+from mlhpc.report.parse import MAX_LOG_BYTES, parse_log
 from mlhpc.report.runs import RunSummary, is_resumed, summarize_run, superseded_logs
 from mlhpc.report.score import RESULT_RE, _natural, sidecars
+from mlhpc.text import clip
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+\-]*$")
 SUCCESS_LINE = "PACKAGE CHECKER FOUND NO ERRORS, SUCCESS"
@@ -106,9 +107,9 @@ def _read_mapping(path: Path | None, kind: str) -> dict[str, Any]:
     if path is None:
         return {}
     try:
-        text = path.read_text()
+        text = read_text_input(path, root=path.parent, what=f"run's {kind} file", error=ConfigError)
         data = json.loads(text) if kind == "json" else yaml.safe_load(text)
-    except (OSError, ValueError, yaml.YAMLError):
+    except (ValueError, RecursionError, yaml.YAMLError):
         raise ConfigError(f"{path}: cannot read this run's {kind} file") from None
     return data if isinstance(data, dict) else {}
 
@@ -228,6 +229,9 @@ def _check_alike(runs: list[tuple[Path, RunSummary]], sub: _Submission) -> None:
     for log, run in runs:
         if run.benchmark is None:
             raise LogFormatError(f"{log}: no submission_benchmark record; cannot place it in a package")
+        if not SAFE_NAME.match(run.benchmark) or run.benchmark in (".", ".."):  # becomes a folder name
+            raise LogFormatError(f"{log}: submission_benchmark {clip(run.benchmark, 80)!r} is not a folder "
+                                 "name (letters, digits, _ . + -); cannot place it in a package")
         if first.division and run.division and run.division != first.division:
             raise ConfigError(f"--package: {log} is {run.division} division, {first_log} is {first.division}")
         if run.number_of_nodes != first.number_of_nodes:
@@ -294,32 +298,35 @@ def _copy_into(root: Path, rel: Path, source: Path) -> Path:
     if Path(source).is_symlink() and not is_under(target, resolved(Path(source).parent)):
         raise ConfigError(f"{source}: symbolic link out of its run folder (to {target}); links are "
                           "not followed into a package (copy the file there)")
-    with open(source, "rb") as handle:
-        data = handle.read()
+    fd = open_input(source, MAX_LOG_BYTES, Path(source).parent, "packaged file", ConfigError)
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(MAX_LOG_BYTES + 1)
         mode = copy_mode(os.fstat(handle.fileno()).st_mode)
     return write_under(root, rel, data, mode)
 
 
 def _copy_sources(root: Path, benchmark: str, config_files: list[Path]) -> None:
-    """The source that ran, under ``ORG/benchmarks/<benchmark>/implementations/mlhpc``."""
-    import importlib.util
+    """The source that ran, under ``ORG/benchmarks/<benchmark>/implementations/mlhpc``: the
+    harness, and each workload the runs' configs name (the benchmark's own name when none does),
+    found through its entry point wherever it is installed (`mlhpc.workload.source_files`), at
+    its import path.
 
+    Raises:
+        ConfigError: a workload that is not installed, or a link out of a source folder.
+    """
     import mlhpc
+    from mlhpc.workload import source_files
 
     out = root.parent
     dest = Path(root.name) / "benchmarks" / benchmark / "implementations" / "mlhpc"
-    trees = [(Path(mlhpc.__file__).parent, dest / "mlhpc")]
-    for name in ("mlhpc_workloads", "workloads"):  # located, never imported
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.submodule_search_locations:
-            source = Path(list(spec.submodule_search_locations)[0]) / benchmark
-            if source.is_dir():
-                trees.append((source, dest / "workloads" / benchmark))
-            break
-    for source, target in trees:
-        for rel, _ in walk_files(source, ConfigError):
-            if "__pycache__" not in rel.split("/") and not rel.endswith(".pyc"):
-                _copy_into(out, target / rel, source / rel)
+    harness = Path(mlhpc.__file__).parent
+    for rel, _ in walk_files(harness, ConfigError):
+        if "__pycache__" not in rel.split("/") and not rel.endswith(".pyc"):
+            _copy_into(out, dest / "mlhpc" / rel, harness / rel)
+    workloads = {str(_read_mapping(c, "config").get("workload") or benchmark) for c in config_files}
+    for name in sorted(workloads or {benchmark}):
+        for source, rel in source_files(name):
+            _copy_into(out, dest / rel, source)
     for config in config_files:
         _copy_into(out, dest / "configs" / f"{config.parent.name}-{config.name}", config)
 

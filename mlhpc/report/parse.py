@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import LogFormatError
+from mlhpc.report.plausible import log_value_problem
 
 TOKEN = ":::MLLOG "
 
@@ -107,6 +109,8 @@ class ParsedLog:
 #: past this is refused before any parser or regular expression (ours or the official
 #: checkers') runs over it, where it could cost minutes.
 MAX_RECORD_CHARS = 1 << 16
+#: The largest log read (bytes); published logs are at most a few MB.
+MAX_LOG_BYTES = 256 << 20
 #: The longest text value shown from a log (``submission_*``); longer ones are cut, saying so.
 MAX_FIELD_CHARS = 200
 
@@ -122,12 +126,12 @@ def oversize_line(path: Path | str) -> str | None:
     """``"LINE: N characters"`` for the first line of ``path`` longer than `MAX_RECORD_CHARS`,
     or None (also when the file cannot be read: the caller reports that its own way)."""
     try:
-        with open(path, "rb") as handle:
-            for lineno, line in enumerate(handle, start=1):
-                if len(line) > MAX_RECORD_CHARS:
-                    return f"line {lineno}: {len(line)} characters"
-    except OSError:
+        data = read_log(path)
+    except LogFormatError:
         return None
+    for lineno, line in enumerate(data.split(b"\n"), start=1):
+        if len(line) > MAX_RECORD_CHARS:
+            return f"line {lineno}: {len(line)} characters"
     return None
 
 
@@ -139,8 +143,10 @@ def _split_lines(text: str) -> list[str]:
 def _read_record(payload: str) -> tuple[dict[str, Any] | None, str]:
     try:
         record = json.loads(payload)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         return None, f"not valid JSON after {TOKEN.strip()} ({exc.msg} at column {exc.colno})"
+    except ValueError as exc:  # an integer of more digits than Python converts
+        return None, f"refused value after {TOKEN.strip()}: {str(exc)[:120]}"
     except RecursionError:
         return None, f"JSON after {TOKEN.strip()} is nested too deeply"
     if not isinstance(record, dict):
@@ -155,6 +161,9 @@ def _read_record(payload: str) -> tuple[dict[str, Any] | None, str]:
         return None, f"record {record['key']!r}: time_ms {record['time_ms']!r} is not a number"
     if not math.isfinite(time_ms):
         return None, f"record {record['key']!r}: time_ms {record['time_ms']!r} is not finite"
+    problem = log_value_problem(record.get("value")) or log_value_problem(record.get("metadata"))
+    if problem:  # the one range check (`mlhpc.report.plausible`)
+        return None, f"refused value after {TOKEN.strip()}: {problem}"
     metadata = record.get("metadata")
     if metadata is None:
         record["metadata"] = {}
@@ -227,27 +236,23 @@ def file_kind(path: Path | str) -> str:
     return "not a regular file"
 
 
-def parse_log(path: Path | str) -> ParsedLog:
-    """Read and parse one log file (UTF-8, falling back to Latin-1 as ``mlp_parser`` reads it).
-
-    Args:
-        path: a ``result_N.txt`` or any file of MLLOG lines.
-
-    Returns:
-        a `ParsedLog` (malformed lines are listed in it, never raised).
+def read_log(path: Path | str, root: Path | str | None = None, what: str = "result log") -> bytes:
+    """The bytes of one log: the one reader of a log for the report and the store alike
+    (`mlhpc.data.inputs.read_input`): a regular file of at most `MAX_LOG_BYTES`, never a link out
+    of ``root`` (the tree it was found in), a FIFO or a device (never opened blocking).
 
     Raises:
-        LogFormatError: the file cannot be read (missing, a folder, a FIFO or device, no
-            permission), naming it. A FIFO or device is never opened (a FIFO would block).
+        LogFormatError: missing, unreadable, not a regular file, a link out of ``root`` or over
+            the cap (one line naming it).
     """
-    kind = file_kind(path)
-    if kind != "file":
-        raise LogFormatError(f"{path}: cannot read result log ({kind})")
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise LogFormatError(f"{path}: cannot read result log ({reason})") from None
+    from mlhpc.data.inputs import read_input
+
+    return read_input(path, MAX_LOG_BYTES, root, what, LogFormatError)
+
+
+def decode_log(data: bytes, path: Path | str) -> ParsedLog:
+    """`parse_text` of a log's bytes (UTF-8, falling back to Latin-1 as ``mlp_parser`` reads
+    it), with ``sha256`` of the bytes."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -255,3 +260,37 @@ def parse_log(path: Path | str) -> ParsedLog:
     parsed = parse_text(text, str(path))
     parsed.sha256 = hashlib.sha256(data).hexdigest()
     return parsed
+
+
+def parse_log(path: Path | str, root: Path | str | None = None) -> ParsedLog:
+    """Read (`read_log`) and parse one log file.
+
+    Args:
+        path: a ``result_N.txt`` or any file of MLLOG lines.
+        root: the tree it was found in (a link out of it is refused).
+
+    Returns:
+        a `ParsedLog` (malformed lines are listed in it, never raised).
+
+    Raises:
+        LogFormatError: as `read_log`.
+    """
+    return decode_log(read_log(path, root), path)
+
+
+def read_scaling_factor(folder: Path) -> float:
+    """``scaling_factor`` from ``folder/scaling.json``; 1.0 when the file is absent.
+
+    Raises:
+        LogFormatError: the file exists but is not JSON with a numeric ``scaling_factor``.
+    """
+    path = folder / "scaling.json"
+    if not path.is_file():
+        return 1.0
+    try:
+        value = float(json.loads(read_text_input(path, root=folder, error=LogFormatError))["scaling_factor"])
+    except (ValueError, KeyError, TypeError, RecursionError):
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise LogFormatError(f"{path}: expected JSON {{\"scaling_factor\": <positive number>}}") from None
+    return value

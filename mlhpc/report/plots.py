@@ -20,12 +20,14 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
-from mlhpc.errors import ConfigError  # noqa: E402
-from mlhpc.report.runs import RunSummary  # noqa: E402
-from mlhpc.report.score import FolderResult, Report  # noqa: E402
+from mlhpc.data.files import atomic_output, reason
+from mlhpc.errors import ConfigError
+from mlhpc.report.runs import RunSummary
+from mlhpc.report.score import FolderResult, Report
+from mlhpc.text import file_name, plot_text
 
 PHASES = ("staging", "training epochs", "evaluation", "residual")
 PHASE_COLORS = ("#8c8c8c", "#1f77b4", "#ff7f0e", "#d62728")
@@ -252,16 +254,18 @@ def write_plots(report: Report, out_dir: Path | str, prefix: str = "report-") ->
         raise ConfigError(f"--plots {out}: cannot create folder ({exc.strerror})") from None
     files = PlotFiles()
     for name, make, why in FIGURES:
-        fig = make(report)
-        if fig is None:
-            files.skipped.append(f"no {name} plot: {why(report)}")
-            continue
-        path = out / f"{prefix}{name}.png"
-        try:
-            fig.savefig(path, dpi=150)
-        except OSError as exc:
-            raise ConfigError(f"--plots {path}: cannot write ({exc.strerror})") from None
-        finally:
-            plt.close(fig)
+        with plot_text():  # names drawn as written, never read as mathtext
+            fig = make(report)
+            if fig is None:
+                files.skipped.append(f"no {name} plot: {why(report)}")
+                continue
+            path = out / file_name(f"{prefix}{name}.png")
+            try:
+                with atomic_output(path, 0o644) as tmp:
+                    fig.savefig(tmp, dpi=150, format="png")
+            except OSError as exc:
+                raise ConfigError(f"--plots {path}: cannot write ({reason(exc)})") from None
+            finally:
+                plt.close(fig)
         files.written.append(path)
     return files

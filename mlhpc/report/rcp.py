@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mlhpc.report.compliance import mlperf_logging_version
+from mlhpc.report.parse import read_log
 
 RCP_PASS = "pruned_rcps"
 _lock = threading.Lock()
@@ -98,7 +99,7 @@ class _Capture(logging.Handler):
 
 
 def _fingerprint(files: list[Path]) -> tuple[tuple[str, str], ...]:
-    return tuple((f.name, hashlib.sha256(f.read_bytes()).hexdigest()) for f in files)
+    return tuple((f.name, hashlib.sha256(read_log(f)).hexdigest()) for f in files)
 
 
 def _olympic(epochs: list[float]) -> float | None:

@@ -14,21 +14,41 @@ import csv
 import io
 import json
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
-from rich.console import Console, Group
-from rich.markup import escape
+from rich.console import Group
 from rich.table import Table
-from rich.text import Text
 
 from mlhpc.errors import ConfigError
-from mlhpc.report.cells import (NO_POWER_COUNTER, any_energy, convergence_text, cost, energy, energy_cell,
-                                energy_unit, epoch_unit, fmt, folder_name, folder_nodes, node_energy, priced,
-                                resumed_cell, run_view_title, scale, staging_cell, strong_cell, system_key,
-                                weak_cell, STRONG_TITLE, WEAK_TITLE)
+from mlhpc.report.cells import (
+    NO_POWER_COUNTER,
+    STRONG_TITLE,
+    WEAK_TITLE,
+    any_energy,
+    convergence_text,
+    cost,
+    energy,
+    energy_cell,
+    energy_unit,
+    epoch_unit,
+    fmt,
+    folder_name,
+    folder_nodes,
+    node_energy,
+    priced,
+    resumed_cell,
+    run_view_title,
+    scale,
+    staging_cell,
+    strong_cell,
+    system_key,
+    weak_cell,
+)
 from mlhpc.report.compact import compact_views, fit_widths
 from mlhpc.report.energy import POWER_NOTE_PREFIX
 from mlhpc.report.score import FolderResult, Report
+from mlhpc.text import cell, console, joined, styled
 
 FORMATS = ("table", "json", "csv", "markdown")
 LEVELS = ("auto", "folders", "runs")
@@ -216,7 +236,7 @@ def tables(report: Report, level: str = "auto", wide: bool = True, width: int = 
             widths = fit_widths(header, body, width, names) or fit_widths(header, body, width, set())
         parts.append(_table(title, header, body, wide, widths))
     for note in notes(report):
-        parts.append(f"[yellow]note[/]: {escape(note)}")
+        parts.append(joined(styled("note", "yellow"), ": ", note))
     return Group(*parts)
 
 
@@ -232,14 +252,14 @@ def _table(title: str, header: list[str], body: list[list[str]], wide: bool, wid
         table.add_column(name, justify="left" if left else "right", overflow="fold",
                          no_wrap=left and wide and widths is None, width=widths[i] if widths else None)
     for row in body:
-        table.add_row(*(Text(cell) for cell in row))
+        table.add_row(*(cell(value) for value in row))
     return table
 
 
 def natural_width(group: Group) -> int:
     """Columns ``group`` needs so that no table is squeezed (at least 100)."""
-    console = Console(width=100_000, color_system=None, force_terminal=False)
-    return max(100, min(100_000, console.measure(group).maximum))
+    probe = console(width=100_000, color_system=None, force_terminal=False)
+    return max(100, min(100_000, probe.measure(group).maximum))
 
 
 def to_text(report: Report, level: str = "auto", width: int | None = None, wide: bool = True) -> str:
@@ -249,7 +269,7 @@ def to_text(report: Report, level: str = "auto", width: int | None = None, wide:
         width = 100
     group = tables(report, level, wide, width or 100)
     buffer = io.StringIO()
-    Console(file=buffer, width=width or natural_width(group), color_system=None,
+    console(file=buffer, width=width or natural_width(group), color_system=None,
             force_terminal=False).print(group)
     return buffer.getvalue()
 

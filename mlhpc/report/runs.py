@@ -9,6 +9,7 @@ counts it (``epoch_num`` of the last quality-metric record before a successful `
 from __future__ import annotations
 
 import functools
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,12 +17,12 @@ from typing import Any
 
 import yaml
 
-from mlhpc.report.parse import Event, ParsedLog, cap_field, parse_log
+from mlhpc import rules
+from mlhpc.errors import LogFormatError
+from mlhpc.report.parse import Event, ParsedLog, cap_field, decode_log, read_log
+from mlhpc.report.plausible import implausible
 
 METRIC_KEYS = ("eval_error", "eval_accuracy")
-
-# Benchmarks whose ``epoch_num`` counts training samples, not passes over the data (OpenFold).
-SAMPLE_COUNTED_EPOCHS = frozenset({"openfold"})
 
 RESUME_KEY = "resume"
 _TARGET_RE = re.compile(r"v\[['\"]value['\"]\]\s*(<=|>=|<|>)\s*([0-9][0-9.eE+\-]*)")
@@ -75,14 +76,13 @@ def superseded_logs(files: list[Path]) -> set[str]:
     (`resumed_from`): stopped attempts, kept apart with their resumed run."""
     names: set[str] = set()
     for path in files:
-        if not Path(path).is_file():  # a FIFO or device is named by parse_log, never read here
+        try:  # a FIFO, a device or a link out of the folder is named by the caller's parse_log
+            data = read_log(path, Path(path).parent)
+        except LogFormatError:
             continue
-        try:
-            if '"resume"' not in Path(path).read_text(encoding="utf-8", errors="replace"):
-                continue
-        except OSError:
+        if b'"resume"' not in data:
             continue
-        name = resumed_from(parse_log(path))
+        name = resumed_from(decode_log(data, path))
         if name:
             names.add(name)
     return names
@@ -119,8 +119,9 @@ class RunSummary:
     Attributes:
         path: the log file.
         benchmark / org / division / platform / status_submission: the ``submission_*`` values.
-        status: ``"success"``, ``"aborted"`` (run_stop with another status) or ``"incomplete"``
-            (no run_stop, or no run_start).
+        status: ``"success"``, ``"aborted"`` (run_stop with another status), ``"incomplete"``
+            (no run_stop, or no run_start) or ``"invalid"`` (an implausible time to train, e.g.
+            run_stop before run_start: `mlhpc.report.plausible`; ``reason`` says why).
         run_start_ms / run_stop_ms: first ``run_start`` and first ``run_stop`` (ms since epoch).
         time_to_train_s: ``run_stop_ms - run_start_ms`` in seconds (``None`` if either is missing).
         staging_s / init_s: ``staging_start..staging_stop`` and ``init_start..init_stop``.
@@ -246,7 +247,7 @@ def _number(value: Any) -> float | None:
 
 def _int(value: Any) -> int | None:
     number = _number(value)
-    return None if number is None or number != number else int(number)
+    return None if number is None or not math.isfinite(number) else int(number)
 
 
 def official_start_stop(events: list[Event]) -> tuple[float | None, float | None]:
@@ -279,7 +280,7 @@ def official_instance_scale(events: list[Event]) -> int | None:
                                 lambda event: event.value)
     try:
         return int(nodes) * max(int(accels), 1)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: Infinity
         return None
 
 
@@ -361,7 +362,7 @@ def _read_submission(run: RunSummary, parsed: ParsedLog) -> None:
             if "instance" in event.metadata:
                 run.instance_id = event.metadata["instance"]
                 break
-    if run.benchmark in SAMPLE_COUNTED_EPOCHS:
+    if run.benchmark in rules.ruleset().sample_counted_epochs:
         run.epoch_unit = "samples"
 
 
@@ -376,6 +377,10 @@ def _read_start_stop(run: RunSummary, parsed: ParsedLog) -> None:
         run.status = "success" if status == "success" else "aborted"
         reason = stop.metadata.get("reason")
         run.reason = reason if isinstance(reason, str) else None
+        problem = implausible("time_to_train_s", run.time_to_train_s)
+        if problem:  # never scored nor stored as a success (`mlhpc.report.plausible`)
+            early = " (run_stop before run_start)" if run.time_to_train_s < 0 else ""
+            run.status, run.reason, run.time_to_train_s = "invalid", f"refused: {problem}{early}", None
         run.last_epoch = _number(stop.metadata.get("epoch_num"))
 
 

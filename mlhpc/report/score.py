@@ -39,17 +39,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from mlhpc.errors import LogFormatError
+from mlhpc import rules
+from mlhpc.data.inputs import read_text_input
+from mlhpc.errors import DataError, LogFormatError
 from mlhpc.report.compliance import check_run, not_checked_reason, round_of, ruleset_for
 from mlhpc.report.energy import attach_energy, score_energy
-from mlhpc.report.parse import ParsedLog, file_kind, parse_log
+from mlhpc.report.parse import ParsedLog, file_kind, parse_log, read_scaling_factor
 from mlhpc.report.rcp import RcpVerdict, check_folder
 from mlhpc.report.runs import (RunSummary, is_resumed, official_instance_scale, official_start_stop,
                                summarize_run, superseded_logs)
 
 RESULT_RE = re.compile(r"^result_.*\.txt$")
 PRUNED = "pruned_results"
-MAX_DROPPED = 1  # hpc benchmarks (result_summarizer: 4 only for training's unet3d)
 
 
 @dataclass
@@ -174,15 +175,25 @@ class Report:
                 "folders": [f.to_dict() for f in self.folders]}
 
 
-def compute_olympic_average(scores: list[float], dropped: int, max_dropped: int = MAX_DROPPED) -> float | None:
+def compute_olympic_average(scores: list[float], dropped: int,
+                            max_dropped: int | None = None) -> float | None:
     """result_summarizer's ``_compute_olympic_average``: sort, drop ``max_dropped`` fastest and
     ``max_dropped - dropped`` slowest (dropped runs already count as the slowest), average.
+    ``max_dropped`` defaults to the current ruleset's (`mlhpc.rules.Ruleset.max_dropped`).
 
     Returns ``None`` when no score remains.
     """
+    if max_dropped is None:
+        max_dropped = rules.ruleset().max_dropped
     ordered = sorted(scores)
     kept = ordered[max_dropped:len(ordered) - (max_dropped - dropped)]
     return sum(kept) * 1.0 / len(kept) if kept else None
+
+
+def required_result_count(benchmark: str | None, ruleset: rules.Ruleset) -> int:
+    """Result files a benchmark needs under ``ruleset`` (`mlhpc.rules.Ruleset.runs`); 1 if
+    the round has no such benchmark."""
+    return int(ruleset.runs.get(benchmark or "", 1))
 
 
 def weak_throughput(spans_ms: list[tuple[float, float]]) -> tuple[float, float | None]:
@@ -192,33 +203,19 @@ def weak_throughput(spans_ms: list[tuple[float, float]]) -> tuple[float, float |
     return ttta_min, (len(spans_ms) / ttta_min if ttta_min > 0 else None)
 
 
-def required_result_count(benchmark: str | None) -> int:
-    """Result files a benchmark needs (mlperf_logging.benchmark_meta, hpc); 1 if unknown."""
-    from mlhpc.report.mlperf_adapter import result_file_counts
-
-    return int(result_file_counts("hpc").get(benchmark or "", 1))
-
-
-def read_scaling_factor(folder: Path) -> float:
-    """``scaling_factor`` from ``folder/scaling.json``; 1.0 when the file is absent.
-
-    Raises:
-        LogFormatError: the file exists but is not JSON with a numeric ``scaling_factor``.
-    """
-    path = folder / "scaling.json"
-    if not path.is_file():
-        return 1.0
+def rules_of(result: "FolderResult") -> rules.Ruleset:
+    """The rules a folder is scored by: its ruleset's, else its round's, else the current."""
+    version = result.ruleset or (f"{result.round.lstrip('v')}.0" if result.round else None)
     try:
-        value = json.loads(path.read_text())["scaling_factor"]
-        return float(value)
-    except (OSError, ValueError, KeyError, TypeError):
-        raise LogFormatError(f"{path}: expected JSON {{\"scaling_factor\": <number>}}") from None
+        return rules.ruleset(version)
+    except ValueError:
+        return rules.ruleset()
 
 
 def _int_or_none(value: Any) -> int | None:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
@@ -273,13 +270,14 @@ def _natural(path: Path) -> tuple[Any, ...]:
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.name))
 
 
-def _system_desc(folder: Path, kind: str, system: str | None, v07: bool = False) -> dict[str, Any]:
+def _system_desc(folder: Path, kind: str, system: str | None, v07: bool, notes: list[str]) -> dict[str, Any]:
     if kind == "runs" or system is None:
         return {}
     desc = folder.parents[2 if v07 else 3] / "systems" / f"{system}.json"
-    try:
-        data = json.loads(desc.read_text())
-    except (OSError, ValueError):
+    try:  # the one reader: a link out of the submitter's tree, a FIFO or a huge file refused
+        data = json.loads(read_text_input(desc, root=desc.parents[1], what="system description"))
+    except (DataError, ValueError, RecursionError) as exc:
+        notes += [f"system description not read: {exc}"] if os.path.lexists(desc) else []
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -298,9 +296,9 @@ def _run_target(log: Path) -> float | None:
     data = None
     for candidate in sidecars(log, "summary", ".json"):
         try:
-            data = json.loads(candidate.read_text())
+            data = json.loads(read_text_input(candidate, root=log.parent, what="run summary"))
             break
-        except (OSError, ValueError):
+        except (DataError, ValueError, RecursionError):
             continue
     value = data.get("target") if isinstance(data, dict) else None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -315,7 +313,7 @@ def _new_result(folder: Path, ruleset: str | None) -> FolderResult:
                           ruleset=None if v07 and ruleset is None else ruleset_for(folder, ruleset))
     if result.ruleset is None:
         result.ruleset_note = not_checked_reason(round_of(round_ or "") or round_)
-    result.system_desc = _system_desc(folder, kind, system, v07)
+    result.system_desc = _system_desc(folder, kind, system, v07, result.notes)
     return result
 
 
@@ -369,7 +367,7 @@ def _read_runs(result: FolderResult, files: list[Path], compliance: bool) -> _Ta
     tally = _Tally()
     superseded = superseded_logs(files)  # stopped attempts that a resumed log continues
     for path in files:
-        parsed = parse_log(path)
+        parsed = parse_log(path, root=path.parent)  # no link out of the folder, no FIFO
         run = summarize_run(parsed, target=_run_target(path) if result.kind == "runs" else None)
         attach_energy(run, path, parsed.events)
         result.runs.append(run)
@@ -428,11 +426,11 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
         result.kind = "weak"
         tally.scale_seen = next((v for v in tally.scales.values() if v is not None), None)
     if result.kind == "weak":
-        needed = 1 if own_throughput else required_result_count(result.benchmark)
+        needed = 1 if own_throughput else required_result_count(result.benchmark, rules_of(result))
         _score_weak(result, tally.scored, tally.scale_seen, needed)
     else:
         _score_strong(result, tally.scored, folder, [Path(p) for p in files if str(p) not in result.resumed])
-    score_energy(result, tally.scored, MAX_DROPPED)
+    score_energy(result, tally.scored, rules_of(result).max_dropped)
     return result
 
 
@@ -458,11 +456,11 @@ def _score_weak(result: FolderResult, scored: list[tuple[RunSummary, float, floa
 def _score_strong(result: FolderResult, scored: list[tuple[RunSummary, float, float]], folder: Path,
                   files: list[Path]) -> None:
     scores = [(stop - start) / 60 / 1000 for _, start, stop in scored]
-    dropped = len(result.dropped)
-    if dropped > MAX_DROPPED:
-        result.notes.append(f"invalid: {dropped} runs dropped (at most {MAX_DROPPED} allowed)")
+    dropped, max_dropped = len(result.dropped), rules_of(result).max_dropped
+    if dropped > max_dropped:
+        result.notes.append(f"invalid: {dropped} runs dropped (at most {max_dropped} allowed)")
     else:
-        average = compute_olympic_average(scores, dropped)
+        average = compute_olympic_average(scores, dropped, max_dropped)
         if average is None:
             result.notes.append(f"no olympic mean: {len(scores)} scored runs")
         else:

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Sampler
 
 from mlhpc import perf, runtime
 
@@ -36,7 +36,7 @@ from mlhpc.run.outcome import Stop, staged_source
 from mlhpc.run.result import RunFiles
 from mlhpc.runtime import Runtime
 from mlhpc.run.step import Step, precision, wrap_model
-from mlhpc.workload import Workload
+from mlhpc.workload import Workload, WorkloadDataset
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
@@ -72,8 +72,8 @@ class Parts:
 
     model: torch.nn.Module  # the weights (evaluation, checkpoints)
     step: Step  # the training step (compiled / DDP model, loss, optimizer, scheduler)
-    train_ds: Dataset
-    eval_ds: Dataset
+    train_ds: WorkloadDataset
+    eval_ds: WorkloadDataset
     train_sampler: Any
     train_loader: DataLoader
     eval_loader: DataLoader
@@ -122,7 +122,7 @@ def sharded(staged: staging.StagingResult | None) -> bool:
     return staged is not None and staged.shard is not None
 
 
-def build_train_sampler(dataset: Dataset, rt: Runtime, config: Config,
+def build_train_sampler(dataset: WorkloadDataset, rt: Runtime, config: Config,
                         staged: staging.StagingResult | None) -> Sampler[int]:
     """The training sampler (`mlhpc.data.sampler.train_sampler`): after a sharded stage the node's
     samples over its local ranks, shuffled within the node; otherwise a seeded shuffle shared by
@@ -155,7 +155,7 @@ def build(job: Job, staged: staging.StagingResult | None, lbs: int, *,
     """
     config, workload, rt = job.config, job.workload, job.rt
     data_dir = Path(staged.dest) if staged is not None else Path(config.data.path)
-    train_ds, eval_ds = workload.build_datasets(config, rt, data_dir)
+    train_ds, eval_ds = workload.datasets(config, rt, data_dir)
     if len(train_ds) == 0 or len(eval_ds) == 0:
         raise DataError(f"{data_dir}: no training or validation samples found")
     seed_everything(job.seed)
@@ -191,7 +191,7 @@ def scratch_copy(job: Job, model: torch.nn.Module) -> tuple[torch.nn.Module, Any
     return scratch, optimizer
 
 
-def check_sample(job: Job, model: torch.nn.Module, train_ds: Dataset, loss_fn: Any,
+def check_sample(job: Job, model: torch.nn.Module, train_ds: WorkloadDataset, loss_fn: Any,
                   data_dir: Path) -> perf.FlopCount:
     """The first training sample fits the model (shape, dtype: one forward and backward on the
     meta device); returns the FLOPs per sample of a training step counted on it
@@ -217,34 +217,38 @@ def check_sample(job: Job, model: torch.nn.Module, train_ds: Dataset, loss_fn: A
     except DataError:
         raise
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
-        x, _ = train_ds[0]
         first = " ".join(str(exc).split())[:200]
         raise DataError(f"{sample_name(train_ds, 0, data_dir, job.config)}: a training sample of "
-                        f"shape {tuple(getattr(x, 'shape', ()))} ({getattr(x, 'dtype', '?')}) "
-                        f"does not fit the model of the config's model section "
-                        f"({model_settings(job.config)}): {first}") from None
+                        f"{_shapes(train_ds[0][0])} does not fit the model of the config's model "
+                        f"section ({model_settings(job)}): {first}") from None
 
 
-def sample_name(dataset: Dataset, index: int, data_dir: Path, config: Config) -> str:
+def sample_name(dataset: WorkloadDataset, index: int, data_dir: Path, config: Config) -> str:
     """``<file> sample <k>`` of sample ``index``, the file named in ``data.path`` when
     ``data_dir`` is a staged copy (the copy named after it in brackets)."""
-    if hasattr(dataset, "locate"):
-        path, local = dataset.locate(index)
-        name = f"{path} sample {local}"
-    elif getattr(dataset, "files", None):
-        path, name = Path(dataset.files[index]), str(dataset.files[index])
-    else:
+    where = dataset.locate(index)
+    if where is None:
         return f"{config.data.path} sample {index}"
+    path, name = where.file, f"{where.file} sample {where.index}"
     original = staged_source(path, data_dir, config.data.path)
     if original is None:
         return name
     return name.replace(str(path), str(original), 1) + f" [read from the staged copy {path}]"
 
 
-def model_settings(config: Config) -> str:
-    fields = config.model.model_dump()
-    keys = [k for k in ("input_size", "in_channels", "n_channels", "conv_channels") if k in fields]
-    return ", ".join(f"model.{k}={fields[k]}" for k in keys) or "model.*"
+def model_settings(job: Job) -> str:
+    """``model.K=V, ...``: the model settings the workload reports (`Workload.model_settings`)."""
+    settings = job.workload.model_settings(job.config.model)
+    return ", ".join(f"model.{k}={v}" for k, v in settings.items()) or "model.*"
+
+
+def _shapes(x: Any) -> str:
+    """``shape (..) (dtype)`` of a sample's input: a tensor, or a mapping of tensors."""
+    if isinstance(x, torch.Tensor):
+        return f"shape {tuple(x.shape)} ({x.dtype})"
+    if isinstance(x, dict):
+        return "{" + ", ".join(f"{k}: {_shapes(v)}" for k, v in x.items()) + "}"
+    return type(x).__name__
 
 
 def seed_everything(seed: int) -> None:
@@ -253,8 +257,8 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def count_flops(model: torch.nn.Module, dataset: Dataset, loss_fn: Any) -> perf.FlopCount:
+def count_flops(model: torch.nn.Module, dataset: WorkloadDataset, loss_fn: Any) -> perf.FlopCount:
     """FLOPs per sample of one training step, counted on a meta-device copy (no compute)."""
     x, y = loader.to_device(loader.first_batch(dataset), torch.device("cpu"),
-                            loader.device_transform(dataset))
-    return perf.count_flops_on_meta(model, x, loss_fn, y, loader.batch_len(dataset, x))
+                            dataset.device_transform)
+    return perf.count_flops_on_meta(model, x, loss_fn, y, dataset.batch_len(x))

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from mlhpc.config import Config, from_dict
-from mlhpc.errors import ConfigError, OutputError
+from mlhpc.errors import ConfigError, DataError, OutputError
 from mlhpc.report.parse import parse_log
 
 CHECKPOINT_PATTERN = "checkpoint_{}.pt"
@@ -160,12 +160,12 @@ def save(path: Path, state: CheckpointState) -> None:
     Raises:
         OutputError: the file cannot be written (full file system, permissions).
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    from mlhpc.data.files import atomic_output
+
     try:
-        torch.save(state.to_dict(), tmp)
-        os.replace(tmp, path)
+        with atomic_output(path) as tmp:  # the project's one temporary name, no link followed
+            torch.save(state.to_dict(), tmp)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise OutputError(f"{path}: cannot write checkpoint ({exc.strerror or exc})") from None
 
 
@@ -254,8 +254,10 @@ def select(target: Path) -> tuple[Path, float]:
 
 def _read_claim(path: Path) -> dict[str, Any]:
     try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
+        from mlhpc.data.inputs import read_text_input
+
+        value = json.loads(read_text_input(path, root=path.parent, what="resume claim"))
+    except (DataError, ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
 

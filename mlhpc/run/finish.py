@@ -64,10 +64,10 @@ def measured(job: Job, parts: Parts, synthesis_s: float) -> dict[str, Any]:
             "dataset_bytes_per_sample": staged["staged_bytes"] / samples if staged else None,
             "data_path": {"num_workers": parts.train_loader.num_workers,
                           "pin_memory": parts.train_loader.pin_memory,
-                          "memory_mapped": getattr(parts.train_ds, "memory_mapped", False),
-                          "decode_on_device": hasattr(parts.train_ds, "device_transform"),
-                          "channels_last": bool(getattr(config.model, "channels_last", False)),
-                          "compile": compile_mode(config.train.compile)}},
+                          "memory_mapped": parts.train_ds.memory_mapped,
+                          "decode_on_device": parts.train_ds.decodes_on_device,
+                          "compile": compile_mode(config.train.compile)},
+            "model_settings": job.workload.model_settings(config.model)},
     }
 
 
@@ -78,13 +78,14 @@ def target_of(job: Job) -> float:
 
 def departures(job: Job, parts: Parts) -> list[str]:
     """How this run departs from the reference: the workload's own list when it declares one,
-    else the model fields that differ from their defaults, sample counts and target."""
+    else the model settings that differ from their defaults, sample counts and target."""
     config, workload = job.config, job.workload
     if workload.departures is not None:
         return workload.departures(config)
-    ref_model = workload.model_config()
-    notes = [f"model.{key}={value} (reference {getattr(ref_model, key)})"
-             for key, value in config.model.model_dump().items() if getattr(ref_model, key) != value]
+    reference = workload.model_settings(workload.model_config())
+    notes = [f"model.{key}={value} (reference {reference.get(key)})"
+             for key, value in workload.model_settings(config.model).items()
+             if reference.get(key) != value]
     train_n, eval_n = parts.train_samples, parts.eval_samples
     ref_train, ref_eval = workload.reference_samples
     if ref_train and (train_n, eval_n) != (ref_train, ref_eval):

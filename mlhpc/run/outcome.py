@@ -79,7 +79,7 @@ def name_source(job: Job, exc: BaseException) -> None:
     does: ``SOURCE/train/f.lmdb: key '3': ... [read from the staged copy DEST/train/f.lmdb]``.
     The first path under the copy is mapped by its path relative to the copy; a path with no
     such file in the source (a converted copy) is left as it is."""
-    staged = getattr(job, "staged", None)
+    staged = job.staged
     if not isinstance(exc, DataError) or staged is None or not exc.args or \
             "[read from the staged copy" in str(exc.args[0]):  # named already (`sample_name`)
         return

@@ -24,6 +24,7 @@ the honest total, never only the time after the resume (see `mlhpc.run.checkpoin
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ from typing import Any
 import yaml
 
 from mlhpc import outdir
+from mlhpc.data.inputs import read_text_input
+from mlhpc.errors import LogFormatError
 from mlhpc.report.parse import parse_log
 from mlhpc.report.runs import RunSummary, summarize_run
 
@@ -129,17 +132,10 @@ def derived_perf(perf: dict[str, Any], samples_per_s: float, world_size: int) ->
 
 
 def summary_dict(run: RunSummary, measured: dict[str, Any]) -> dict[str, Any]:
-    """The run's summary: every `RunSummary` figure (the names ``mlhpc report --format json``
-    uses), the side file's measurements, and the names earlier summaries used (``epochs``,
-    ``epoch_times_s``, ``eval_times_s``, ``metric_value``, ``metric_history``)."""
+    """The run's summary: every `RunSummary` figure, under the names ``mlhpc report --format
+    json`` uses, and the side file's measurements."""
     out = run.to_dict()
-    history = [[int(e), v] for e, v in run.metric_series]
-    out.update(
-        epochs=int(run.epochs_to_target if run.epochs_to_target is not None
-                   else run.last_epoch or run.n_epochs),
-        epoch_times_s=run.train_epoch_s, eval_times_s=run.eval_s,
-        metric_value=history[-1][1] if history else None, metric_history=history,
-        **{k: v for k, v in measured.items() if k != "perf"})
+    out.update({k: v for k, v in measured.items() if k != "perf"})
     out["perf"] = derived_perf(measured.get("perf", {}), run.samples_per_s or 0.0,
                                measured.get("world_size", 1))
     return out
@@ -154,7 +150,8 @@ def load(log: Path, target: float | None = None) -> dict[str, Any]:
         LogFormatError: the log cannot be read.
     """
     side = RunFiles.of_log(Path(log)).measured
-    measured = json.loads(side.read_text()) if side.is_file() else {}
+    measured = json.loads(read_text_input(side, root=side.parent, what="side file", error=LogFormatError)) \
+        if os.path.lexists(side) else {}
     if target is None:
         target = measured.get("target")
     return summary_dict(summarize_run(parse_log(log), target=target), measured)

@@ -285,7 +285,7 @@ def _train_epoch(job: Job, parts: Parts, epoch: int, skip: int, stop: "Stop",
     rt, tcfg, log = job.rt, job.config.train, job.log
     batches = _epoch_batches(parts, epoch, skip, job.config)
     micro_steps = len(parts.train_loader)
-    decode = loader.device_transform(parts.train_ds)
+    decode = parts.train_ds.device_transform
     runtime.barrier(rt)
     log.start(constants.EPOCH_START, metadata={constants.EPOCH_NUM: epoch})
     t0 = time.perf_counter()
@@ -296,7 +296,7 @@ def _train_epoch(job: Job, parts: Parts, epoch: int, skip: int, stop: "Stop",
         x, y = loader.to_device(batch, rt.device, decode)
         last_micro = (step + 1) % tcfg.gradient_accumulation_steps == 0 or step + 1 == micro_steps
         loss = train_step(parts.step, x, y, last_micro)
-        n = loader.batch_len(parts.train_ds, x)
+        n = parts.train_ds.batch_len(x)
         loss_sum += loss.double() * n
         samples += n
         if tcfg.log_every_steps and (step + 1) % tcfg.log_every_steps == 0 and rt.is_main:
@@ -332,7 +332,7 @@ def _evaluate_epoch(job: Job, parts: Parts, epoch: int) -> tuple[float, float]:
     log.start(constants.EVAL_START, metadata={constants.EPOCH_NUM: epoch})
     t0 = time.perf_counter()
     parts.step.model.eval()
-    value = evaluate(parts.model, parts.eval_loader, loader.device_transform(parts.eval_ds),
+    value = evaluate(parts.model, parts.eval_loader, parts.eval_ds.device_transform,
                      metric, job.rt, autocast(parts.step.precision, job.rt.device))
     runtime.barrier(job.rt)
     eval_s = time.perf_counter() - t0

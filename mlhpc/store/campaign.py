@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import math
 import re
 import secrets
 from dataclasses import dataclass
@@ -34,6 +35,10 @@ class Sweep:
     points: list[list[str]]
 
 
+#: The most jobs one ``mlhpc submit --sweep`` queues (a site's per-user queue limit is lower still).
+MAX_SWEEP_POINTS = 1000
+
+
 def new_campaign_id() -> str:
     """``YYYYmmdd-HHMMSS-<6 hex>`` (UTC): sortable by time, unique across concurrent submits."""
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
@@ -44,8 +49,8 @@ def sweep_points(specs: list[str], campaign_id: str | None = None) -> Sweep:
     ``--set`` overrides (``["nodes=1", "train.global_batch_size=64"]``, ...).
 
     Raises:
-        ConfigError: a specification without ``=``, with no value, a repeated key, or a value
-            list with an empty entry (naming it).
+        ConfigError: a specification without ``=``, with no value, a repeated key, a value
+            list with an empty entry (naming it), or more than `MAX_SWEEP_POINTS` points.
     """
     keys, values = [], []
     for spec in specs:
@@ -58,6 +63,10 @@ def sweep_points(specs: list[str], campaign_id: str | None = None) -> Sweep:
             raise ConfigError(f"--sweep {spec!r}: key {key!r} swept twice")
         keys.append(key)
         values.append(choices)
+    count = math.prod(len(v) for v in values)
+    if count > MAX_SWEEP_POINTS:  # refused before a point is made or a script rendered
+        raise ConfigError(f"--sweep: {' x '.join(str(len(v)) for v in values)} = {count} points, over the "
+                          f"{MAX_SWEEP_POINTS} jobs one submit may queue; split the sweep")
     points = [[f"{k}={v}" for k, v in zip(keys, combo)] for combo in itertools.product(*values)]
     return Sweep(campaign_id or new_campaign_id(), points)
 

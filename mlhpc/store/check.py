@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import ConfigError
 from mlhpc.report.score import compute_olympic_average
 
@@ -98,9 +99,7 @@ def load_references(path: Path) -> list[Reference]:
         ConfigError: unreadable, not YAML, or a malformed entry (naming the file and its place).
     """
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read references ({exc.strerror})") from None
+        data = yaml.safe_load(read_text_input(path, what="references file", error=ConfigError))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not YAML ({' '.join(str(exc).split())[:200]})") from None
     if not isinstance(data, dict) or not data:

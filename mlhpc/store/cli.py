@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from mlhpc.errors import one_line_errors
+from mlhpc.text import echo
 from mlhpc.store.queries import FORMATS
 
 STORE_HELP = ("Store URL (SQLAlchemy, e.g. postgresql+psycopg://user@host/db) or SQLite file; default "
@@ -26,13 +27,14 @@ def _open(url: str | None):
 
     store = open_store(url)
     for warning in store.warnings:
-        click.echo(f"warning: {warning}", err=True)
+        echo(f"warning: {warning}", err=True)
     return store
 
 
 def _filter_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     options = [
-        click.option("--benchmark", default=None, help="Only this benchmark (cosmoflow, deepcam, oc20, ...)."),
+        click.option("--benchmark", default=None, help="Only this benchmark (its MLPerf name, as logged in "
+                     "submission_benchmark)."),
         click.option("--system", default=None, help="Only this system name."),
         click.option("--nodes", type=click.IntRange(min=1), default=None, help="Only runs on this many nodes."),
         click.option("--status", default=None, help="Only runs with this status (success, aborted, incomplete)."),
@@ -79,8 +81,8 @@ def ingest_command(paths: tuple[Path, ...], url: str | None, campaign: str | Non
     store = _open(url)
     result = ingest_paths(store, list(paths), campaign)
     for line in result.refused:
-        click.echo(f"mlhpc: refused: {line}", err=True)
-    click.echo(f"{len(result.added)} run(s) added, {result.already} already stored, "
+        echo(f"mlhpc: refused: {line}", err=True)
+    echo(f"{len(result.added)} run(s) added, {result.already} already stored, "
                f"{len(result.refused)} refused ({store.url})")
     if result.refused:
         sys.exit(2)
@@ -96,7 +98,7 @@ def list_command(fmt: str, url: str | None, **kw: Any) -> None:
     from mlhpc.store.queries import list_runs, render_rows
 
     output = render_rows(list_runs(_open(url), _filters(kw)), fmt)
-    click.echo(output, nl=not output.endswith("\n"))
+    echo(output, nl=not output.endswith("\n"))
 
 
 @results_group.command("show")
@@ -109,7 +111,7 @@ def show_command(run: str, with_log: bool, url: str | None) -> None:
     from mlhpc.store.queries import get_run, show_text
 
     row = get_run(_open(url), run)
-    click.echo(row["log"] if with_log else show_text(row), nl=not (with_log and row["log"].endswith("\n")))
+    echo(row["log"] if with_log else show_text(row), nl=not (with_log and row["log"].endswith("\n")))
 
 
 @results_group.command("compare")
@@ -135,13 +137,13 @@ def compare_command(a: str, b: str, alpha: float, fmt: str, url: str | None) -> 
                         "score": side.score, "runs_failed": side.failed, "folders": side.folders,
                         "left_out_other_scaling": side.left_out}
                  for name, side in (("a", result.a), ("b", result.b))}
-        click.echo(json.dumps({"scaling": result.a.scaling, "score": SCORES[result.a.scaling],
+        echo(json.dumps({"scaling": result.a.scaling, "score": SCORES[result.a.scaling],
                                "score_unit": "models/min" if result.a.scaling == "weak" else "min", **sides,
                                "test": TEST_NAME if result.a.scaling == "strong" else None,
                                "p_value": result.p_value, "ci_low_s": result.ci_low_s,
                                "ci_high_s": result.ci_high_s, "verdict": result.verdict}, indent=2))
     else:
-        click.echo(render(result))
+        echo(render(result))
 
 
 @results_group.command("scaling")
@@ -161,9 +163,9 @@ def scaling_command(mode: str, png: Path | None, fmt: str, url: str | None, **kw
     rows, written = scaling_report(_open(url), _filters(kw), mode, png)
     columns = ("series", "source", "nodes", "runs", "time_to_train_min", "how", "efficiency", "global_batch_size")
     output = render_rows(rows, fmt, columns).replace(" run(s)", " point(s)")
-    click.echo(output, nl=not output.endswith("\n"))
+    echo(output, nl=not output.endswith("\n"))
     if written is not None:
-        click.echo(f"wrote {written}", err=True)
+        echo(f"wrote {written}", err=True)
 
 
 @results_group.command("check")
@@ -181,6 +183,6 @@ def check_command(references: Path, window: int, since: str | None, url: str | N
 
     filters = Filters(since_ms=parse_date_ms(since) if since else None)
     verdicts = check_references(_open(url), references, window, filters)
-    click.echo(render(verdicts))
+    echo(render(verdicts))
     if any(v.verdict == "regression" for v in verdicts):
         sys.exit(1)

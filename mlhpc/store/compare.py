@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from mlhpc.report.score import MAX_DROPPED, compute_olympic_average, weak_throughput
+from mlhpc import rules
+from mlhpc.report.score import compute_olympic_average, weak_throughput
 
 MIN_RUNS = 3
 TEST_NAME = "Mann-Whitney U (two-sided, scipy.stats.mannwhitneyu) + bootstrap 95% CI of mean(B) - mean(A)"
@@ -68,7 +69,7 @@ class Side:
 
     @property
     def olympic_s(self) -> float | None:
-        if self.n < MIN_RUNS or self.failed > MAX_DROPPED:
+        if self.n < MIN_RUNS or self.failed > rules.ruleset().max_dropped:
             return None
         return compute_olympic_average(list(self.times_s), self.failed)
 
@@ -159,7 +160,8 @@ def _side_line(name: str, side: Side) -> str:
     notes = []
     if side.failed:
         notes.append(f"{side.failed} run(s) did not succeed" + (
-            f" (more than {MAX_DROPPED}: no olympic mean)" if side.scaling == "strong" and side.failed > MAX_DROPPED
+            f" (more than {rules.ruleset().max_dropped}: no olympic mean)"
+            if side.scaling == "strong" and side.failed > rules.ruleset().max_dropped
             else ""))
     if side.folders > 1:
         notes.append(f"pools {side.folders} result folders (MLCommons scores each folder on its own)")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 
 from mlhpc.errors import MlhpcError
 from mlhpc.store import schema
+from mlhpc.text import mask_urls, show_url
 
 ENV = "MLHPC_STORE"
 #: File systems whose locking SQLite cannot trust (types as /proc/mounts names them).
@@ -66,11 +68,12 @@ def resolve_url(url: str | None = None) -> str:
     if not value:
         return f"sqlite:///{default_path()}"
     if "://" not in value:  # a bare path is a SQLite file
-        return f"sqlite:///{Path(value).expanduser().resolve()}"
+        return f"sqlite:///{os.path.abspath(Path(value).expanduser())}"  # a link is refused, not resolved
     try:
         make_url(value)
-    except ArgumentError as exc:
-        raise StoreError(f"store URL {value!r}: {exc}") from None
+    except ArgumentError:
+        raise StoreError(f"store URL {show_url(value)}: not a database URL (expected "
+                         "dialect+driver://user@host/database, or a file path)") from None
     return value
 
 
@@ -104,7 +107,8 @@ def network_fs_warning(path: Path, mounts: str = "/proc/mounts") -> str | None:
 
 @dataclass
 class Store:
-    """An open store: its URL (password hidden), engine, and warnings to show the user."""
+    """An open store: its URL as shown (every credential masked: `mlhpc.text.show_url`), engine,
+    and warnings to show the user."""
 
     url: str
     engine: Engine
@@ -127,6 +131,7 @@ def _sqlite_engine(url: str) -> tuple[Engine, list[str]]:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"{path.parent}: cannot create the store's folder ({exc.strerror})") from None
+        check_store_file(path)
         warning = network_fs_warning(path)
         if warning:
             warnings.append(warning)
@@ -148,9 +153,44 @@ def _sqlite_engine(url: str) -> tuple[Engine, list[str]]:
     return engine, warnings
 
 
+def check_store_file(path: Path) -> None:
+    """Refuse a SQLite store that another user could rewrite: the file a symbolic link (a planted,
+    maybe dangling, link would create or open the database at its target), not a regular file,
+    owned by another user, or writable by others; its folder owned by another user (root aside)
+    or writable by others (`mlhpc.data.files.check_output_folder`).
+
+    Raises:
+        StoreError: naming the file or folder, its owner and mode.
+    """
+    from mlhpc.data.files import UnsafeFolder, check_output_folder, open_root, reason
+
+    try:
+        fd = open_root(path.parent)
+        try:
+            check_output_folder(fd, path.parent)
+        finally:
+            os.close(fd)
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except UnsafeFolder as exc:
+        raise StoreError(f"{path.parent}: the store's folder is refused ({exc.strerror})") from None
+    except OSError as exc:
+        raise StoreError(f"{path}: the store cannot be inspected ({reason(exc)})") from None
+    mode = stat.S_IMODE(st.st_mode)
+    if stat.S_ISLNK(st.st_mode):
+        raise StoreError(f"{path}: the store is a symbolic link (to {os.readlink(path)}); give the real file")
+    if not stat.S_ISREG(st.st_mode):
+        raise StoreError(f"{path}: the store is not a regular file")
+    if st.st_uid != os.geteuid() or mode & 0o002:
+        raise StoreError(f"{path}: the store is owned by uid {st.st_uid} with mode {mode:04o}; it must be "
+                         f"yours (uid {os.geteuid()}) and writable by nobody else, or its owner could "
+                         "rewrite results")
+
+
 def shown_url(url: str | None = None) -> str:
-    """`resolve_url` as it may be shown to a user: any password in it replaced by ``***``."""
-    return make_url(resolve_url(url)).render_as_string(hide_password=True)
+    """`resolve_url` as it may be shown to a user: every credential masked (`mlhpc.text.show_url`)."""
+    return show_url(resolve_url(url))
 
 
 def open_store(url: str | None = None, *, migrate: bool = True) -> Store:
@@ -166,7 +206,7 @@ def open_store(url: str | None = None, *, migrate: bool = True) -> Store:
         else:
             engine, warnings = create_engine(resolved, pool_pre_ping=True), []
     except (ImportError, ArgumentError) as exc:
-        raise StoreError(f"store {shown}: {exc}") from None
+        raise StoreError(f"store {shown}: {mask_urls(exc)}") from None
     store = Store(url=shown, engine=engine, warnings=warnings)
     if migrate:
         retrying(store, schema.migrate)
@@ -201,7 +241,7 @@ def write(store: Store) -> Iterator[Connection]:
 
 
 def _reason(exc: DBAPIError) -> str:
-    return " ".join(str(exc.orig).split())[:300]
+    return mask_urls(" ".join(str(exc.orig).split())[:300])
 
 
 def retrying(store: Store, work, *args):

@@ -3,8 +3,9 @@
 The figures come from `mlhpc.report` (`score_folder`, which parses each log with `parse_log`
 and summarises it with `summarize_run`, energy included), never from a second reading of the
 log; the folder's place in the MLCommons layout gives round, submitter, system and its
-description. Each log is screened first and refused, with one line naming it, when it is a
-link, not a regular file, larger than `MAX_LOG_BYTES`, holds no MLLOG record, has a malformed
+description. Each log is read by the report's one reader (`mlhpc.report.parse.read_log`) and
+refused, with one line naming it, when it is a link, not a regular file, larger than
+`mlhpc.report.parse.MAX_LOG_BYTES`, holds no MLLOG record, has a malformed
 record line, or names no benchmark; the other logs are ingested. A folder's rows go in one
 transaction: a kill leaves the folder wholly in or wholly out. A log already present (same
 SHA-256 of its bytes) is not added again.
@@ -15,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,15 +23,13 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from mlhpc.errors import LogFormatError
-from mlhpc.report.parse import ParsedLog, file_kind, parse_text
+from mlhpc.data.inputs import SIDE_FILE_BYTES, read_input, read_text_input
+from mlhpc.errors import DataError, LogFormatError
+from mlhpc.report.parse import ParsedLog, decode_log, read_log
 from mlhpc.report.runs import RunSummary
 from mlhpc.report.score import FolderResult, find_result_folders, score_folder, sidecars
 from mlhpc.store import schema
 from mlhpc.store.engine import Store, retrying
-
-#: The largest log ingested (bytes); published logs are at most a few MB.
-MAX_LOG_BYTES = 256 << 20
 
 
 @dataclass
@@ -51,27 +49,12 @@ class _Log:
 
 def screen(path: Path) -> _Log | str:
     """Read and parse one log, or say in one line why it is refused (see the module docstring)."""
-    try:
-        info = os.lstat(path)
-    except OSError as exc:
-        return f"{path}: cannot read ({exc.strerror})"
-    if stat.S_ISLNK(info.st_mode):
+    if os.path.islink(path):  # a log named in a tree is stored under its own name
         return f"{path}: a symbolic link, not followed"
-    if not stat.S_ISREG(info.st_mode):
-        return f"{path}: {file_kind(path)}"
-    if info.st_size > MAX_LOG_BYTES:
-        return f"{path}: {info.st_size} bytes, over the {MAX_LOG_BYTES} a result log may have"
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_LOG_BYTES + 1)
-    except OSError as exc:
-        return f"{path}: cannot read ({exc.strerror})"
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        text = data.decode("latin-1")
-    parsed = parse_text(text, str(path))
-    parsed.sha256 = hashlib.sha256(data).hexdigest()
+        parsed = decode_log(data := read_log(path), path)
+    except LogFormatError as exc:
+        return str(exc)
     if parsed.malformed:
         return f"{parsed.malformed[0].message} (malformed record line)"
     if not parsed.events:
@@ -81,8 +64,8 @@ def screen(path: Path) -> _Log | str:
 
 def _json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(read_text_input(path, root=path.parent, what="side file"))
+    except (DataError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -102,8 +85,8 @@ def _software(log: Path) -> dict[str, Any]:
 def _config_hash(log: Path) -> str | None:
     for path in sidecars(log, "config", ".yaml"):
         try:
-            return hashlib.sha256(path.read_bytes()).hexdigest()
-        except OSError:
+            return hashlib.sha256(read_input(path, SIDE_FILE_BYTES, path.parent, "side file")).hexdigest()
+        except DataError:
             continue
     return None
 

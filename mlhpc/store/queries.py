@@ -20,6 +20,7 @@ from sqlalchemy import Select, select
 from mlhpc.errors import ConfigError
 from mlhpc.store import schema
 from mlhpc.store.engine import Store, StoreError, read
+from mlhpc.text import terminal
 
 #: The columns `list_runs` gives, in order (the JSON keys of ``mlhpc results list``).
 LIST_COLUMNS = ("run_id", "benchmark", "system", "nodes", "accelerators", "global_batch_size", "status",
@@ -146,7 +147,7 @@ def _cell(value: Any) -> str:
         return "-"
     if isinstance(value, float):
         return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.0f}"
-    return str(value)
+    return terminal(value, newlines=False)  # escapes shown before widths are measured
 
 
 def render_rows(rows: list[dict[str, Any]], fmt: str, columns: tuple[str, ...] = LIST_COLUMNS) -> str:

@@ -46,7 +46,9 @@ def record_run(run_dir: Path | str, result_file: Path | str, warn: Callable[[str
             warn(f"results store: not recorded: {line}")
         return result.added[0] if result.added else None
     except Exception as exc:  # noqa: BLE001 (a store problem must never lose the run)
-        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+        from mlhpc.text import mask_urls
+
+        reason = mask_urls(" ".join(str(exc).split())[:300]) or type(exc).__name__
         try:
             warn(f"results store: run not recorded ({reason}); the run folder {run_dir} keeps it "
                  "(add it later with: mlhpc results ingest FOLDER)")

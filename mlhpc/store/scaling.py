@@ -160,10 +160,15 @@ def plot(series: list[Series], path: Path, title: str, mode: str = "strong") -> 
     """
     import matplotlib.pyplot as plt
 
-    fig = figure(series, title, mode)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
-    finally:
-        plt.close(fig)
+    from mlhpc.data.files import atomic_output
+    from mlhpc.text import plot_text
+
+    with plot_text():  # names drawn as written, never read as mathtext
+        fig = figure(series, title, mode)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_output(path, 0o644) as tmp:
+                fig.savefig(tmp, dpi=110, format="png")
+        finally:
+            plt.close(fig)
     return path

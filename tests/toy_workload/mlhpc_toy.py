@@ -15,12 +15,19 @@ from typing import Any
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
-from torch.utils.data import Dataset
 
 from mlhpc.data.files import atomic_output
-from mlhpc.data.formats import FileCheck
 from mlhpc.errors import DataError
-from mlhpc.workload import QualityMetric, Workload
+from mlhpc.workload import (
+    NO_PROGRESS,
+    DataTools,
+    FileCheck,
+    QualityMetric,
+    SynthProgress,
+    Workload,
+    WorkloadDataset,
+    last_files_to_validation,
+)
 
 COEF = np.array([0.3, -0.2], dtype=np.float32)
 
@@ -52,10 +59,15 @@ def _read(path: Path) -> np.ndarray:
     return rows.astype(np.float32)
 
 
-class ToyTools:
+class PrepareOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    validation_fraction: float = Field(0.25, ge=0, lt=1, description="share of files for validation/")
+
+
+class ToyTools(DataTools):
     formats = ("toytxt", "toynpy")
     convert_to = ("toynpy",)
-    root_files = ()
+    prepare_options = PrepareOptions
 
     def detect(self, split_dir: Path) -> str:
         names = {p.suffix for p in Path(split_dir).iterdir() if not p.name.startswith(".")}
@@ -77,20 +89,21 @@ class ToyTools:
                 np.save(handle, rows)
         return [(final, len(rows))]
 
-    def finish_split(self, out_dir: Path, to: str) -> list[Path]:
-        return []
-
     def list_raw(self, raw_dir: Path) -> list[Path]:
         return sorted(Path(raw_dir).glob("*.toy"))
 
-    def prepare_file(self, path: Path, out_dir: Path, to: str, sample_size: int) -> list[tuple[Path, int]]:
+    def prepare_splits(self, raw: list[Path], options: PrepareOptions) -> list[tuple[str, Path]]:
+        return last_files_to_validation(raw, options.validation_fraction, self.splits)
+
+    def prepare_file(self, path: Path, out_dir: Path, to: str, options: PrepareOptions
+                     ) -> list[tuple[Path, int]]:
         return self.convert_file(path, "toytxt", out_dir, to)
 
 
 TOOLS = ToyTools()
 
 
-class ToyDataset(Dataset):
+class ToyDataset(WorkloadDataset):
     def __init__(self, folder: Path) -> None:
         fmt = TOOLS.detect(folder)
         self.rows = np.concatenate([_read(p) for p in TOOLS.list_files(folder, fmt)])
@@ -103,18 +116,21 @@ class ToyDataset(Dataset):
         return row[:2], row[2:]
 
 
-def build_datasets(config: Any, runtime: Any, data_dir: Path) -> tuple[Dataset, Dataset]:
+def build_datasets(config: Any, runtime: Any, data_dir: Path) -> tuple[ToyDataset, ToyDataset]:
     return ToyDataset(Path(data_dir) / "train"), ToyDataset(Path(data_dir) / "validation")
 
 
-def synthesize(out_dir: Path, cfg: SynthConfig, seed: int) -> None:
+def synthesize(out_dir: Path, cfg: SynthConfig, seed: int,
+               progress: SynthProgress = NO_PROGRESS) -> None:
     rng = np.random.default_rng(seed)
+    progress.plan(2 * cfg.files * cfg.rows)
     for split in ("train", "validation"):
         (Path(out_dir) / split).mkdir(parents=True, exist_ok=True)
         for k in range(cfg.files):
             x = rng.uniform(-1, 1, size=(cfg.rows, 2)).astype(np.float32)
             y = x @ COEF + 0.1
             np.savetxt(Path(out_dir) / split / f"part{k:03d}.toy", np.column_stack([x, y]), fmt="%.7f")
+            progress.done(cfg.rows)
 
 
 def mae_stats(output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""CosmoFlow's data tools (`mlhpc.data.formats.DataTools`): check, convert and prepare its files.
+"""CosmoFlow's data tools (`mlhpc.workload.DataTools`): check, convert and prepare its files.
 
 - convert: any form `formats` reads -> ``hdf5`` (one file per source file, ``full`` int16
   ``(S, S, S, 4)`` or ``(n, S, S, S, 4)`` and ``unitPar`` float32, contiguous and unfiltered so
@@ -20,9 +20,11 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from mlhpc.data.files import atomic_output
-from mlhpc.data.formats import FileCheck
 from mlhpc.errors import DataError
+from mlhpc.workload import DataTools, FileCheck, last_files_to_validation
 
 from . import formats
 
@@ -122,12 +124,22 @@ def _write(out_dir: Path, name: str, counts: np.ndarray, targets: np.ndarray, to
     return out
 
 
-class CosmoFlowDataTools:
-    """`mlhpc.data.formats.DataTools` for CosmoFlow."""
+class PrepareOptions(BaseModel):
+    """``mlhpc data prepare cosmoflow --option KEY=VALUE``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    sample_size: int = Field(128, ge=1, description=(
+        "cells per side of a sample (the reference splits 512^3 universes into 128^3)"))
+    validation_fraction: float = Field(0.1111, ge=0, lt=1, description=(
+        "share of the raw universes (whole files, the last in name order) for validation/"))
+
+
+class CosmoFlowDataTools(DataTools):
+    """`mlhpc.workload.DataTools` for CosmoFlow."""
 
     formats = formats.FORMATS
     convert_to = CONVERT_TO
-    root_files: tuple[str, ...] = ()
+    prepare_options = PrepareOptions
 
     def detect(self, split_dir: Path) -> str:
         return formats.detect_format(split_dir)
@@ -194,10 +206,15 @@ class CosmoFlowDataTools:
         return sorted(p for p in raw_dir.rglob("*") if p.name.endswith(formats.HDF5_SUFFIXES)
                       and p.is_file())
 
-    def prepare_file(self, path: Path, out_dir: Path, to: str, sample_size: int
+    def prepare_splits(self, raw: list[Path], options: PrepareOptions) -> list[tuple[str, Path]]:
+        """Whole universes to splits, the last ``validation_fraction`` to validation/."""
+        return last_files_to_validation(raw, options.validation_fraction, self.splits)
+
+    def prepare_file(self, path: Path, out_dir: Path, to: str, options: PrepareOptions
                      ) -> list[tuple[Path, int]]:
         """Split one raw universe into ``(universe / sample_size)**3`` samples. Raises DataError
         naming the file: not HDF5, no ``full``/``unitPar``, a shape not divisible."""
+        sample_size = options.sample_size
         try:
             handle = h5py.File(path, "r")
         except OSError as exc:

@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, default_collate, get_worker_info
+from torch.utils.data import default_collate, get_worker_info
 
+from mlhpc.workload import SampleLocation, WorkloadDataset
 from mlhpc.errors import DataError
 from mlhpc.data.loader import PerChannel, channels_first
 
@@ -79,7 +80,7 @@ def collate(batch: Any) -> Any:
     return batch if isinstance(batch, tuple) else default_collate(batch)
 
 
-class CosmoFlowDataset(Dataset):
+class CosmoFlowDataset(WorkloadDataset):
     """The first ``n_samples`` samples of a list of CosmoFlow sample files, in file order.
 
     Items are ``(x, y)``: ``x`` int16 ``(S, S, S, 4)`` particle counts as stored, ``y`` float32
@@ -188,10 +189,10 @@ class CosmoFlowDataset(Dataset):
     def __len__(self) -> int:
         return self._length
 
-    def locate(self, index: int) -> tuple[Path, int]:
+    def locate(self, index: int) -> SampleLocation:
         """``(file, index within that file)`` of sample ``index``."""
         position, local = self._position(index)
-        return self.files[position], local
+        return SampleLocation(self.files[position], local)
 
     def _position(self, index: int) -> tuple[int, int]:
         if index < 0:

@@ -41,6 +41,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import DataError
 
 from . import tfrecord_io
@@ -167,8 +168,8 @@ def _list_file(folder: Path, name: str) -> list[str] | None:
     if not path.is_file():
         return None
     try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
+        lines = read_text_input(path, root=folder, what="file list", error=DataError).splitlines()
+    except UnicodeDecodeError as exc:
         raise DataError(f"{path}: file list cannot be read ({_short(exc)})") from None
     names = [line.split()[0] for line in lines if line.strip()]
     seen: set[str] = set()

@@ -74,8 +74,10 @@ import h5py
 import numpy as np
 from pydantic import Field, model_validator
 
+from mlhpc.workload import NO_PROGRESS, SynthProgress
 from mlhpc.config import Section
 from mlhpc.data.files import atomic_output, write_text_atomic
+from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import DataError
 
 #: The four targets, in ``unitPar`` / ``physPar`` order.
@@ -413,7 +415,8 @@ def _run_task(task: tuple[Path, SynthConfig, int, str, int, int]) -> None:
     _write_file(*task)
 
 
-def synthesize(out_dir: Path, cfg: SynthConfig, seed: int, progress: Any = None) -> None:
+def synthesize(out_dir: Path, cfg: SynthConfig, seed: int,
+               progress: SynthProgress = NO_PROGRESS) -> None:
     """Write the embedded CosmoFlow dataset under ``out_dir`` in the official layout.
 
     Layout: ``out_dir/train/univ_NNNNNN.h5`` and ``out_dir/validation/univ_NNNNNN.h5``
@@ -424,9 +427,8 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int, progress: Any = None)
     kept, so a re-run (or a larger ``train_samples``) writes only what is missing. Work is
     spread over a process pool; the bytes written do not depend on it.
 
-    ``progress`` (optional, the harness's `mlhpc.data.embedded.SynthWatch` protocol) hears
-    ``{"kind": "plan", "samples", "bytes"}`` before the first file is written (bytes estimated
-    by `estimated_bytes`) and ``{"kind": "done", "samples": k}`` after each file.
+    ``progress`` (`mlhpc.workload.SynthProgress`) hears ``plan(samples, bytes)`` before the first
+    file is written (bytes estimated by `estimated_bytes`) and ``done(k)`` after each file.
 
     Raises:
         DataError: ``out_dir`` holds a dataset synthesised with another seed or other settings
@@ -439,8 +441,8 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int, progress: Any = None)
         out_dir.mkdir(parents=True, exist_ok=True)
         if record.exists():
             try:
-                previous = json.loads(record.read_text())
-            except (ValueError, OSError):
+                previous = json.loads(read_text_input(record, root=out_dir, what="synthesis record"))
+            except (ValueError, DataError):
                 raise DataError(f"{record}: not a readable synthesis record; delete the folder "
                                 f"or choose another data.path") from None
             for key in sorted(set(fingerprint) | set(previous)):
@@ -461,9 +463,7 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int, progress: Any = None)
                     tasks.append((path, cfg, seed, split, first, count))
     except OSError as exc:
         raise DataError(f"{out_dir}: cannot write the synthetic dataset ({exc.strerror or exc})") from None
-    if progress is not None:
-        progress({"kind": "plan", "samples": sum(task[-1] for task in tasks),
-                  "bytes": estimated_bytes(cfg, [task[-1] for task in tasks])})
+    progress.plan(sum(task[-1] for task in tasks), estimated_bytes(cfg, [task[-1] for task in tasks]))
     _execute(tasks, cfg.workers, progress)
 
 
@@ -487,14 +487,13 @@ def _usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _execute(tasks: list, workers: int, progress: Any = None) -> None:
+def _execute(tasks: list, workers: int, progress: SynthProgress) -> None:
     workers = min(workers or _usable_cpus(), len(tasks))
-    done = progress or (lambda event: None)
     try:
         if workers <= 1 or len(tasks) < 4:
             for task in tasks:
                 _run_task(task)
-                done({"kind": "done", "samples": task[-1]})
+                progress.done(task[-1])
             return
         import multiprocessing
 
@@ -503,7 +502,7 @@ def _execute(tasks: list, workers: int, progress: Any = None) -> None:
         chunk = max(1, len(tasks) // (8 * workers))
         with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
             for task, _ in zip(tasks, pool.map(_run_task, tasks, chunksize=chunk)):
-                done({"kind": "done", "samples": task[-1]})
+                progress.done(task[-1])
     except OSError as exc:
         raise DataError(f"{tasks[0][0].parent}: cannot write the synthetic dataset "
                         f"({exc.strerror or exc})") from None

@@ -1,4 +1,4 @@
-"""DeepCAM's data tools (`mlhpc.data.formats.DataTools`): check and convert its sample files.
+"""DeepCAM's data tools (`mlhpc.workload.DataTools`): check and convert its sample files.
 
 Forms (see `data`): the official HDF5 (``data-<tag>.h5``: ``climate/data`` float32 (H, W, 16),
 ``climate/labels_0`` integer (H, W)) and NVIDIA's ``convert_hdf52npy.py`` layout
@@ -15,8 +15,8 @@ import h5py
 import numpy as np
 
 from mlhpc.data.files import atomic_output
-from mlhpc.data.formats import FileCheck
 from mlhpc.errors import DataError
+from mlhpc.workload import DataTools, FileCheck
 
 from . import data
 
@@ -54,8 +54,8 @@ def read_sample(path: Path, fmt: str) -> tuple[np.ndarray, np.ndarray]:
     return values, label
 
 
-class DeepCamDataTools:
-    """`mlhpc.data.formats.DataTools` for DeepCAM."""
+class DeepCamDataTools(DataTools):
+    """`mlhpc.workload.DataTools` for DeepCAM."""
 
     formats = data.FORMATS
     convert_to = data.FORMATS
@@ -97,16 +97,8 @@ class DeepCamDataTools:
             out.append((final, count))
         return out
 
-    def finish_split(self, out_dir: Path, to: str) -> list[Path]:
-        return []
-
     def list_raw(self, raw_dir: Path) -> list[Path]:
         raise DataError(f"{raw_dir}: DeepCAM has no preparation step; its HDF5 files are "
                         f"distributed ready to train on (mlhpc data convert deepcam changes their form)")
-
-    def prepare_file(self, path: Path, out_dir: Path, to: str, sample_size: int
-                     ) -> list[tuple[Path, int]]:
-        raise DataError(f"{path}: DeepCAM has no preparation step")
-
 
 DATA_TOOLS = DeepCamDataTools()

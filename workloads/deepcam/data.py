@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 import h5py
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
+from mlhpc.workload import SampleLocation, WorkloadDataset
 from mlhpc.errors import DataError
 from mlhpc.data.loader import PerChannel, channels_first
 
@@ -153,7 +153,7 @@ def _check_layout(data: Any, label: Any, channels: int, names: tuple[str, str]) 
         raise DataError(f"{label_name} has dtype {label.dtype}, expected an integer (int32)")
 
 
-class CamDataset(Dataset):
+class CamDataset(WorkloadDataset):
     """Map-style dataset over ``data-*.h5`` sample files.
 
     ``dataset[i]`` -> ``(x, y)``: x float32 (H, W, C) as stored, y int64 (H, W) with values in
@@ -209,6 +209,10 @@ class CamDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.files)
+
+    def locate(self, index: int) -> SampleLocation:
+        """The file of sample ``index`` (one sample per file)."""
+        return SampleLocation(self.files[index], 0)
 
     def _npy(self, path: Path) -> tuple[np.ndarray, np.ndarray]:
         """Memory maps of a sample's ``data-*.npy`` and ``label-*.npy``, shapes and dtypes checked."""

@@ -39,13 +39,13 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Any
 
 import h5py
 import numpy as np
 from pydantic import Field
 from scipy import ndimage
 
+from mlhpc.workload import NO_PROGRESS, SynthProgress
 from mlhpc.config import Section
 from mlhpc.data.files import atomic_output
 from mlhpc.errors import DataError
@@ -375,33 +375,32 @@ def estimated_bytes(cfg: SynthConfig, samples: int) -> int:
     return samples * (cfg.height * cfg.width * (len(CHANNELS) + 1) * 4 + FILE_OVERHEAD_BYTES)
 
 
-def synthesize(out_dir: Path, cfg: SynthConfig, seed: int, progress: Any = None) -> None:
+def synthesize(out_dir: Path, cfg: SynthConfig, seed: int,
+               progress: SynthProgress = NO_PROGRESS) -> None:
     """Write (or complete) a synthetic DeepCAM dataset in the official layout under ``out_dir``.
 
     Files already present are kept; missing ones are generated (deterministic in ``seed``) and
     written atomically; ``stats.h5`` is rewritten when a training file was written or it is
-    missing. ``progress`` (optional, the harness's `mlhpc.data.embedded.SynthWatch` protocol)
-    hears ``{"kind": "plan", "samples", "bytes"}`` before the first sample is made (bytes from
-    `estimated_bytes`) and ``{"kind": "done", "samples": 1}`` after each.
+    missing. ``progress`` (`mlhpc.workload.SynthProgress`) hears ``plan(samples, bytes)`` before
+    the first sample is made (bytes from `estimated_bytes`) and ``done(1)`` after each.
 
     Raises:
         DataError: ``out_dir`` cannot be created or written.
     """
     out_dir = Path(out_dir)
     wrote_train = False
-    done = progress or (lambda event: None)
     try:
         todo = [(split, index, out_dir / split / sample_name(split, index))
                 for split, count in ((TRAIN_DIR, cfg.train_samples), (VALIDATION_DIR, cfg.validation_samples))
                 for index in range(count)]
         todo = [job for job in todo if not job[2].exists()]
-        done({"kind": "plan", "samples": len(todo), "bytes": estimated_bytes(cfg, len(todo))})
+        progress.plan(len(todo), estimated_bytes(cfg, len(todo)))
         for split, index, path in todo:
             path.parent.mkdir(parents=True, exist_ok=True)
             data, labels = make_sample(cfg, seed, split, index)
             _write_atomic(path, {DATA_KEY: data, LABEL_KEY: labels})
             wrote_train |= split == TRAIN_DIR
-            done({"kind": "done", "samples": 1})
+            progress.done(1)
         if wrote_train or not (out_dir / STATS_FILE).exists():
             train = [out_dir / TRAIN_DIR / sample_name(TRAIN_DIR, i) for i in range(cfg.train_samples)]
             write_stats(out_dir, train)

@@ -1,4 +1,4 @@
-"""OC20's data tools (`mlhpc.data.formats.DataTools`): the OCP LMDB format as ``mlhpc data check
+"""OC20's data tools (`mlhpc.workload.DataTools`): the OCP LMDB format as ``mlhpc data check
 | convert | prepare`` and staging see it.
 
 - ``lmdb``: the folders the OCP preprocessing writes (``download_data.py --task s2ef --split 2M
@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from mlhpc.data.files import atomic_output
-from mlhpc.data.formats import FileCheck
 from mlhpc.errors import DataError
+from mlhpc.workload import DataTools, FileCheck, last_files_to_validation
 
 from . import lmdb_io
 from .data import find_split_dirs
@@ -28,13 +30,21 @@ FORMAT = "lmdb"
 RAW_SUFFIXES = (".extxyz", ".xyz")
 
 
-class Oc20DataTools:
+class PrepareOptions(BaseModel):
+    """``mlhpc data prepare oc20 --option KEY=VALUE``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    validation_fraction: float = Field(0.1111, ge=0, lt=1, description=(
+        "share of the trajectories (whole files, the last in name order) for validation/"))
+
+
+class Oc20DataTools(DataTools):
     """The OCP LMDB format for the harness's data drivers (see the module docstring)."""
 
     formats = (FORMAT,)
     convert_to = (FORMAT,)
-    root_files: tuple[str, ...] = ()
     splits = ("train", "validation")  # the folders prepare and the embedded data write
+    prepare_options = PrepareOptions
 
     def find_splits(self, root: Path) -> tuple[str, str]:
         """The training and validation folder names of ``root`` (names holding ``train`` and
@@ -69,10 +79,6 @@ class Oc20DataTools:
         final = Path(out_dir) / path.name
         return [(final, lmdb_io.write_lmdb(final, records))]
 
-    def finish_split(self, out_dir: Path, to: str) -> list[Path]:
-        """Nothing: an LMDB folder needs no index beside its files."""
-        return []
-
     def list_raw(self, raw_dir: Path) -> list[Path]:
         """The ASE-readable trajectories (``*.extxyz``, ``*.xyz``) of ``raw_dir``, sorted."""
         raw_dir = Path(raw_dir)
@@ -80,8 +86,13 @@ class Oc20DataTools:
             raise DataError(f"{raw_dir}: folder of trajectories not found")
         return sorted(p for p in raw_dir.iterdir() if p.suffix in RAW_SUFFIXES and p.is_file())
 
-    def prepare_file(self, path: Path, out_dir: Path, to: str, sample_size: int) -> list[tuple[Path, int]]:
-        """One trajectory as one ``*.lmdb`` file with its edges (``sample_size`` unused)."""
+    def prepare_splits(self, raw: list[Path], options: PrepareOptions) -> list[tuple[str, Path]]:
+        """Whole trajectories to splits, the last ``validation_fraction`` to validation/."""
+        return last_files_to_validation(raw, options.validation_fraction, self.splits)
+
+    def prepare_file(self, path: Path, out_dir: Path, to: str, options: PrepareOptions
+                     ) -> list[tuple[Path, int]]:
+        """One trajectory as one ``*.lmdb`` file with its edges."""
         final = Path(out_dir) / (Path(path).stem + ".lmdb")
         with atomic_output(final) as tmp:
             written = extxyz_to_lmdb(Path(path), tmp.with_suffix(".lmdb"), get_edges=True)

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset
 
 from mlhpc.errors import DataError
+from mlhpc.workload import SampleLocation, WorkloadDataset
 
 from .lmdb_io import LmdbFolder
 
@@ -56,7 +56,7 @@ def find_split_dirs(data_dir: Path) -> tuple[Path, Path]:
     return found["train"][0], found["val"][0]
 
 
-class Oc20Dataset(Dataset):
+class Oc20Dataset(WorkloadDataset):
     """Map-style dataset of the structures in a folder of OCP ``*.lmdb`` files (sorted by name,
     records concatenated as ``LmdbDataset`` does).
 
@@ -88,6 +88,11 @@ class Oc20Dataset(Dataset):
         if not 0 <= index < self.length:
             raise IndexError(f"structure {index} of {self.length}")
         return self.records[index]
+
+    def locate(self, index: int) -> SampleLocation:
+        """The ``*.lmdb`` file of structure ``index`` and its key there."""
+        file_no, key = self.records.position(index)
+        return SampleLocation(self.records.files[file_no], key)
 
     @staticmethod
     def collate_fn(samples: list[dict[str, torch.Tensor]]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

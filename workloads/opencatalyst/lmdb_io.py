@@ -61,6 +61,9 @@ import torch
 
 from mlhpc.data.files import part_path
 from mlhpc.errors import DataError
+from mlhpc.text import clip, one_line
+
+from .lmdb_verify import verify_pages
 
 LENGTH_KEY = b"length"
 #: Keys a training record must hold (reference names).
@@ -106,6 +109,11 @@ class _Inert:
 
 
 _PYG2_CLASS_KEYS = frozenset({"_edge_attr_cls", "_tensor_attr_cls", "_store"})
+
+
+def _why(exc: BaseException) -> str:
+    """An exception's text for a one-line message: first line only, at most 200 characters."""
+    return clip(one_line(str(exc).splitlines()[0] if str(exc) else type(exc).__name__), 200)
 
 
 def _safe_load_from_bytes(blob: Any) -> Any:
@@ -183,7 +191,7 @@ def load_record(blob: bytes, where: str) -> dict[str, Any]:
         raise DataError(f"{where}: refused global {exc} (not a graph record; a pickle may only "
                         f"name torch_geometric Data, torch tensors, numpy arrays)") from None
     except Exception as exc:  # noqa: BLE001 - any corrupt stream: EOFError, UnpicklingError, ...
-        raise DataError(f"{where}: not a graph record ({type(exc).__name__}: {exc})") from None
+        raise DataError(f"{where}: not a graph record ({type(exc).__name__}: {_why(exc)})") from None
     if isinstance(obj, PygRecord) and not isinstance(obj, PygStorage):
         return obj.fields()
     if isinstance(obj, dict):
@@ -334,11 +342,12 @@ def _drop_inherited() -> None:
 
 
 def _open_checked(path: Path, size: int) -> lmdb.Environment:
+    verify_pages(path)  # liblmdb trusts on-disk pointers: one bad byte would be SIGBUS, not an error
     try:
         env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=False,
                         meminit=False, max_readers=1)
     except lmdb.Error as exc:
-        raise DataError(f"{path}: not a readable LMDB file ({exc})") from None
+        raise DataError(f"{path}: not a readable LMDB file ({_why(exc)})") from None
     need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
     if size < need:
         env.close()
@@ -398,13 +407,13 @@ def record_count(env: lmdb.Environment, path: Path) -> int:
         with env.begin() as txn:
             raw = txn.get(LENGTH_KEY)
     except lmdb.Error as exc:
-        raise DataError(f"{path}: key 'length': corrupt LMDB ({exc})") from None
+        raise DataError(f"{path}: key 'length': corrupt LMDB ({_why(exc)})") from None
     if raw is None:
         return entries
     try:
         length = _RecordUnpickler(io.BytesIO(raw)).load()
     except Exception as exc:  # noqa: BLE001 - a corrupt value raises any kind
-        raise DataError(f"{path}: key 'length': not a pickled count ({type(exc).__name__}: {exc})") from None
+        raise DataError(f"{path}: key 'length': not a pickled count ({type(exc).__name__}: {_why(exc)})") from None
     if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length < entries:
         raise DataError(f"{path}: key 'length' is {length!r}, the file holds {entries} entries")
     return length
@@ -418,7 +427,7 @@ def read_blob(env: lmdb.Environment, path: Path, index: int) -> bytes:
         with env.begin(buffers=False) as txn:
             blob = txn.get(key)
     except lmdb.Error as exc:
-        raise DataError(f"{path}: key '{index}': corrupt LMDB ({exc})") from None
+        raise DataError(f"{path}: key '{index}': corrupt LMDB ({_why(exc)})") from None
     if blob is None:
         raise DataError(f"{path}: key '{index}' missing (the file's length says it holds it)")
     return blob
@@ -668,7 +677,7 @@ class LmdbFolder:
     def __len__(self) -> int:
         return self.offsets[-1]
 
-    def locate(self, index: int) -> tuple[int, int]:
+    def position(self, index: int) -> tuple[int, int]:
         """(file number, record within the file) of record ``index``. Raises IndexError."""
         if not 0 <= index < len(self):
             raise IndexError(f"record {index} of {len(self)}")
@@ -676,7 +685,7 @@ class LmdbFolder:
         return file_no, index - self.offsets[file_no]
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        file_no, local = self.locate(index)
+        file_no, local = self.position(index)
         path = self.files[file_no]
         return decode_record(read_blob(open_lmdb(path), path, local), f"{path}: key '{local}'")
 

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
+from mlhpc.workload import NO_PROGRESS, SynthProgress
 from mlhpc.config import Section
 from mlhpc.errors import DataError
 
@@ -203,16 +204,16 @@ def _write_split(folder: Path, records: list[dict[str, Any]], files: int) -> Non
         lmdb_io.write_lmdb(folder / f"data.{number:04d}.lmdb", [records[i] for i in chunk])
 
 
-def synthesize(out_dir: Path, cfg: SynthConfig, seed: int, progress: Any = None) -> None:
+def synthesize(out_dir: Path, cfg: SynthConfig, seed: int,
+               progress: SynthProgress = NO_PROGRESS) -> None:
     """Write the embedded OC20 mini dataset under ``out_dir`` (layout in the module docstring).
 
     Complete or absent, per split: each split folder that ``out_dir`` lacks (split folders
     already there are kept as they are) is written into a hidden folder inside ``out_dir`` and
     renamed into place, so that the bytes written count under ``out_dir`` while they are
     written (the harness's progress reads them there). ``progress``
-    (optional, the harness's `mlhpc.data.embedded.SynthWatch` protocol) hears ``{"kind":
-    "plan", "samples", "bytes": None}`` (the size depends on the structures drawn) before the
-    bases are relaxed and ``{"kind": "done", "samples": 1}`` after each structure.
+    (`mlhpc.workload.SynthProgress`) hears ``plan(samples)`` (the size depends on the structures
+    drawn) before the bases are relaxed and ``done(1)`` after each structure.
 
     Raises:
         DataError: an unknown metal, adsorbate or facet, or ``out_dir`` cannot be written.
@@ -224,15 +225,14 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int, progress: Any = None)
         return
     tmp, made = out_dir / f".oc20-synth-{os.getpid()}", not out_dir.exists()
     counts = {s: cfg.train_samples if s == TRAIN_DIR else cfg.validation_samples for s in missing}
-    tell = progress or (lambda event: None)
-    tell({"kind": "plan", "samples": sum(counts.values()), "bytes": None})
+    progress.plan(sum(counts.values()))
     try:
         bases = _map(_base_job, [(cfg, key) for key in base_keys(cfg)], cfg.workers)
         for split in missing:
             count = counts[split]
             records = _map(_sample_job, [(split, i) for i in range(count)], cfg.workers,
                            init=(cfg, bases, seed),
-                           done=lambda: tell({"kind": "done", "samples": 1}))
+                           done=progress.done)
             _write_split(tmp / split, records, min(cfg.files_per_split, count))
             os.rename(tmp / split, out_dir / split)
     except OSError as exc:

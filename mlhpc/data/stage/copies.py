@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from mlhpc.data.manifest import MANIFEST_NAME
+from mlhpc.data.inputs import read_text_input
+from mlhpc.data.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
 from mlhpc.data.stage.dest import MARKER_NAME
-from mlhpc.errors import StagingError
+from mlhpc.errors import DataError, StagingError
 
 
 @dataclass(frozen=True)
@@ -74,11 +75,9 @@ def tree_size(path: Path) -> tuple[int, int]:
 
 def _source(path: Path) -> Optional[str]:
     manifest = path / MANIFEST_NAME
-    try:
-        if not stat.S_ISREG(os.lstat(manifest).st_mode):
-            return None
-        doc = json.loads(manifest.read_text())
-    except (OSError, ValueError):
+    try:  # the one reader: no link, no FIFO, size capped
+        doc = json.loads(read_text_input(manifest, MAX_MANIFEST_BYTES, path, "manifest"))
+    except (DataError, ValueError, RecursionError):
         return None
     return doc.get("source") if isinstance(doc, dict) and isinstance(doc.get("source"), str) else None
 

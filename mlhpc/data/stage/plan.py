@@ -1,6 +1,6 @@
 """Staging, step one: the plan of what this node stages.
 
-Every regular file under the source (walked by `mlhpc.data.files.walk_files`, never following a
+Every regular file under the source (walked by `mlhpc.data.inputs.walk_files`, never following a
 link out of it; mlhpc's own state files at the top left out), or the paths of a file list (a
 path listed twice refused), with each file's identity (size, mtime, ctime, inode); with
 ``data.staging.shard: node`` only this node's share (`assign_shards`). The source must be a
@@ -31,8 +31,8 @@ from mlhpc.data.files import (
     refuse_overlap,
     resolved,
     safe_name,
-    walk_files,
 )
+from mlhpc.data.inputs import walk_files
 from mlhpc.data.manifest import (
     IDENTITY,
     converted_doc,
@@ -179,8 +179,7 @@ def shard_mode(config: "Config", runtime: "Runtime") -> str:
     chosen = config.data.staging.shard
     if chosen is not None:
         return chosen
-    instances = getattr(getattr(config, "train", None), "instances", 1)
-    return "node" if runtime.num_nodes > 1 and instances == 1 else "none"
+    return "node" if runtime.num_nodes > 1 and config.train.instances == 1 else "none"
 
 
 def staging_dest(config: "Config", runtime: "Runtime") -> Path:

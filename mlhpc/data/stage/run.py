@@ -205,16 +205,16 @@ def stage_dataset(config: "Config", runtime: "Runtime") -> Optional[StagingResul
     if not options.enabled:
         return None
     source = Path(config.data.path)
-    if shard_mode(config, runtime) == "node" and getattr(config.train, "instances", 1) > 1:
+    if shard_mode(config, runtime) == "node" and config.train.instances > 1:
         raise StagingError("data.staging.shard: node stages one share per node of one model; "
                            "with train.instances > 1 each instance needs the whole dataset "
                            "(set data.staging.shard: none)")
     shard = node_shard(config, runtime)
-    to = getattr(options, "to", "none")
+    to = options.to
     tools = _conversion_tools(config) if to != "none" else None
     return stage(source, staging_dest(config, runtime), runtime, StageOptions(
         workers=options.workers, verify=options.verify, shard=shard, to=to, tools=tools,
-        follow_links=getattr(options, "follow_links", False)))
+        follow_links=options.follow_links))
 
 
 def node_shard(config: "Config", runtime: "Runtime") -> Optional[Shard]:
@@ -231,25 +231,21 @@ def node_shard(config: "Config", runtime: "Runtime") -> Optional[Shard]:
 
 
 def _split_names(config: "Config", runtime: "Runtime") -> Optional[tuple[str, ...]]:
-    """The split folders ``find_splits`` of the workload's data tools names (`node_shard`);
-    None where it has none or no root answers (`Shard`'s default splits then)."""
-    from mlhpc.data import formats
+    """The split folders the workload's data tools name (``find_splits``) in ``data.path`` or
+    in this node's copy (`node_shard`); None where it declares no tools or no root answers
+    (`Shard`'s default splits then)."""
     from mlhpc.errors import MlhpcError
     from mlhpc.workload import get as get_workload
 
-    if getattr(config, "workload", None) is None:
-        return None
     try:
-        finder = getattr(formats.tools_of(get_workload(config.workload)), "find_splits", None)
+        tools = get_workload(config.workload).data_tools
         roots = [Path(config.data.path), staging_dest(config, runtime)]
     except MlhpcError:
         return None
-    if not callable(finder):
-        return None
-    for root in roots:
+    for root in roots if tools is not None else []:
         if root.is_dir():
             try:
-                return tuple(finder(root))
+                return tuple(tools.find_splits(root))
             except MlhpcError:
                 continue
     return None
@@ -272,7 +268,7 @@ def _conversion_tools(config: "Config") -> Any:
     if to not in tools.convert_to:
         raise ConfigError(f"data.staging.to: {to!r}: workload {config.workload!r} converts to "
                           f"{', '.join(tools.convert_to)} (or none: copy as is)")
-    fmt = getattr(config.data, "format", "auto")
+    fmt = config.data.format
     if fmt not in ("auto", to):
         raise ConfigError(f"data.format: {fmt!r} with data.staging.to: {to!r}: the run reads the "
                           f"converted copy; set data.format: auto (or {to})")
@@ -296,7 +292,7 @@ def staged_copy_present(config: "Config", runtime: "Runtime") -> bool:
         dest = staging_dest(config, runtime)
     except StagingError:
         return False
-    to = getattr(options, "to", "none")
+    to = options.to
     if to != "none":
         doc = converted_doc(dest, Path(config.data.path), shard, to)
         if doc is None:

@@ -1,0 +1,183 @@
+"""The one reader: every file mlhpc reads that a user, a published tree or a run folder supplies
+(logs, side files, power logs, system descriptions, configs, raw inputs) is opened here.
+
+A file is refused, with one line naming it and why (`InputRefused`, or the caller's error class):
+
+- when it is, or is reached through, a symbolic link whose target lies outside ``root`` (the
+  tree it was found in; the real path of the opened descriptor is checked after opening, so a
+  link swapped in between is caught too);
+- when it is not a regular file (a FIFO is opened non-blocking and refused, never waited on; a
+  device, socket or folder likewise);
+- when it holds more than ``cap_bytes`` (its size, and the bytes actually read, so a file that
+  grows while read is caught).
+
+Without ``root`` a path the user named directly is read, links and all, under the same file-kind
+and size rules. See docs/architecture.md, "The data layer".
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+from mlhpc.data.files import is_under, reason, resolved
+from mlhpc.errors import DataError, MlhpcError
+
+#: A side file (JSON or YAML beside a log, a system description, a config): at most 16 MiB.
+SIDE_FILE_BYTES = 16 << 20
+_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+class InputRefused(DataError):
+    """A file mlhpc was asked to read is refused: a link out of its tree, not a regular file, or
+    over its size cap (the message names the file and which)."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _real_path(fd: int, fallback: Path) -> Path:
+    try:
+        return Path(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        return resolved(fallback)
+
+
+def open_input(path: Path | str, cap_bytes: int, root: Path | str | None = None,
+               what: str = "file", error: type[MlhpcError] = InputRefused) -> int:
+    """A read-only descriptor of the regular file ``path`` (the caller closes it; reads must stop
+    at ``cap_bytes``).
+
+    Args:
+        cap_bytes: the most bytes the file may hold.
+        root: the tree ``path`` was found in: the file's real path must lie inside it.
+        what: the file's role in messages (``"result log"``, ``"power log"``, ...).
+        error: the error class raised (default `InputRefused`, a `DataError`).
+
+    Raises:
+        error: missing or unreadable, a link out of ``root``, not a regular file, or over
+            ``cap_bytes`` (one line naming ``path``).
+    """
+    path = Path(path)
+    top = Path(os.path.realpath(root)) if root is not None else None
+    if top is not None and os.path.islink(path) and not is_under(resolved(path), top):
+        raise error(f"{path}: {what} is a symbolic link out of {root} (to {resolved(path)}); refused")
+    try:
+        fd = os.open(path, _FLAGS)
+    except OSError as exc:
+        why = "a symbolic link loop" if exc.errno == errno.ELOOP else reason(exc)
+        raise error(f"{path}: cannot read {what} ({why})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise error(f"{path}: {what} is {_kind(info.st_mode)}, not a regular file; refused")
+        if top is not None and not is_under(_real_path(fd, path), top):
+            raise error(f"{path}: {what} is a symbolic link out of {root}; refused")
+        if info.st_size > cap_bytes:
+            raise error(f"{path}: {what} of {info.st_size} bytes, over the {cap_bytes} bytes "
+                        f"a {what} may hold; refused")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_input(path: Path | str, cap_bytes: int, root: Path | str | None = None,
+               what: str = "file", error: type[MlhpcError] = InputRefused) -> bytes:
+    """The bytes of ``path`` read through `open_input` (same arguments and errors), at most
+    ``cap_bytes`` of them: a file that grew past the cap while read is refused too."""
+    fd = open_input(path, cap_bytes, root, what, error)
+    try:
+        chunks, total = [], 0
+        while chunk := os.read(fd, min(1 << 20, cap_bytes + 1 - total) or 1):
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > cap_bytes:
+                raise error(f"{path}: {what} grew past the {cap_bytes} bytes a {what} may hold "
+                            "while read; refused")
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what} ({reason(exc)})") from None
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def read_text_input(path: Path | str, cap_bytes: int = SIDE_FILE_BYTES,
+                    root: Path | str | None = None, what: str = "file",
+                    error: type[MlhpcError] = InputRefused) -> str:
+    """`read_input` decoded as UTF-8 (undecodable bytes replaced)."""
+    return read_input(path, cap_bytes, root, what, error).decode("utf-8", errors="replace")
+
+
+def input_problem(path: Path | str, cap_bytes: int, root: Path | str | None = None,
+                  what: str = "file") -> str | None:
+    """Why `open_input` would refuse ``path`` (its one-line message), or None when it would
+    open it: for callers that skip a refused file with a warning instead of stopping."""
+    try:
+        os.close(open_input(path, cap_bytes, root, what))
+    except InputRefused as exc:
+        return str(exc)
+    return None
+
+
+# ---- walking a source tree ---------------------------------------------------------------------
+
+
+def walk_files(root: Path, error: type[MlhpcError], follow_links: bool = False
+               ) -> Iterator[tuple[str, os.stat_result]]:
+    """``(relative POSIX path, stat)`` of every regular file under ``root``, never following a
+    link out of it.
+
+    A symbolic link (to a file or a folder) is refused with ``error`` naming it, unless
+    ``follow_links``: then a link whose target (resolved) lies inside ``root`` is read as its
+    target, and any other link is still refused. FIFOs, sockets and devices are skipped.
+
+    Raises:
+        error: a link (as above), or a folder that cannot be listed.
+    """
+    root = Path(root)
+    top = resolved(root)
+    yield from _walk(root, "", top, error, follow_links)
+
+
+def _walk(folder: Path, prefix: str, top: Path, error: type[MlhpcError], follow: bool
+          ) -> Iterator[tuple[str, os.stat_result]]:
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError as exc:
+        raise error(f"{folder}: cannot list folder ({reason(exc)})") from None
+    for entry in entries:
+        rel = prefix + entry.name
+        path = Path(entry.path)
+        try:
+            if entry.is_symlink():
+                _check_link(path, top, error, follow)
+            st = os.stat(path)
+        except OSError as exc:
+            raise error(f"{path}: cannot stat ({reason(exc)})") from None
+        if stat.S_ISDIR(st.st_mode):
+            yield from _walk(path, rel + "/", top, error, follow)
+        elif stat.S_ISREG(st.st_mode):
+            yield rel, st
+
+
+def _check_link(path: Path, top: Path, error: type[MlhpcError], follow: bool) -> None:
+    target = resolved(path)
+    if not follow:
+        raise error(f"{path}: symbolic link in the source (to {os.readlink(path)}); links are not "
+                    "followed (copy the file, or allow links to files inside the source with "
+                    "--set data.staging.follow_links=true)")
+    if not is_under(target, top) or target == top:
+        raise error(f"{path}: symbolic link points outside the source tree (to {target}); refused")
+    if target.is_dir():
+        raise error(f"{path}: symbolic link to a folder ({target}); a linked folder would be read "
+                    "twice, so it is refused even with data.staging.follow_links=true")
