@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from mlhpc.errors import DataError
+from mlhpc.workload import SampleLocation, WorkloadDataset
 
 from . import a3m, mmcif, templates
 from .features import FeatureSizes, RawChain, chain_features
@@ -133,7 +133,7 @@ def read_raw(entry: ChainEntry, max_templates: int = 0) -> RawChain:
                     _templates(entry, len(chain.aatype), max_templates))
 
 
-class OpenFoldDataset(Dataset):
+class OpenFoldDataset(WorkloadDataset):
     """Map-style dataset of the chains of one split folder.
 
     ``dataset[i]`` -> ``(inputs, features)``, dicts of tensors: chain ``i``'s features
@@ -175,19 +175,17 @@ class OpenFoldDataset(Dataset):
                    for k, v in features.items()}
         return {k: tensors[k] for k in INPUT_KEYS}, tensors
 
-    def locate(self, index: int) -> tuple[Path, int]:
+    def locate(self, index: int) -> SampleLocation:
         """The mmCIF file of chain ``index`` and the chain's place among that file's samples."""
         entry = self.entries[index]
-        return entry.mmcif, sum(1 for e in self.entries[:index] if e.mmcif == entry.mmcif)
+        return SampleLocation(entry.mmcif, sum(1 for e in self.entries[:index] if e.mmcif == entry.mmcif))
 
-    @staticmethod
-    def collate_fn(samples: list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]
+    def collate_fn(self, samples: list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]
                    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """`collate` of the samples' features."""
         return collate([features for _, features in samples])
 
-    @staticmethod
-    def batch_len(x: dict[str, torch.Tensor]) -> int:
+    def batch_len(self, x: dict[str, torch.Tensor]) -> int:
         """Chains in a collated batch input: samples/s are chains/s."""
         return int(x["aatype"].shape[0])
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlhpc.data.formats import FileCheck
 from mlhpc.errors import DataError
+from mlhpc.workload import DataTools, FileCheck
 
 from . import a3m, mmcif
 from .data import (
@@ -38,12 +38,10 @@ def _pdb_id(path: Path) -> str:
     return path.stem
 
 
-class OpenFoldDataTools:
+class OpenFoldDataTools(DataTools):
     """mmCIF + a3m for the harness's data drivers (module docstring)."""
 
     formats = (FORMAT,)
-    convert_to: tuple[str, ...] = ()
-    root_files: tuple[str, ...] = ()
     splits = ("train", "validation")
 
     def detect(self, split_dir: Path) -> str:
@@ -101,20 +99,11 @@ class OpenFoldDataTools:
         """No conversion: the reader takes mmCIF and a3m as they are. Raises DataError."""
         raise DataError(f"{path}: OpenFold data are read as mmCIF + a3m; there is nothing to convert to")
 
-    def finish_split(self, out_dir: Path, to: str) -> list[Path]:
-        """Nothing."""
-        return []
-
     def list_raw(self, raw_dir: Path) -> list[Path]:
         """No raw form to prepare from. Raises DataError."""
         raise DataError(f"{raw_dir}: OpenFold data are prepared by the reference's scripts "
                         "(mmCIF files and OpenProteinSet alignments); put them in the layout of "
                         "docs/openfold.md")
-
-    def prepare_file(self, path: Path, out_dir: Path, to: str, sample_size: int
-                     ) -> list[tuple[Path, int]]:
-        """See `list_raw`. Raises DataError."""
-        return self.list_raw(Path(path).parent)
 
 
 DATA_TOOLS = OpenFoldDataTools()

@@ -43,6 +43,7 @@ from pydantic import Field
 from mlhpc.config import Section
 from mlhpc.data.files import atomic_output
 from mlhpc.errors import DataError
+from mlhpc.workload import NO_PROGRESS, SynthProgress
 
 from . import geometry
 from .a3m import format_a3m
@@ -223,13 +224,14 @@ def _chain_job(job: tuple[str, int]) -> tuple[str, str, str]:
     return make_chain(_JOB["cfg"], _JOB["seed"], *job)
 
 
-def synthesize(out_dir: Path, cfg: SynthConfig, seed: int, progress: Any = None) -> None:
+def synthesize(out_dir: Path, cfg: SynthConfig, seed: int,
+               progress: SynthProgress = NO_PROGRESS) -> None:
     """Write the embedded OpenFold mini dataset under ``out_dir`` (module docstring).
 
-    Complete or absent: written into a hidden folder beside ``out_dir`` and renamed into place
-    (the whole ``out_dir`` when it does not exist, else each split it lacks). ``progress``
-    (optional, `mlhpc.data.embedded.SynthWatch`) hears ``{"kind": "plan", "samples", "bytes":
-    None}`` then ``{"kind": "done", "samples": 1}`` per chain.
+    Complete or absent, per split: each split folder that ``out_dir`` lacks is written into a
+    hidden folder inside ``out_dir`` and renamed into place (splits already there are kept).
+    ``progress`` (`mlhpc.workload.SynthProgress`) hears ``plan(chains)`` then ``done(1)`` per
+    chain.
 
     Raises:
         DataError: ``min_length`` above ``max_length``, no compact chain found, or ``out_dir``
@@ -242,26 +244,22 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int, progress: Any = None)
     if not missing:
         return
     counts = {"train": cfg.train_chains, "validation": cfg.validation_chains}
-    tell = progress or (lambda event: None)
-    tell({"kind": "plan", "samples": sum(counts[s] for s in missing), "bytes": None})
-    tmp = out_dir.parent / f".{out_dir.name}.openfold-synth-{os.getpid()}"
+    progress.plan(sum(counts[s] for s in missing))
+    tmp, made = out_dir / f".openfold-synth-{os.getpid()}", not out_dir.exists()
     _JOB.update(cfg=cfg, seed=seed)
     try:
         for split in missing:
-            jobs = [(split, i) for i in range(counts[split])]
-            for chain in _map(jobs, cfg.workers):
+            for chain in _map([(split, i) for i in range(counts[split])], cfg.workers):
                 _write_chain(tmp / split, chain)
-                tell({"kind": "done", "samples": 1})
-        if out_dir.exists():
-            for split in missing:
-                os.rename(tmp / split, out_dir / split)
-        else:
-            os.rename(tmp, out_dir)
+                progress.done(1)
+            os.rename(tmp / split, out_dir / split)
     except OSError as exc:
         raise DataError(f"{exc.filename or out_dir}: cannot write the OpenFold synthetic dataset "
                         f"({exc.strerror or exc})") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if made and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()  # absent again after a failure, as it was
 
 
 def _map(jobs: list[tuple[str, int]], workers: int):
