@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlhpc.data.inputs import read_input
 from mlhpc.errors import DataError
 
 from .residue_constants import MSA_LETTER_TO_INDEX, UNK_RESTYPE_INDEX
@@ -113,18 +114,14 @@ def read_a3m(path: Path, max_bytes: int = 1 << 30) -> Msa:
     """`parse_a3m` of one file (UTF-8 / ASCII).
 
     Raises:
-        DataError: the file cannot be read, is larger than ``max_bytes``, or as `parse_a3m`.
+        DataError: the file cannot be read, is not a regular file, is larger than ``max_bytes``
+            (`mlhpc.data.inputs.read_input`), or as `parse_a3m`.
     """
-    path = Path(path)
+    raw = read_input(path, max_bytes, what="a3m alignment")
     try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise DataError(f"{path}: {size} bytes, more than the {max_bytes} an a3m may hold here")
-        text = path.read_bytes().decode("ascii")
+        text = raw.decode("ascii")
     except UnicodeDecodeError:
         raise DataError(f"{path}: not an ASCII a3m file") from None
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
     return parse_a3m(text, str(path))
 
 

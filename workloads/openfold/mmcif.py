@@ -19,11 +19,13 @@ chain, a chain without one resolved C-alpha atom, a coordinate that is not finit
 
 from __future__ import annotations
 
+import gzip
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from mlhpc.data.inputs import read_input
 from mlhpc.errors import DataError
 
 from .residue_constants import (
@@ -34,6 +36,7 @@ from .residue_constants import (
 )
 
 CA = ATOM_ORDER["CA"]
+MMCIF_BYTES = 4 << 30  # the largest mmCIF file read (the PDB's largest entries hold ~1 GB)
 _PARENT = {"MSE": "MET"}
 
 
@@ -63,7 +66,8 @@ class ProteinChain:
 
 
 def read_block(path: Path):
-    """The only data block of an mmCIF file (``.cif`` or ``.cif.gz``) as a gemmi block.
+    """The only data block of an mmCIF file (``.cif`` or ``.cif.gz``) as a gemmi block, the
+    bytes read through `mlhpc.data.inputs.read_input` (a regular file, at most `MMCIF_BYTES`).
 
     Raises:
         DataError: the file cannot be read or is not well-formed CIF (a truncated file usually
@@ -71,10 +75,13 @@ def read_block(path: Path):
     """
     import gemmi
 
+    raw = read_input(path, MMCIF_BYTES, what="mmCIF file")
     try:
-        doc = gemmi.cif.read(str(path))
+        if str(path).endswith(".gz"):
+            raw = gzip.decompress(raw)
+        doc = gemmi.cif.read_string(raw.decode("utf-8", errors="replace"))
         return doc.sole_block()
-    except (RuntimeError, ValueError, OSError) as exc:
+    except (RuntimeError, ValueError, OSError, EOFError, gzip.BadGzipFile) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DataError(f"{path}: not a readable mmCIF file ({reason})") from None
 

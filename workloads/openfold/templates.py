@@ -19,11 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
+from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import DataError
 
 from .mmcif import read_chain
 from .residue_constants import ATOM_ORDER, MSA_GAP_INDEX
 
+HHR_BYTES = 1 << 28
 _ALIGNED = re.compile(r"^([QT]) (\S+)\s+(\d+) ([A-Za-z-]+)\s+(\d+) \(\d+\)\s*$")
 
 
@@ -76,10 +78,7 @@ def parse_hhr(text: str, source: str) -> list[TemplateHit]:
 
 def read_hhr(path: Path) -> list[TemplateHit]:
     """`parse_hhr` of a file. Raises DataError (unreadable file, or as `parse_hhr`)."""
-    try:
-        text = Path(path).read_text(encoding="ascii", errors="replace")
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    text = read_text_input(path, HHR_BYTES, what="hhr file")
     return parse_hhr(text, str(path))
 
 

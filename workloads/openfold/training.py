@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import pickle
 from collections.abc import Callable
 from pathlib import Path
@@ -22,11 +23,14 @@ import torch
 from pydantic import Field, create_model
 
 from mlhpc.config import Section
+from mlhpc.data.inputs import open_input
 from mlhpc.errors import ConfigError
 
 from .keys import LOSS_KEYS, MODEL_KEYS
 from .model import AlphaFold, AlphaFoldConfig, LossConfig, openfold_loss
 
+#: The largest initial checkpoint read (the reference's is about 1.1 GB with its optimizer).
+CHECKPOINT_BYTES = 64 << 30
 #: sha256 of the reference's starting checkpoint (closed_openfold.yaml).
 REFERENCE_CHECKPOINT_SHA256 = "b518be4677048f2c0f94889c91e2da73655a73b825a8aa7f8b6f5e580d8ffbed"
 
@@ -201,14 +205,17 @@ def build_loss(config: Any) -> Callable[[dict, dict], torch.Tensor]:
 
 
 def checkpoint_sha256(path: Path) -> str:
-    """Hex sha256 of a file. Raises ConfigError when it cannot be read (naming it)."""
+    """Hex sha256 of a file, read through `mlhpc.data.inputs.open_input` (a regular file, not a
+    link out of place). Raises ConfigError when it cannot be read (naming it)."""
     digest = hashlib.sha256()
+    fd = open_input(path, CHECKPOINT_BYTES, what="initial checkpoint", error=ConfigError)
     try:
-        with open(path, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
+        while chunk := os.read(fd, 1 << 20):
+            digest.update(chunk)
     except OSError as exc:
         raise ConfigError(f"{path}: model.init_checkpoint cannot be read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
     return digest.hexdigest()
 
 
