@@ -11,11 +11,11 @@ without a raw reader here are skipped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import h5py
-
 from side_by_side_core import LoadWatch, Measured, Skipped, calibrate, interleave
 
 from mlhpc.data import loader

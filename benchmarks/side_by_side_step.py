@@ -10,12 +10,12 @@ training step each) and returns the samples stepped on.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
-
-from side_by_side_core import LoadWatch, Measured, Skipped, Timed, calibrate, interleave
+from side_by_side_core import LoadWatch, Measured, Skipped, calibrate, interleave
 from throughput import one_batch
 
 from mlhpc import config as cfg

@@ -18,6 +18,7 @@ import click
 from mlhpc import rules
 from mlhpc.errors import ConfigError, one_line_errors
 from mlhpc.text import console, echo
+from mlhpc.data.prepare_help import PrepareCommand
 
 SET_HELP = "Override a config value, e.g. --set train.max_epochs=5 (repeatable)."
 
@@ -454,26 +455,7 @@ def convert_command(workload_name: str, src: Path, dst: Path, to: str, fmt: str,
     echo(_summary("converted", result))
 
 
-class _PrepareCommand(click.Command):
-    """``data prepare``, whose help ends with each registered workload's own options."""
-
-    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        from mlhpc.workload import get, names, prepare_options
-
-        rows = []
-        for name in names():
-            try:
-                tools = get(name).data_tools
-            except ConfigError:  # a broken entry point: `mlhpc list` says why
-                continue
-            for option in prepare_options(tools) if tools is not None else []:
-                rows.append((f"{name}: {option['name']}",
-                             f"{option['description']} (default {option['default']})"))
-        with formatter.section("Options of each workload (--option KEY=VALUE)"):
-            formatter.write_dl(rows or [("(none)", "no registered workload declares one")])
-
-
-@data_group.command("prepare", cls=_PrepareCommand)
+@data_group.command("prepare", cls=PrepareCommand)
 @click.argument("workload_name")
 @click.argument("raw_dir", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))

@@ -61,7 +61,6 @@ REFLECTION: dict[str, str] = {
     "mlhpc/store/engine.py::getattr(exc, 'orig', exc)": "SQLAlchemy's wrapped driver error",
     "mlhpc/slurm.py::getattr(job, name)": "the Slurm script's own settings dataclass, field by "
         "field",
-    "mlhpc/data/files.py::getattr(os, 'O_CLOEXEC', 0)": "an open flag not every platform has",
     "mlhpc/data/files.py::hasattr(_buffers, 'pair')": "a thread-local copy buffer made on first "
         "use in each thread",
     "mlhpc/power/__init__.py::getattr(rt, 'distributed', False)": "the harness's own Runtime "

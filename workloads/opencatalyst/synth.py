@@ -208,10 +208,10 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int,
                progress: SynthProgress = NO_PROGRESS) -> None:
     """Write the embedded OC20 mini dataset under ``out_dir`` (layout in the module docstring).
 
-    Complete or absent, per split: each split folder that ``out_dir`` lacks (split folders
-    already there are kept as they are) is written into a hidden folder inside ``out_dir`` and
-    renamed into place, so that the bytes written count under ``out_dir`` while they are
-    written (the harness's progress reads them there). ``progress``
+    Complete or absent: the split folders that ``out_dir`` lacks (split folders already there
+    are kept as they are) are written into a hidden folder inside ``out_dir``, so that the bytes
+    written count under ``out_dir`` while they are written (the harness's progress reads them
+    there), and renamed into place once all are written. ``progress``
     (`mlhpc.workload.SynthProgress`) hears ``plan(samples)`` (the size depends on the structures
     drawn) before the bases are relaxed and ``done(1)`` after each structure.
 
@@ -226,6 +226,7 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int,
     tmp, made = out_dir / f".oc20-synth-{os.getpid()}", not out_dir.exists()
     counts = {s: cfg.train_samples if s == TRAIN_DIR else cfg.validation_samples for s in missing}
     progress.plan(sum(counts.values()))
+    moved: list[str] = []
     try:
         bases = _map(_base_job, [(cfg, key) for key in base_keys(cfg)], cfg.workers)
         for split in missing:
@@ -234,8 +235,12 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int,
                            init=(cfg, bases, seed),
                            done=progress.done)
             _write_split(tmp / split, records, min(cfg.files_per_split, count))
+        for split in missing:  # every split written: then all renamed into place
             os.rename(tmp / split, out_dir / split)
+            moved.append(split)
     except OSError as exc:
+        for split in moved:  # all the missing splits or none
+            shutil.rmtree(out_dir / split, ignore_errors=True)
         raise DataError(f"{exc.filename or out_dir}: cannot write the OC20 synthetic dataset "
                         f"({exc.strerror or exc})") from None
     finally:
