@@ -124,6 +124,8 @@ ALLOWED: dict[tuple[str, str], str] = {
         "part_path (the one temporary name) and renames it into place",
     ("workloads/opencatalyst/synth.py", "os.rename"): "moves synthesised split folders from mlhpc's "
         "own private temporary folder into place (rename never follows a link)",
+    ("workloads/openfold/synth.py", "os.rename"): "moves synthesised split folders from mlhpc's "
+        "own private temporary folder into place (rename never follows a link)",
 }
 
 
