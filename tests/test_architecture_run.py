@@ -21,7 +21,7 @@ from mlhpc.workload import DataTools, Workload, WorkloadDataset, get
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "mlhpc"
-BUNDLED = ("cosmoflow", "deepcam", "oc20")
+BUNDLED = ("cosmoflow", "deepcam", "oc20", "openfold")
 
 
 def _sources() -> list[Path]:
@@ -59,6 +59,8 @@ REFLECTION: dict[str, str] = {
     "mlhpc/store/queries.py::getattr(filters, name)": "the store's own filters dataclass, field "
         "by field",
     "mlhpc/store/engine.py::getattr(exc, 'orig', exc)": "SQLAlchemy's wrapped driver error",
+    "mlhpc/store/engine.py::getattr(engine, 'mlhpc_read_only', False)": "a flag the store sets on "
+        "its own SQLAlchemy engine when it opens a store read-only",
     "mlhpc/slurm.py::getattr(job, name)": "the Slurm script's own settings dataclass, field by "
         "field",
     "mlhpc/data/files.py::hasattr(_buffers, 'pair')": "a thread-local copy buffer made on first "
@@ -158,19 +160,20 @@ NAMED: dict[tuple[str, str], str] = {
     **{("mlhpc/rules.py", name): "the rules' table per ruleset quotes each round's benchmarks "
        "(runs per benchmark; OpenFold's epoch_num counts samples)"
        for name in ("cosmoflow", "deepcam", "oc20", "openfold")},
-    ("mlhpc/run/mllog.py", "dropout"): "the MLPerf HPC compliance rules' hyperparameter key",
 }
 
 
 def model_settings() -> tuple[str, ...]:
-    """The names of every bundled workload's model settings and prepare options."""
+    """The names of every bundled workload's model settings and prepare options that are
+    compound names (``input_size``, ``channels_last``): a one-word setting (``loss``,
+    ``dropout``) is a word of the field, not a workload's own name."""
     found: set[str] = set()
     for name in BUNDLED:
         workload = get(name)
         found |= set(workload.model_config.model_fields)
         if workload.data_tools is not None:
             found |= set(workload.data_tools.prepare_options.model_fields)
-    return tuple(sorted(found))
+    return tuple(sorted(name for name in found if "_" in name.strip("_")))
 
 
 def _docstrings(tree: ast.Module) -> list[tuple[tuple[int, int], tuple[int, int]]]:

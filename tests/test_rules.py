@@ -11,7 +11,7 @@ from mlhpc.report.mlperf_adapter import result_file_counts
 from mlhpc.report.runs import quality_target
 from mlhpc.workload import get
 
-BUNDLED = ("cosmoflow", "deepcam", "oc20")
+BUNDLED = ("cosmoflow", "deepcam", "oc20", "openfold")
 
 
 def _allowed_benchmarks(version: str) -> list[str]:
