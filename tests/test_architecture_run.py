@@ -257,8 +257,7 @@ WORKLOAD_DEBT = {
     "workloads/cosmoflow/formats.py", "workloads/cosmoflow/synth.py",
     "workloads/opencatalyst/lmdb_io.py",
     "workloads/cosmoflow/convert.py::_copy_mapped", "workloads/deepcam/model.py::__init__",
-    "workloads/deepcam/optim.py::__init__", "workloads/deepcam/synth.py::_add_cyclone",
-    "workloads/deepcam/synth.py::detect",
+    "workloads/deepcam/synth.py::_add_cyclone", "workloads/deepcam/synth.py::detect",
 }
 
 

@@ -109,14 +109,21 @@ class Lamb(torch.optim.Optimizer):
     State per parameter: ``step`` (int), ``exp_avg`` and ``exp_avg_sq`` (same shape and dtype).
     """
 
-    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.01, bias_correction: bool = True,
-                 grad_averaging: bool = True, max_grad_norm: float = 1.0) -> None:
-        if lr <= 0.0 or eps <= 0.0 or weight_decay < 0.0 or max_grad_norm <= 0.0:
+    #: The hyperparameters besides ``lr``, as FusedLAMB names them, and their defaults.
+    OPTIONS = {"betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.01, "bias_correction": True,
+               "grad_averaging": True, "max_grad_norm": 1.0}
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, **options: Any) -> None:
+        """``options``: any of `OPTIONS` by name. Raises TypeError for another name, ValueError
+        for lr, eps or max_grad_norm <= 0 or weight_decay < 0."""
+        unknown = sorted(set(options) - set(self.OPTIONS))
+        if unknown:
+            raise TypeError(f"Lamb: unknown option {unknown[0]!r}")
+        defaults = {**self.OPTIONS, **options, "lr": lr}
+        defaults["betas"] = tuple(defaults["betas"])
+        if lr <= 0.0 or defaults["eps"] <= 0.0 or defaults["weight_decay"] < 0.0 \
+                or defaults["max_grad_norm"] <= 0.0:
             raise ValueError("Lamb: lr, eps and max_grad_norm must be > 0, weight_decay >= 0")
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                        bias_correction=bias_correction, grad_averaging=grad_averaging,
-                        max_grad_norm=max_grad_norm)
         super().__init__(params, defaults)
 
     @torch.no_grad()
