@@ -103,7 +103,6 @@ def _functions(tree: ast.Module):
 ALLOWED: dict[str, str] = {
     "workloads/cosmoflow/convert.py::_copy_mapped": "the mapped array's source, offset, shape, "
         "targets and destination: one copy in the kernel, no Python pass over the counts",
-    "workloads/deepcam/model.py::__init__": "the reference block's own constructor arguments",
     "workloads/deepcam/synth.py::_add_cyclone": "a vortex's centre, radius, strength and fields",
     "workloads/deepcam/synth.py::detect": "the TECA-style detector, one pass read top to bottom",
     "benchmarks/baseline_deepcam.py::logistic_baseline": "the baseline's data and fit settings",

@@ -88,9 +88,17 @@ class XceptionBlock(nn.Module):
     norm). The shortcut is a 1x1 conv + batch norm when the shape changes, else the identity.
     """
 
+    #: The block's switches besides its shape, as the reference's ``Block`` names them.
+    FLAGS = {"end_with_relu": True, "grow_first": True, "is_last": False}
+
     def __init__(self, cin: int, cout: int, reps: int, stride: int = 1, dilation: int = 1,
-                 end_with_relu: bool = True, grow_first: bool = True, is_last: bool = False) -> None:
+                 **flags: bool) -> None:
+        """``flags``: any of `FLAGS` by name. Raises TypeError for another name."""
         super().__init__()
+        unknown = sorted(set(flags) - set(self.FLAGS))
+        if unknown:
+            raise TypeError(f"XceptionBlock: unknown switch {unknown[0]!r}")
+        end_with_relu, grow_first, is_last = ({**self.FLAGS, **flags}[k] for k in self.FLAGS)
         self.end_with_relu = end_with_relu
         if cout != cin or stride != 1:
             self.skip: nn.Module = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
