@@ -80,6 +80,8 @@ ALLOWED: dict[tuple[str, str], str] = {
         "parent, before deleting it (rename never follows a link)",
     ("mlhpc/data/manifest.py", "os.open"): "appends to the conversion journal with O_NOFOLLOW in a "
         "destination made private by make_private_dir",
+    ("mlhpc/data/stage/copies.py", "os.open"): "the readers' lock file of a staged copy, created "
+        "O_CREAT|O_NOFOLLOW 0600 and only flocked (nothing read or written through it)",
     ("mlhpc/data/stage/copy.py", "open"): "staging reads a source file after walk_files refused links "
         "out of the source tree, and checks its identity against the plan",
     ("mlhpc/data/stage/copy.py", "os.open"): "staging writes under part_path (the one temporary name) "
