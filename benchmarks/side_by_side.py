@@ -54,13 +54,13 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from side_by_side_core import LoadWatch, Measured, Skipped  # noqa: E402
-from side_by_side_data import data_comparisons, versus_training  # noqa: E402
-from side_by_side_step import compile_switch, harness, prepare  # noqa: E402
+from side_by_side_core import LoadWatch, Measured, Skipped
+from side_by_side_data import data_comparisons, versus_training
+from side_by_side_step import compile_switch, harness, prepare
 
-from mlhpc import config as cfg  # noqa: E402
-from mlhpc import workload as workloads  # noqa: E402
-from mlhpc.errors import MlhpcError  # noqa: E402
+from mlhpc import config as cfg
+from mlhpc import workload as workloads
+from mlhpc.errors import MlhpcError
 
 COMPARISONS = ("harness", "model", "data", "compile")
 MODEL_COMPARED = {"oc20"}  # workloads with an alternative implementation of their model here
@@ -105,6 +105,20 @@ def machine() -> dict[str, Any]:
             "torch_cuda": torch.version.cuda, "platform": platform.platform(),
             "python": platform.python_version(),
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def commit() -> str | None:
+    """The checkout's commit (``+`` when files differ from it), or None outside a git checkout."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+" if dirty else "")
 
 
 def compile_note(result: Measured) -> str:
@@ -196,7 +210,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.only = {name.strip() for name in args.only.split(",") if name.strip()}
     unknown = args.only - set(COMPARISONS)
     if unknown or args.repeats < 1 or args.batches < 1 or args.min_seconds < 0:
-        what = f"--only {sorted(unknown)[0]!r} (known: {', '.join(COMPARISONS)})" if unknown \
+        what = f"--only {min(unknown)!r} (known: {', '.join(COMPARISONS)})" if unknown \
             else "--repeats and --batches must be >= 1, --min-seconds >= 0"
         raise BadInput(what)
     return args
@@ -206,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "command": " ".join(["python", "benchmarks/side_by_side.py", *(argv or sys.argv[1:])]),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(), "comparisons": {}, "skipped": {}, "notes": []}
+        "machine": machine(), "commit": commit(), "comparisons": {}, "skipped": {}, "notes": []}
     try:
         args = parse(argv)
         report["workload"] = args.workload

@@ -15,8 +15,9 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 Work = Callable[[], int]
 
@@ -73,7 +74,13 @@ class Measured:
                 "ratio": self.ratio, "goal": self.goal, "met": self.met,
                 "higher_is_better": self.higher_is_better, "statistic": "median",
                 "mlhpc_all": self.mlhpc_all, "reference_all": self.reference_all,
-                "sides": self.sides, **self.extra}
+                "paired_ratios": self.paired_ratios(), "sides": self.sides, **self.extra}
+
+    def paired_ratios(self) -> list[float]:
+        """The ratio of each measurement to the other side's measurement of the same round (its
+        spread shows what the shared machine does to one figure)."""
+        pairs = zip(self.mlhpc_all, self.reference_all)
+        return [(a / b if self.higher_is_better else b / a) for a, b in pairs]
 
 
 def figure(value: float) -> str:

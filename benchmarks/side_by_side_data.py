@@ -11,20 +11,18 @@ without a raw reader here are skipped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import h5py
-
 from side_by_side_core import LoadWatch, Measured, Skipped, calibrate, interleave
-
-from mlhpc.data import loader
 
 
 def loader_work(parts: Any) -> Callable[[], int]:
     """One epoch of the training loader; returns the samples it gave."""
     def work() -> int:
-        return sum(loader.batch_len(parts.train_ds, x) for x, _ in parts.train_loader)
+        return sum(parts.train_ds.batch_len(x) for x, _ in parts.train_loader)
     return work
 
 
@@ -70,7 +68,7 @@ def raw_cosmoflow_whole_files(dataset: Any, order: list[int]) -> Callable[[], in
 def raw_deepcam(dataset: Any, order: list[int]) -> Callable[[], int]:
     """h5py: each sample's file opened, ``climate/data`` and ``climate/labels_0`` read whole."""
     _h5_files(dataset)
-    files = [dataset.files[i] for i in order]
+    files = [dataset.locate(i).file for i in order]
 
     def work() -> int:
         for path in files:
@@ -88,14 +86,12 @@ def raw_oc20(dataset: Any, order: list[int]) -> Callable[[], int]:
     (`lmdb_io.load_record`)."""
     from mlhpc_workloads.opencatalyst.lmdb_io import load_record, open_lmdb
 
-    records = dataset.records
-    envs = [open_lmdb(path) for path in records.files]
-    where = [records.locate(i) for i in order]
+    where = [dataset.locate(i) for i in order]
+    envs = {path: open_lmdb(path) for path in {p for p, _ in where}}
 
     def work() -> int:
-        for file_no, local in where:
-            key = f"{local}".encode("ascii")
-            load_record(envs[file_no].begin().get(key), key.decode())
+        for path, key in where:
+            load_record(envs[path].begin().get(f"{key}".encode("ascii")), str(path))
         return len(where)
     return work
 

@@ -21,10 +21,10 @@ cost as ours). Batches without stored edges get them once, before timing, from
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
-
 from side_by_side_core import LoadWatch, Measured, Skipped, calibrate, interleave
 
 RTOL_FORCES = 1e-4  # float32: relative to the largest force component
@@ -89,9 +89,8 @@ def twin_models(model_cfg: Any) -> tuple[torch.nn.Module, torch.nn.Module]:
 
 def reference_forward(net: torch.nn.Module, x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """OCP's periodic DimeNet++ forward over torch-geometric's layers: (energy (B,), forces (N, 3))."""
-    from torch_geometric.utils import scatter
-
     from mlhpc_workloads.opencatalyst import dimenet
+    from torch_geometric.utils import scatter
 
     pos = x["pos"].detach().requires_grad_(True)
     edge_index = x["edge_index"]
@@ -175,7 +174,25 @@ def model_comparison(config: Any, loss_fn: Any, batches: list[tuple[Any, Any, in
                         parameters={"mlhpc": sum(p.numel() for p in ours.parameters()),
                                     "reference": sum(p.numel() for p in theirs.parameters())})
     result.extra["profile"] = profile(ours, theirs, loss_fn, graphs)
+    result.extra["profile"]["radius_graph_ms_per_batch"] = radius_graph_ms(batches, cutoff,
+                                                                           neighbours)
     return result
+
+
+def radius_graph_ms(batches: list[tuple[Any, Any, int]], cutoff: float, neighbours: int) -> float:
+    """Median milliseconds of `dimenet.radius_graph_pbc` on one batch: what mlhpc's step adds
+    when the data store no edges (as the mini data), outside this comparison."""
+    import statistics
+    import time
+
+    from mlhpc_workloads.opencatalyst import dimenet
+
+    times = []
+    for x, _, _ in batches:
+        start = time.perf_counter()
+        dimenet.radius_graph_pbc(x["pos"], x["cell"], x["natoms"], cutoff, neighbours)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
 
 
 # ------------------------------------------------------------------------------------ profile

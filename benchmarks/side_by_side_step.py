@@ -10,12 +10,12 @@ training step each) and returns the samples stepped on.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
-
-from side_by_side_core import LoadWatch, Measured, Skipped, Timed, calibrate, interleave
+from side_by_side_core import LoadWatch, Measured, Skipped, calibrate, interleave
 from throughput import one_batch
 
 from mlhpc import config as cfg
@@ -48,11 +48,11 @@ def prepare(config: cfg.Config, device: str, max_batches: int) -> Prepared:
             config allows it).
     """
     job, parts, _, _ = one_batch(config, config.train.global_batch_size, "fp32", device)
-    transform = loader.device_transform(parts.train_ds)
+    dataset = parts.train_ds
     batches = []
     for batch in parts.train_loader:
-        x, y = loader.to_device(batch, job.rt.device, transform)
-        batches.append((x, y, loader.batch_len(parts.train_ds, x)))
+        x, y = loader.to_device(batch, job.rt.device, dataset.device_transform)
+        batches.append((x, y, dataset.batch_len(x)))
         if len(batches) == max_batches:
             break
     return Prepared(config, job, parts, batches)

@@ -83,6 +83,15 @@ def ruleset(version: str | None = None) -> Ruleset:
     return RULESETS[max(known, key=lambda v: tuple(int(p) for p in v.split(".")))]
 
 
+def of_round(version: str | None, round_: str | None) -> Ruleset:
+    """The rules a result is scored by: those of ruleset ``version`` when given, else of its
+    round (``"v0.7"`` -> ``0.7.0``), else the current ones."""
+    try:
+        return ruleset(version or (f"{round_.lstrip('v')}.0" if round_ else None))
+    except ValueError:
+        return ruleset()
+
+
 def staging_timed(version: str) -> bool:
     """Whether ruleset ``version`` (``"X.Y.Z"``) times staging inside the run (before v3.0)."""
     return ruleset(version).staging_timed

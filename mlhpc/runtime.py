@@ -13,7 +13,8 @@ Detection order (first match wins), as documented for `detect`:
 4. A single process.
 
 `init_process_group` then sets up torch.distributed: NCCL when the device is CUDA, Gloo on CPUs,
-one device per local rank.
+one device per local rank; `started` does all of it for a run. The collectives the harness uses
+are here too, in one place: `barrier`, `all_reduce`, `all_gather` (and `world_barrier`).
 """
 
 from __future__ import annotations
@@ -190,10 +191,58 @@ def process_group(rt: Runtime) -> Iterator[Runtime]:
         destroy_process_group()
 
 
+@contextmanager
+def started(device: str = "auto", instances: int = 1, threads: int = 0
+            ) -> Iterator[tuple[Runtime, Runtime]]:
+    """This process's place in the job with the process group up, torn down on exit:
+    ``(world, instance)``, the whole job's `Runtime` (`detect`) and this rank's instance's share
+    of it (`split_instances`; ``world`` itself for one instance). ``threads`` > 0 sets torch's
+    intra-op threads.
+
+    Raises:
+        ConfigError: no CUDA device for ``device="cuda"``, or ``instances`` does not divide the
+            ranks.
+    """
+    world = detect(device=device)
+    if threads:
+        torch.set_num_threads(threads)
+    with process_group(world):
+        yield world, split_instances(world, instances)
+
+
 def barrier(rt: Runtime) -> None:
     """Wait for every rank of ``rt``'s group (no-op for one process)."""
     if rt.distributed and torch.distributed.is_initialized():
         torch.distributed.barrier(group=rt.group)
+
+
+def all_reduce(values: list[float], rt: Runtime, op: str = "sum") -> list[float]:
+    """``values`` summed (``op="sum"``) or maxed (``"max"``) over the ranks of ``rt.group`` as
+    float64; returned unchanged when not distributed."""
+    if not rt.distributed:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=rt.device)
+    red = torch.distributed.ReduceOp.SUM if op == "sum" else torch.distributed.ReduceOp.MAX
+    torch.distributed.all_reduce(tensor, op=red, group=rt.group)
+    return tensor.tolist()
+
+
+def group_ready() -> bool:
+    """torch.distributed is up in this process (a process group was started)."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def world_barrier() -> None:
+    """Wait for every rank of the started process group."""
+    torch.distributed.barrier()
+
+
+def all_gather(payload: Any) -> list[Any]:
+    """``payload`` of every rank of the started process group, in rank order (picklable
+    objects; `torch.distributed.all_gather_object`)."""
+    out: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, payload)
+    return out
 
 
 def split_instances(rt: Runtime, instances: int) -> Runtime:

@@ -68,14 +68,15 @@ def clip(value: Any, limit: int = MAX_SHOWN_CHARS) -> str:
 
 
 def _bounded_repr(value: Any, limit: int) -> str:
-    """``repr(value)`` of a small object; a container's type and length otherwise (formatting
-    a deep or huge object from a hostile file would take minutes and gigabytes)."""
-    if isinstance(value, (list, tuple, dict, set, frozenset)) and len(value) > 16:
-        return f"<{type(value).__name__} of {len(value)} items>"
+    """``str(value)`` of a scalar; a small container's items, a large or deeply nested one's type
+    and length (formatting a deep or huge object from a hostile file, a YAML of nested aliases,
+    would take minutes and gigabytes)."""
     if isinstance(value, (list, tuple, dict, set, frozenset)):
-        inner = ", ".join(clip(v, limit // 4) for v in (value.items() if isinstance(value, dict) else value))
-        return f"{type(value).__name__}({inner})"
-    return repr(value)
+        if len(value) > 16 or limit < 16:
+            return f"<{type(value).__name__} of {len(value)} items>"
+        items = value.items() if isinstance(value, dict) else value
+        return f"{type(value).__name__}({', '.join(clip(v, limit // 4) for v in items)})"
+    return str(value)
 
 
 def echo(message: Any = "", err: bool = False, nl: bool = True, file: Any = None) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from click.testing import CliRunner
 from pydantic import Field
 
-from mlhpc import config_reference
+from mlhpc.config import reference as config_reference
 from mlhpc.cli import main
 from mlhpc.config import Section
 

@@ -1,7 +1,7 @@
 import json
 import threading
 
-from mlhpc.mllog import ComplianceLog, open_next_result
+from mlhpc.run.mllog import ComplianceLog, open_next_result
 
 
 def test_result_files_are_never_reused(tmp_path):

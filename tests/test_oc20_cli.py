@@ -293,7 +293,7 @@ def test_report_scores_five_oc20_runs_as_published_ones(closed_run, tmp_path):
 
 
 def test_profile_runs_oc20(tiny, tmp_path):
-    from mlhpc.profile import profile
+    from mlhpc.run.profile import profile
 
     overrides = tuple(v for v in TINY if v != "--set") + (f"data.path={tiny}", f"output.dir={tmp_path / 'out'}")
     config = cfg.load(MINI, overrides)

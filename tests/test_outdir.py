@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mlhpc import outdir
+from mlhpc.run import outdir
 from mlhpc.errors import MlhpcError, OutputError
 
 

@@ -9,9 +9,9 @@ import torch
 
 from mlhpc.run import assemble
 from mlhpc import config as cfg
-from mlhpc import profile as profile_module
+from mlhpc.run import profile as profile_module
 from mlhpc import runtime
-from mlhpc.profile import profile
+from mlhpc.run.profile import profile
 from test_run_e2e import TINY, tiny_data  # noqa: F401 (fixture)
 
 

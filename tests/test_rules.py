@@ -9,7 +9,6 @@ import pytest
 from mlhpc import rules
 from mlhpc.report.mlperf_adapter import result_file_counts
 from mlhpc.report.runs import quality_target
-from mlhpc.report.score import FolderResult, required_result_count, rules_of
 from mlhpc.workload import get
 
 BUNDLED = ("cosmoflow", "deepcam", "oc20")
@@ -40,11 +39,10 @@ def test_staging_is_timed_before_v3_and_not_from_v3():
 
 
 def test_the_report_scores_with_the_table_of_its_round():
-    result = FolderResult(path="x", kind="strong", round="v0.7", benchmark="oc20", ruleset=None)
-    assert rules_of(result).version == "0.7.0"
-    assert required_result_count("oc20", rules_of(result)) == 1  # not a benchmark of v0.7
-    result.ruleset = "3.0.0"
-    assert required_result_count("openfold", rules_of(result)) == 10
+    assert rules.of_round(None, "v0.7").version == "0.7.0"
+    assert "oc20" not in rules.of_round(None, "v0.7").runs  # not a benchmark of v0.7
+    assert rules.of_round("3.0.0", "v0.7").runs["openfold"] == 10  # the ruleset wins
+    assert rules.of_round(None, None).version == rules.CURRENT
 
 
 @pytest.mark.parametrize("name", BUNDLED)

@@ -9,6 +9,7 @@ import json
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -189,12 +190,21 @@ def test_a_store_writable_by_others_or_owned_by_another_user_is_refused(tmp_path
     one_line_error(cli("results", "list", "--store", str(store)), str(store.parent), "writable by no other")
 
 
+def _reachable_by_others(path: Path) -> None:
+    """Let other users traverse (not list) the folders above ``path`` that this test session
+    made (``o+x``), so that a second user can reach what a test gives it."""
+    for folder in [path, *path.parents]:
+        if str(folder) in ("/", "/tmp") or folder.stat().st_uid != os.geteuid():
+            break
+        folder.chmod(stat.S_IMODE(folder.stat().st_mode) | 0o011)
+
+
 def test_a_second_user_cannot_use_a_store_it_may_not_write(tmp_path):
     """Run as ``nobody`` (the commands imported as root, then the user switched): root's private
     store is one line and exit 2, not a traceback."""
     store = tmp_path / "store" / "results.db"
     assert cli("results", "list", "--store", str(store)).exit_code == 0
-    tmp_path.chmod(0o755)  # nobody may reach the folder, not write the store
+    _reachable_by_others(tmp_path)  # nobody may reach the folder, not write the store
     nobody = pwd.getpwnam("nobody")
     child = ("import os, sys, sqlite3, sqlalchemy.dialects.sqlite, mlhpc.cli, mlhpc.store.cli, "
              "mlhpc.store.api, mlhpc.store.engine, mlhpc.store.queries, mlhpc.store.schema, mlhpc.text\n"
@@ -239,7 +249,7 @@ def test_a_planted_power_link_is_not_written_through(tmp_path):
 
 
 def test_a_stale_power_folder_makes_its_slot_taken(tmp_path):
-    from mlhpc.mllog import open_next_result
+    from mlhpc.run.mllog import open_next_result
 
     (tmp_path / "power" / "result_0").mkdir(parents=True)
     path, handle = open_next_result(tmp_path)
@@ -510,3 +520,72 @@ def test_a_sweep_of_a_million_points_is_refused_before_anything_is_rendered(tmp_
                  "--sweep", f"train.max_epochs={values}")
     line = one_line_error(result, "1000 x 1000 = 1000000 points")
     assert "split the sweep" in line and time.monotonic() - started < 30
+
+
+def test_a_store_on_a_read_only_folder_can_be_listed_and_refuses_additions_in_one_line(tmp_path):
+    """As ``nobody``, owner of a store in a folder it may not write (as a read-only mount is):
+    ``results list`` shows the runs, ``results ingest`` is one line and exit 2."""
+    folder = run_folder(tmp_path)
+    store = tmp_path / "ro" / "results.db"
+    ingest = subprocess.run([sys.executable, "-m", "mlhpc", "results", "ingest", "--store", str(store), str(folder)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300)  # closed on exit
+    assert ingest.returncode == 0, ingest.stderr
+    nobody = pwd.getpwnam("nobody")
+    for path in (store.parent, *store.parent.iterdir(), folder, *folder.iterdir()):
+        os.chown(path, nobody.pw_uid, nobody.pw_gid)
+    store.chmod(0o444)
+    store.parent.chmod(0o555)
+    _reachable_by_others(tmp_path)
+
+    def as_nobody(*args: str) -> subprocess.CompletedProcess:
+        child = ("import os, sqlite3, sqlalchemy.dialects.sqlite, mlhpc.cli, mlhpc.store.cli, mlhpc.store.api, "
+                 "mlhpc.store.engine, mlhpc.store.queries, mlhpc.store.schema, mlhpc.store.ingest, mlhpc.text\n"
+                 f"os.setgroups([]); os.setgid({nobody.pw_gid}); os.setuid({nobody.pw_uid})\n"
+                 f"mlhpc.cli.main({list(args)!r})\n")
+        return subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, cwd=tmp_path,
+                              env={**os.environ, "HOME": str(tmp_path), "MLHPC_CACHE_DIR": str(tmp_path / "c")},
+                              timeout=300)
+
+    listed = as_nobody("results", "list", "--store", str(store), "--format", "json")
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)) == 1 and "read-only" in listed.stderr
+    other = run_folder(tmp_path, "other", edit=_set_value("submission_platform", "another"))
+    for path in (other, *other.iterdir()):
+        os.chown(path, nobody.pw_uid, nobody.pw_gid)
+    added = as_nobody("results", "ingest", "--store", str(store), str(other))
+    assert added.returncode == 2 and "Traceback" not in added.stderr, added.stderr
+    assert sorted(p.name for p in store.parent.iterdir()) == ["results.db"]
+
+
+def test_a_zero_cell_is_refused_by_data_check_and_a_float8_tensor_by_the_record_check(tmp_path):
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_oc20_data import _record
+
+    from mlhpc.errors import DataError
+    from mlhpc_workloads.opencatalyst import lmdb_io
+
+    for split in ("train", "val"):
+        (tmp_path / "data" / split).mkdir(parents=True)
+        record = _record(6, 0)
+        record["cell"] = np.zeros((3, 3))
+        lmdb_io.write_lmdb(tmp_path / "data" / split / "data.0000.lmdb", [record])
+    result = cli("data", "check", "oc20", str(tmp_path / "data"))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "train/data.0000.lmdb: key '0': cell volume 0 A^3" in result.output
+    fields = {**_record(6, 0), "pos": torch.zeros(6, 3, dtype=torch.float8_e4m3fn)}
+    with pytest.raises(DataError, match="float8_e4m3fn tensor, expected a dense real one"):
+        lmdb_io.validate_record(fields, "file.lmdb: key '0'")
+
+
+def test_data_prepare_refuses_a_raw_input_linked_out_of_its_folder(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    private = tmp_path / "private.extxyz"
+    private.write_text("not for this dataset\n")
+    (raw / "a.extxyz").symlink_to(private)
+    result = cli("data", "prepare", "oc20", str(raw), str(tmp_path / "out"))
+    line = one_line_error(result, str(raw / "a.extxyz"), "symbolic link out of")
+    assert "Traceback" not in line and not (tmp_path / "out").exists()

@@ -70,7 +70,7 @@ H5_WRITE_MODES = {"w", "w-", "x", "a", "r+"}
 ALLOWED: dict[tuple[str, str], str] = {
     ("mlhpc/run/checkpoint.py", "os.open"): "claims resumed_N.json with O_CREAT|O_EXCL: a planted link "
         "fails with EEXIST, never followed",
-    ("mlhpc/config.py", "os.open"): "the config reader opens O_NONBLOCK and refuses FIFOs, devices "
+    ("mlhpc/config/__init__.py", "os.open"): "the config reader opens O_NONBLOCK and refuses FIFOs, devices "
         "and files over MAX_CONFIG_BYTES with its own config-key messages, the reader's rules",
     ("mlhpc/data/convert.py", "shutil.copyfile"): "copies a source file already walked by walk_files "
         "(no link out of its tree) into the temporary path atomic_output yields",
@@ -88,12 +88,12 @@ ALLOWED: dict[tuple[str, str], str] = {
         "relative to the same O_NOFOLLOW folder descriptor",
     ("mlhpc/data/stage/dest.py", "os.open"): "creates the staging marker O_NOFOLLOW in a destination "
         "checked by make_private_dir",
-    ("mlhpc/env.py", "read_text"): "/proc/cpuinfo, a kernel file, read for the environment record",
-    ("mlhpc/mllog.py", "os.open"): "claims result_N.txt with O_CREAT|O_EXCL|O_NOFOLLOW; the log grows "
+    ("mlhpc/run/env.py", "read_text"): "/proc/cpuinfo, a kernel file, read for the environment record",
+    ("mlhpc/run/mllog.py", "os.open"): "claims result_N.txt with O_CREAT|O_EXCL|O_NOFOLLOW; the log grows "
         "line by line as the run goes (a rename at the end would hide a crashed run's log)",
     ("mlhpc/run/outcome.py", "os.link"): "sets a failed log aside with a hard link that never replaces "
         "a file (exclusive), then removes the original name",
-    ("mlhpc/outdir.py", "os.open"): "the writability probe: created O_CREAT|O_EXCL, written, removed",
+    ("mlhpc/run/outdir.py", "os.open"): "the writability probe: created O_CREAT|O_EXCL, written, removed",
     ("mlhpc/power/sampler.py", "os.open"): "the power log grows while the run goes: created "
         "O_EXCL|O_NOFOLLOW under part_path (the one temporary name), published by _publish",
     ("mlhpc/power/sampler.py", "os.link"): "publishes the power log with a hard link, which never "
@@ -123,6 +123,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("workloads/opencatalyst/lmdb_io.py", "os.replace"): "the LMDB writer makes its file under "
         "part_path (the one temporary name) and renames it into place",
     ("workloads/opencatalyst/synth.py", "os.rename"): "moves synthesised split folders from mlhpc's "
+        "own private temporary folder into place (rename never follows a link)",
+    ("workloads/openfold/synth.py", "os.rename"): "moves synthesised split folders from mlhpc's "
         "own private temporary folder into place (rename never follows a link)",
 }
 

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_run_e2e import TINY, tiny_data  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import side_by_side_core as core  # noqa: E402
+import side_by_side_core as core
 
 LINE = re.compile(r"^(?P<name>[a-z-]+)  mlhpc=(?P<m>[0-9.e+-]+) (?P<unit>\S+)  "
                   r"reference=(?P<r>[0-9.e+-]+) (?P=unit)  ratio=(?P<ratio>[0-9.]+)$")
@@ -26,7 +25,8 @@ LINE = re.compile(r"^(?P<name>[a-z-]+)  mlhpc=(?P<m>[0-9.e+-]+) (?P<unit>\S+)  "
 
 def script(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "benchmarks" / "side_by_side.py"), *args],
-                          capture_output=True, text=True, timeout=300, cwd=cwd)
+                          capture_output=True, text=True, timeout=300, cwd=cwd,
+                          check=False)
 
 
 def test_interleave_alternates_the_sides_and_reports_medians():
@@ -39,14 +39,17 @@ def test_interleave_alternates_the_sides_and_reports_medians():
             return next(rates[name])
         return work
 
-    timed = [core.Timed(side(name), 1, 0.0) for name in ("a", "b")]
-    for t in timed:  # count samples, not time: measure returns samples / elapsed
-        t.measure = (lambda w: lambda: float(w()))(t.work)
+    class Counted(core.Timed):  # the figure is the samples a call returns, not a rate
+        def measure(self) -> float:
+            return float(self.work())
+
+    timed = [Counted(side(name), 1, 0.0) for name in ("a", "b")]
     result = core.interleave("x", "samples/s", tuple(timed), 3, core.LoadWatch())
     assert calls == ["a", "b"] * 3  # A B A B A B
     assert result.mlhpc_all == [10, 30, 20] and result.reference_all == [5, 5, 40]
     assert result.mlhpc == 20 and result.reference == 5 and result.ratio == 4
     assert LINE.match(result.line()).group("ratio") == "4.000"
+    assert result.to_json()["paired_ratios"] == [2.0, 6.0, 0.5]
     slower = core.Measured("t", "s", [2.0], [1.0], higher_is_better=False)
     assert slower.ratio == 0.5  # time-like: mlhpc twice as long is a ratio of 0.5
     assert core.Measured("g", "x", [9.0], [10.0], goal=0.95).met is False
@@ -93,14 +96,22 @@ def test_quick_run_prints_one_line_per_comparison_and_writes_every_figure(tmp_pa
 
 @pytest.mark.parametrize("args, says", [
     (["nosuchworkload"], "unknown workload 'nosuchworkload'"),
-    (["cosmoflow", "--json", "missing-folder/out.json"], "missing-folder"),
+    (["cosmoflow", "--json", "{tmp}/missing-folder/out.json"], "missing-folder"),
+    (["cosmoflow", "--json", "{tmp}"], "is a folder"),
     (["cosmoflow", "--only", "harness,speed"], "--only 'speed'"),
 ])
-def test_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
-    proc = script(*args, cwd=tmp_path)
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
-    assert proc.stdout == ""
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, says):
+    import side_by_side
+
+    status = side_by_side.main([arg.format(tmp=tmp_path) for arg in args])
+    out, err = capsys.readouterr()
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("side_by_side: ") and says in err, err
+
+
+def test_bad_input_from_the_command_line_exits_2(tmp_path):
+    proc = script("nosuchworkload", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stdout == ""
 
 
 def test_oc20_reference_is_the_same_model_and_a_different_one_is_refused():
@@ -109,8 +120,8 @@ def test_oc20_reference_is_the_same_model_and_a_different_one_is_refused():
     from mlhpc_workloads.opencatalyst import dimenet
 
     small = dimenet.ModelConfig(hidden_channels=16, out_emb_channels=12, num_blocks=2,
-                                int_emb_size=8, basis_emb_size=4, num_spherical=4,
-                                num_radial=3, cutoff=3.0, max_neighbors=20)
+                                int_emb_size=8, basis_emb_size=4, num_spherical=3,
+                                num_radial=2, cutoff=3.0, max_neighbors=20)
     g = torch.Generator().manual_seed(0)
     cell = torch.tensor([[4.0, 0.0, 0.0], [0.7, 4.0, 0.0], [0.3, -0.4, 5.0]])
     pos = torch.rand(2 * 6, 3, generator=g) @ cell

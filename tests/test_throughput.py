@@ -11,8 +11,8 @@ import torch
 
 from mlhpc import workload as workloads
 from mlhpc import config as cfg
-from mlhpc import perf
-from mlhpc.run import train
+from mlhpc.run import perf
+from mlhpc.run import step, train
 from mlhpc.errors import ConfigError
 from test_run_e2e import TINY, tiny_data  # noqa: F401 (fixture)
 
@@ -60,7 +60,7 @@ def test_throughput_bad_input_is_one_line_exit_2(tmp_path, repo):
                                              ("max-autotune", "max-autotune")])
 def test_compile_setting(repo, value, expected):
     config = cfg.load(repo / "configs" / "cosmoflow-mini.yaml", (f"train.compile={value}",))
-    assert train.compile_mode(config.train.compile) == expected
+    assert step.compile_mode(config.train.compile) == expected
 
 
 def test_compile_setting_rejects_unknown_modes(repo):

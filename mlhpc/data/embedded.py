@@ -459,12 +459,20 @@ def ensure_data(config: "Config", workload: "Workload", rt: "Runtime",
     return time.perf_counter() - start if work else 0.0
 
 
+def _holds_files(folder: Path) -> bool:
+    """A data file in ``folder`` or in one of its sub-folders (a dataset may group its files,
+    e.g. structures and alignments); a linked sub-folder is not entered."""
+    def files(where: Path) -> bool:
+        return any(p.is_file() and not is_part_file(p.name) for p in where.iterdir())
+    return files(folder) or any(p.is_dir() and not p.is_symlink() and files(p)
+                                for p in folder.iterdir())
+
+
 def _require_splits(path: Path, workload: "Workload", state: str) -> None:
     """Raises DataError when a split folder of ``path`` is missing or holds no data file."""
     for split in splits_of(workload.data_tools):
         folder = path / split
-        if not folder.is_dir() or not any(p.is_file() and not is_part_file(p.name)
-                                          for p in folder.iterdir()):
+        if not folder.is_dir() or not _holds_files(folder):
             hint = ""
             if state == "unmarked" and not folder.exists():  # someone's own data, not ours
                 hint = (f"; a folder of raw data (e.g. whole simulated universes) is made into "

@@ -45,8 +45,8 @@ CHECKSUM = "xxh3_128"
 PART_SUFFIX = ".mlhpc-part"
 LOCK_NAME = ".mlhpc-lock"
 BUFFER_BYTES = 1 << 20  # 1 MiB per read: large enough for xxhash to drop the GIL, fits in L2
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 PRIVATE_FILE_MODE = 0o600
 # The permission bits `atomic_output` gives a new file (before the umask) where its caller names
 # none: set by a driver around a workload's writer (`output_mode`), private otherwise.
@@ -155,7 +155,7 @@ def write_text_atomic(final: Path, text: str, exclusive: bool = False) -> None:
         OSError: as `atomic_output`, or the write fails (full disk, read-only file system).
     """
     with atomic_output(final, exclusive=exclusive) as tmp:
-        fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
@@ -367,7 +367,7 @@ def narrow_mode(path: Path | str, allowed: int, dir_fd: int | None = None) -> No
     """Take from the file ``path`` (relative to ``dir_fd`` if given) every permission bit outside
     ``allowed`` (a writer that makes its own files, e.g. LMDB, ignores `output_mode`); never adds
     one, never follows a link. Raises OSError (ELOOP for a link)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         mode = stat.S_IMODE(os.fstat(fd).st_mode)
         if mode & ~allowed:
@@ -398,7 +398,7 @@ def write_under(root: Path, rel: Path, data: bytes, mode: int = PRIVATE_FILE_MOD
         raise _blocker(Path(root), rel.parts[:-1], exc) from None
     try:
         with _new_file(dir_fd, rel.name, mode & 0o666, False) as tmp:
-            fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
+            fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
                 handle.flush()

@@ -28,7 +28,7 @@ from mlhpc.errors import DataError, MlhpcError
 
 #: A side file (JSON or YAML beside a log, a system description, a config): at most 16 MiB.
 SIDE_FILE_BYTES = 16 << 20
-_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class InputRefused(DataError):

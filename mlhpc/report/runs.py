@@ -19,7 +19,7 @@ import yaml
 
 from mlhpc import rules
 from mlhpc.errors import LogFormatError
-from mlhpc.report.parse import Event, ParsedLog, cap_field, decode_log, read_log
+from mlhpc.report.parse import Event, ParsedLog, cap_field, decode_log, parse_log, read_log
 from mlhpc.report.plausible import implausible
 
 METRIC_KEYS = ("eval_error", "eval_accuracy")
@@ -237,6 +237,16 @@ class RunSummary:
                    total_train_s=self.total_train_s, total_eval_s=self.total_eval_s,
                    time_to_train_total_s=self.time_to_train_total_s)
         return out
+
+
+def read_summary(path: Path | str, target: float | None = None) -> dict[str, Any]:
+    """`summarize_run` of the log at ``path`` as a dict (`RunSummary.to_dict`): what a run's
+    own summary is made of.
+
+    Raises:
+        LogFormatError: the log cannot be read.
+    """
+    return summarize_run(parse_log(path), target=target).to_dict()
 
 
 def _number(value: Any) -> float | None:

@@ -190,12 +190,6 @@ def compute_olympic_average(scores: list[float], dropped: int,
     return sum(kept) * 1.0 / len(kept) if kept else None
 
 
-def required_result_count(benchmark: str | None, ruleset: rules.Ruleset) -> int:
-    """Result files a benchmark needs under ``ruleset`` (`mlhpc.rules.Ruleset.runs`); 1 if
-    the round has no such benchmark."""
-    return int(ruleset.runs.get(benchmark or "", 1))
-
-
 def weak_throughput(spans_ms: list[tuple[float, float]]) -> tuple[float, float | None]:
     """result_summarizer's weak-scaling score of M counted runs ``(run_start_ms, run_stop_ms)``:
     TTTa = (latest stop - earliest start) / 60000 min and M / TTTa models/min (None if TTTa is 0)."""
@@ -203,13 +197,6 @@ def weak_throughput(spans_ms: list[tuple[float, float]]) -> tuple[float, float |
     return ttta_min, (len(spans_ms) / ttta_min if ttta_min > 0 else None)
 
 
-def rules_of(result: "FolderResult") -> rules.Ruleset:
-    """The rules a folder is scored by: its ruleset's, else its round's, else the current."""
-    version = result.ruleset or (f"{result.round.lstrip('v')}.0" if result.round else None)
-    try:
-        return rules.ruleset(version)
-    except ValueError:
-        return rules.ruleset()
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -426,11 +413,12 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
         result.kind = "weak"
         tally.scale_seen = next((v for v in tally.scales.values() if v is not None), None)
     if result.kind == "weak":
-        needed = 1 if own_throughput else required_result_count(result.benchmark, rules_of(result))
+        table = rules.of_round(result.ruleset, result.round).runs
+        needed = 1 if own_throughput else table.get(result.benchmark or "", 1)
         _score_weak(result, tally.scored, tally.scale_seen, needed)
     else:
         _score_strong(result, tally.scored, folder, [Path(p) for p in files if str(p) not in result.resumed])
-    score_energy(result, tally.scored, rules_of(result).max_dropped)
+    score_energy(result, tally.scored, rules.of_round(result.ruleset, result.round).max_dropped)
     return result
 
 
@@ -456,7 +444,7 @@ def _score_weak(result: FolderResult, scored: list[tuple[RunSummary, float, floa
 def _score_strong(result: FolderResult, scored: list[tuple[RunSummary, float, float]], folder: Path,
                   files: list[Path]) -> None:
     scores = [(stop - start) / 60 / 1000 for _, start, stop in scored]
-    dropped, max_dropped = len(result.dropped), rules_of(result).max_dropped
+    dropped, max_dropped = len(result.dropped), rules.of_round(result.ruleset, result.round).max_dropped
     if dropped > max_dropped:
         result.notes.append(f"invalid: {dropped} runs dropped (at most {max_dropped} allowed)")
     else:

@@ -2,7 +2,7 @@
 staging_stop) and `build` (datasets, model, sampler, loaders, optimizer, the training step), with
 the first read of a sample checked against the model (`check_sample`).
 
-`build` is the one place a run's parts are assembled: `mlhpc.run.train`, `mlhpc.profile` and
+`build` is the one place a run's parts are assembled: `mlhpc.run.train`, `mlhpc.run.profile` and
 benchmarks/throughput.py call it (through `tool_job` for the last two), so what is profiled and
 benchmarked is what is trained.
 
@@ -16,54 +16,25 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from mlhpc import perf, runtime
-
-from mlhpc.run import checkpoint
-from mlhpc.run.checkpoint import Resume
+from mlhpc import runtime
 from mlhpc.config import Config
 from mlhpc.data import loader
 from mlhpc.data import sampler as sampling
 from mlhpc.data import stage as staging
 from mlhpc.errors import DataError
-from mlhpc.mllog import ComplianceLog, constants
-from mlhpc.run.outcome import Stop, staged_source
-from mlhpc.run.result import RunFiles
-from mlhpc.runtime import Runtime
+from mlhpc.run import checkpoint, perf
+from mlhpc.run.job import Job
+from mlhpc.run.mllog import ComplianceLog, constants
+from mlhpc.run.outcome import staged_source
 from mlhpc.run.step import Step, precision, wrap_model
+from mlhpc.runtime import Runtime
 from mlhpc.workload import Workload, WorkloadDataset
-
-ProgressFn = Callable[[dict[str, Any]], None]
-
-
-@dataclass
-class Job:
-    """What every stage of one instance's run reads: the config, the workload, the whole job
-    (``world``) and this instance's share of it (``rt``), the log, the checkpoint to resume
-    from and the progress callback."""
-
-    config: Config
-    workload: Workload
-    world: Runtime
-    rt: Runtime
-    log: ComplianceLog | None
-    resume: Resume | None
-    progress: ProgressFn
-    stop: "Stop | None" = None
-    staged: staging.StagingResult | None = None  # set by `stage`: a DataError names the source
-
-    @property
-    def seed(self) -> int:
-        return self.config.train.seed + (self.rt.instance or 0)
-
-    @property
-    def files(self) -> RunFiles | None:
-        return RunFiles.of_log(self.log.path) if self.log and self.log.path else None
 
 
 @dataclass
@@ -94,7 +65,7 @@ class Parts:
         return self.step.scheduler
 
 
-def stage(job: Job) -> staging.StagingResult | None:
+def stage(job: Job, log: ComplianceLog) -> staging.StagingResult | None:
     """staging_start .. staging_stop: every rank of the job stages (None: read in place).
 
     ``staging_stop`` carries where staging sat (``placement``: ``init`` or ``run``), its
@@ -103,8 +74,8 @@ def stage(job: Job) -> staging.StagingResult | None:
     """
     placement = job.config.data.staging.placement
     runtime.barrier(job.rt)  # every rank starts together: a node's time is its own staging
-    job.log.start(constants.STAGING_START, metadata={"placement": placement})
-    staged = job.staged = staging.stage_dataset(job.config, job.world)
+    log.start(constants.STAGING_START, metadata={"placement": placement})
+    staged = staging.stage_dataset(job.config, job.world)
     runtime.barrier(job.rt)
     meta: dict[str, Any] = {"placement": placement,
                             "staging_duration": staged.elapsed_s if staged else 0.0,
@@ -113,7 +84,7 @@ def stage(job: Job) -> staging.StagingResult | None:
     if staged is not None:
         meta.update(staged.node_summary(), shard="node" if staged.shard else "none",
                     offline=staged.offline)
-    job.log.end(constants.STAGING_STOP, metadata=meta)
+    log.end(constants.STAGING_STOP, metadata=meta)
     return staged
 
 
@@ -135,14 +106,14 @@ def build_train_sampler(dataset: WorkloadDataset, rt: Runtime, config: Config,
 def tool_job(config: Config, workload: Workload, rt: Runtime) -> Job:
     """The `Job` of a tool that builds a run's parts without running it (``mlhpc profile``,
     benchmarks/throughput.py): no log, nothing to resume, progress dropped."""
-    return Job(config, workload, rt, rt, None, None, lambda event: None)
+    return Job(config, workload, rt, rt)
 
 
 def build(job: Job, staged: staging.StagingResult | None, lbs: int, *,
           precision_name: str | None = None) -> Parts:
     """Datasets, model, optimizer, loaders and the training step (compiled and wrapped once,
     `mlhpc.run.step.wrap_model`); restored from a checkpoint. The one assembly of a run's parts:
-    `mlhpc.run.train`, `mlhpc.profile` and benchmarks/throughput.py all call it.
+    `mlhpc.run.train`, `mlhpc.run.profile` and benchmarks/throughput.py all call it.
 
     Args:
         lbs: the local batch size (samples per rank per micro-step).
@@ -184,7 +155,7 @@ def build(job: Job, staged: staging.StagingResult | None, lbs: int, *,
 
 def scratch_copy(job: Job, model: torch.nn.Module) -> tuple[torch.nn.Module, Any]:
     """A throw-away deep copy of ``model`` and an optimizer of the config's for it (one step per
-    epoch), for measurements that take a real optimizer step (`mlhpc.perf.memory_breakdown`)
+    epoch), for measurements that take a real optimizer step (`mlhpc.run.perf.memory_breakdown`)
     without touching the run's weights or optimizer state."""
     scratch = copy.deepcopy(model)
     optimizer, _ = job.workload.build_optimizer(scratch, job.config, 1)

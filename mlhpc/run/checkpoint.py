@@ -143,12 +143,13 @@ def absolute_paths(tree: dict[str, Any], base: Path) -> dict[str, Any]:
     return out
 
 
-def capture(config: Config, parts: Any, epoch: int, step: int, history: list[tuple[int, float]],
-            result_file: str | None, elapsed_s: float) -> CheckpointState:  # 7: one per state field
-    """The state to save: ``parts`` holds ``model``, ``optimizer`` and ``scheduler``."""
+def capture(config: Config, parts: Any, epoch: int, step: int, result_file: str | None,
+            elapsed_s: float) -> CheckpointState:
+    """The state to save: ``parts`` (`mlhpc.run.assemble.Parts`) holds ``model``,
+    ``optimizer``, ``scheduler`` and the evaluations so far (``history``)."""
     return CheckpointState(
         config=absolute_paths(config.to_dict(), Path.cwd()), epoch=epoch, step=step,
-        history=list(history), result_file=result_file, elapsed_s=elapsed_s,
+        history=list(parts.history), result_file=result_file, elapsed_s=elapsed_s,
         model=parts.model.state_dict(), optimizer=parts.optimizer.state_dict(),
         scheduler=parts.scheduler.state_dict(), torch_rng=torch.get_rng_state())
 

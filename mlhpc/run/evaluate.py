@@ -12,22 +12,10 @@ from typing import Iterable
 import torch
 
 from mlhpc.data import loader
-from mlhpc.runtime import Runtime
-from mlhpc.data.sampler import ShardSampler
+from mlhpc.runtime import Runtime, all_reduce
 from mlhpc.workload import QualityMetric
 
-__all__ = ["ShardSampler", "all_reduce", "evaluate"]
-
-
-def all_reduce(values: list[float], rt: Runtime, op: str = "sum") -> list[float]:
-    """``values`` summed (``op="sum"``) or maxed (``"max"``) over the ranks of ``rt.group`` as
-    float64; returned unchanged when not distributed."""
-    if not rt.distributed:
-        return values
-    tensor = torch.tensor(values, dtype=torch.float64, device=rt.device)
-    red = torch.distributed.ReduceOp.SUM if op == "sum" else torch.distributed.ReduceOp.MAX
-    torch.distributed.all_reduce(tensor, op=red, group=rt.group)
-    return tensor.tolist()
+__all__ = ["evaluate"]
 
 
 def evaluate(model: torch.nn.Module, batches: Iterable, decode, metric: QualityMetric,

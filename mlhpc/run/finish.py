@@ -6,23 +6,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlhpc import env as envinfo
-from mlhpc import perf
+from mlhpc.run import env as envinfo
+from mlhpc.run import perf
 from mlhpc.run import result as results
-from mlhpc.run.assemble import Job, Parts
+from mlhpc.run.assemble import Parts
+from mlhpc.run.job import Job
 from mlhpc.run.outcome import Outcome
-from mlhpc.run.result import RunResult
+from mlhpc.run.result import RunFiles, RunResult
 from mlhpc.run.step import compile_mode
 
 
-def finish(job: Job, parts: Parts, outcome: Outcome, synthesis_s: float) -> RunResult:
+def finish(job: Job, files: RunFiles | None, parts: Parts, outcome: Outcome,
+           synthesis_s: float) -> RunResult:
     """Write the side file, then the summary read back from the log, the config and the env
-    (each once, exclusively: the set was claimed with the log)."""
+    (each once, exclusively: the set was claimed with the log), on the rank that holds the log
+    (``files``; None elsewhere). Returns this rank's `RunResult`."""
     result = RunResult(outcome.status, outcome.reason, signal=outcome.signal)
-    files = job.files
     if files is None:
         return result
-    results.write_json(files.measured, measured(job, parts, synthesis_s))
+    results.write_json(files.measured, measured(job, files, parts, synthesis_s))
     result.result_file = str(files.log)
     result.summary = results.load(files.log)
     results.write_json(files.summary, result.summary)
@@ -42,9 +44,9 @@ def finish(job: Job, parts: Parts, outcome: Outcome, synthesis_s: float) -> RunR
     return result
 
 
-def measured(job: Job, parts: Parts, synthesis_s: float) -> dict[str, Any]:
+def measured(job: Job, files: RunFiles, parts: Parts, synthesis_s: float) -> dict[str, Any]:
     """What the log cannot hold: the contents of ``measured_N.json``."""
-    config, rt, model, files = job.config, job.rt, parts.model, job.files
+    config, rt, model = job.config, job.rt, parts.model
     staged = parts.staged.to_dict() if parts.staged is not None else {}
     samples = parts.train_samples + parts.eval_samples  # the job's, as staged_bytes
     peak, peak_source = perf.device_peak(rt.device, parts.step.precision)

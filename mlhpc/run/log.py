@@ -4,14 +4,17 @@ Rank 0 writes; the barriers make a once-only key appear once and measure the slo
 
 from __future__ import annotations
 
-from mlhpc import mllog, rules, runtime
-from mlhpc.run.assemble import Job, Parts
-from mlhpc.mllog import constants
+from mlhpc import rules, runtime
+from mlhpc.run import mllog
+from mlhpc.run.assemble import Parts
+from mlhpc.run.job import Job
+from mlhpc.run.mllog import ComplianceLog, constants
+from mlhpc.run.outcome import Stop
 
 
-def log_init(job: Job) -> None:
+def log_init(job: Job, log: ComplianceLog) -> None:
     """init_start and the keys logged before staging."""
-    log, rt, sub = job.log, job.rt, job.config.submission
+    rt, sub = job.rt, job.config.submission
     runtime.barrier(rt)
     log.start(constants.INIT_START)
     log.event(constants.SUBMISSION_BENCHMARK, job.workload.name)
@@ -36,37 +39,37 @@ def log_init(job: Job) -> None:
                   metadata={"resumed": True})
 
 
-def log_hyperparameters(job: Job) -> None:
+def log_hyperparameters(job: Job, log: ComplianceLog) -> None:
     """The hyperparameters (nothing that reads the data)."""
-    log, tcfg = job.log, job.config.train
+    tcfg = job.config.train
     log.event(constants.GLOBAL_BATCH_SIZE, tcfg.global_batch_size)
     log.event(mllog.GRADIENT_ACCUMULATION_FREQUENCY, tcfg.gradient_accumulation_steps)
     for key, value in job.workload.hyperparameters(job.config).items():
         log.event(key, value)
 
 
-def log_samples(job: Job, parts: Parts) -> None:
+def log_samples(log: ComplianceLog, parts: Parts) -> None:
     """``train_samples`` and ``eval_samples``: the job's counts (after a sharded stage every
     node's share summed, never one node's); the padding, if any, as metadata."""
     meta = {"padded_samples_per_epoch": parts.padded_samples} if parts.padded_samples else None
-    job.log.event(constants.TRAIN_SAMPLES, parts.train_samples, metadata=meta)
-    job.log.event(constants.EVAL_SAMPLES, parts.eval_samples)
+    log.event(constants.TRAIN_SAMPLES, parts.train_samples, metadata=meta)
+    log.event(constants.EVAL_SAMPLES, parts.eval_samples)
 
 
-def start_run(job: Job) -> None:
+def start_run(job: Job, log: ComplianceLog, stop: Stop) -> None:
     """init_stop (with a warning when staging sat in an initialisation longer than the rules
-    allow, `mlhpc.data.stage.init_limit_warning`), then run_start."""
-    log = job.log
-    if job.stop is not None:
-        job.stop.check()  # a signal during initialisation: the attempt is set aside
+    allow, `mlhpc.rules.init_limit_warning`), then run_start; from then on a signal stops the
+    run with a checkpoint (`Stop.start_timed`)."""
+    stop.check()  # a signal during initialisation: the attempt is set aside
     runtime.barrier(job.rt)
     log.end(constants.INIT_STOP)
-    start, stop = log.first(constants.INIT_START), log.first(constants.INIT_STOP)
-    if start is not None and stop is not None and job.rt.is_main:
-        warning = rules.init_limit_warning((stop.time_ms - start.time_ms) / 1e3,
+    began, ended = log.first(constants.INIT_START), log.first(constants.INIT_STOP)
+    if began is not None and ended is not None and job.rt.is_main:
+        warning = rules.init_limit_warning((ended.time_ms - began.time_ms) / 1e3,
                                              job.config.submission.division,
                                              job.config.data.staging.placement)
         if warning:
             job.progress({"kind": "warning", "message": warning})
     runtime.barrier(job.rt)
+    stop.start_timed()
     log.start(constants.RUN_START)

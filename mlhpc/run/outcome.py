@@ -13,20 +13,20 @@ import itertools
 import os
 import signal
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from mlhpc import runtime
-
-from mlhpc.run import checkpoint
+from mlhpc.data.stage import StagingResult
 from mlhpc.errors import DataError, MlhpcError
-from mlhpc.run.evaluate import all_reduce
-from mlhpc.mllog import constants
+from mlhpc.run import checkpoint
+from mlhpc.run.checkpoint import Resume
+from mlhpc.run.mllog import ComplianceLog, constants
 from mlhpc.run.result import RunFiles, RunResult
-from mlhpc.runtime import Runtime
+from mlhpc.runtime import Runtime, all_reduce
 
-Job = Any  # an `mlhpc.run.assemble.Job` (which holds a `Stop`: not imported here, no cycle)
 
 @dataclass
 class Outcome:
@@ -36,6 +36,16 @@ class Outcome:
     reason: str | None
     epoch: int
     signal: str | None = None
+
+    def run_stop_metadata(self) -> dict[str, Any]:
+        """What ``run_stop`` carries: status, epoch, and the reason and signal when set (a
+        signal: stopped with a checkpoint, which ``mlhpc run --resume`` may continue)."""
+        meta: dict[str, Any] = {"status": self.status, constants.EPOCH_NUM: self.epoch}
+        if self.reason:
+            meta["reason"] = self.reason
+        if self.signal:
+            meta["signal"] = self.signal
+        return meta
 
 
 class RunInterrupted(MlhpcError):
@@ -48,23 +58,21 @@ class RunInterrupted(MlhpcError):
         self.exit_status = 128 + self.signum
 
 
-def close_failed(job: Job, exc: BaseException) -> None:
+def close_failed(resume: Resume | None, log: ComplianceLog, files: RunFiles | None,
+                 exc: BaseException) -> None:
     """An attempt failed with ``exc`` after its log was opened. Before ``run_start``: its log
-    moves to ``<out>/failed/result_N.log`` (a resume claim is released) and a user error names
-    it; after: ``run_stop`` (aborted, the reason) ends the log. Errors of the library's own
-    (`MlhpcError`) get the new path in their one-line message; anything else keeps its type.
-    A `DataError` naming a file of the staged copy names the source file (`name_source`)."""
-    name_source(job, exc)
-    log, files = job.log, job.files
+    moves to ``<out>/failed/result_N.log`` (a claim on ``resume`` is released) and a user error
+    names it; after: ``run_stop`` (aborted, the reason) ends the log. Errors of the library's own
+    (`MlhpcError`) get the new path in their one-line message; anything else keeps its type."""
     if log.first(constants.RUN_START) is not None:
         if log.first(constants.RUN_STOP) is None:
             reason = " ".join(str(exc).split())[:300] or type(exc).__name__
             log.end(constants.RUN_STOP, metadata={"status": constants.ABORTED,
                                                   "reason": f"{type(exc).__name__}: {reason}"})
         return
-    if job.resume is not None and files is not None and job.resume.claim.is_file() and \
-            checkpoint._read_claim(job.resume.claim).get("resumed_by") == files.log.name:
-        checkpoint.release(job.resume)
+    if resume is not None and files is not None and resume.claim.is_file() and \
+            checkpoint._read_claim(resume.claim).get("resumed_by") == files.log.name:
+        checkpoint.release(resume)
     if files is None:
         return
     log.close()
@@ -73,13 +81,23 @@ def close_failed(job: Job, exc: BaseException) -> None:
         exc.args = (f"{exc.args[0]} (this attempt's log moved to {moved})", *exc.args[1:])
 
 
-def name_source(job: Job, exc: BaseException) -> None:
-    """Make a `DataError` that names a file of this node's staged copy (``job.staged.dest``) name
+@contextmanager
+def sources_named(staged: StagingResult | None) -> Iterator[None]:
+    """Within the block, a `DataError` naming a file of this node's staged copy names the
+    source file instead (`name_source`)."""
+    try:
+        yield
+    except DataError as exc:
+        name_source(staged, exc)
+        raise
+
+
+def name_source(staged: StagingResult | None, exc: BaseException) -> None:
+    """Make a `DataError` that names a file of this node's staged copy (``staged.dest``) name
     the file it was copied from instead, the copy in brackets, as `mlhpc.run.assemble.sample_name`
     does: ``SOURCE/train/f.lmdb: key '3': ... [read from the staged copy DEST/train/f.lmdb]``.
     The first path under the copy is mapped by its path relative to the copy; a path with no
     such file in the source (a converted copy) is left as it is."""
-    staged = job.staged
     if not isinstance(exc, DataError) or staged is None or not exc.args or \
             "[read from the staged copy" in str(exc.args[0]):  # named already (`sample_name`)
         return
@@ -133,12 +151,12 @@ class Stop:
     """SIGTERM (what Slurm sends before a time limit) or SIGINT (Ctrl-C): before ``run_start`` it raises
     `RunInterrupted` (the attempt's log is set aside); from ``run_start`` on it sets ``signal``,
     checked between steps (a checkpoint is saved, run_stop logged). Installed for the ``with``
-    block when this is the main thread."""
+    block when this is the main thread; `start_timed` marks ``run_start``."""
 
-    def __init__(self, job: Job | None = None) -> None:
+    def __init__(self) -> None:
         self.signal: str | None = None
+        self.timed = False
         self._previous: Any = None
-        self._job = job
         self._pid = os.getpid()
 
     def __call__(self, signum: int, frame: Any) -> None:
@@ -152,10 +170,15 @@ class Stop:
     def check(self) -> None:
         """Raise `RunInterrupted` when a signal came and run_start is not logged yet (also called
         just before run_start, in case library code caught the handler's exception)."""
-        log = self._job.log if self._job is not None else None
-        if self.signal and self._job is not None and (log is None or log.first(constants.RUN_START) is None):
+        if self.signal and not self.timed:
             raise RunInterrupted(f"{self.signal} before run_start: nothing trained, no checkpoint",
                                  signal.Signals[self.signal])
+
+    def start_timed(self) -> None:
+        """``run_start`` is logged (after a last `check`): from now on a signal stops the run
+        with a checkpoint instead of raising."""
+        self.check()
+        self.timed = True
 
     def __enter__(self) -> "Stop":
         if threading.current_thread() is threading.main_thread():

@@ -8,10 +8,10 @@ and the device peak (so MFU = FLOPs x the log's samples/s / peak), data-path swi
 detail per node, the departures from the reference, where a resumed run came from. The end-of-run
 table, ``summary_N.json`` and ``mlhpc report`` therefore cannot disagree.
 
-The files of run N in an output folder are one set (`mlhpc.mllog.RUN_FILES`), claimed together
-through ``result_N.txt`` (created with O_EXCL, `mlhpc.mllog.open_next_result`, only when no file of
+The files of run N in an output folder are one set (`mlhpc.run.mllog.RUN_FILES`), claimed together
+through ``result_N.txt`` (created with O_EXCL, `mlhpc.run.mllog.open_next_result`, only when no file of
 set N exists) and never overwritten (each side file is written once, exclusively, through
-`mlhpc.outdir.write_text_atomic`): ``result_N.txt`` (the MLLOG), ``measured_N.json``,
+`mlhpc.run.outdir.write_text_atomic`): ``result_N.txt`` (the MLLOG), ``measured_N.json``,
 ``summary_N.json``, ``config_N.yaml`` (the resolved config), ``env_N.json`` (software, hardware,
 launcher), ``checkpoint_N.pt`` when the run stopped early or checkpoints periodically, and
 ``resumed_N.json`` once ``mlhpc run --resume`` has continued that checkpoint.
@@ -31,11 +31,10 @@ from typing import Any
 
 import yaml
 
-from mlhpc import outdir
 from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import LogFormatError
-from mlhpc.report.parse import parse_log
-from mlhpc.report.runs import RunSummary, summarize_run
+from mlhpc.report.runs import read_summary
+from mlhpc.run import outdir
 
 
 @dataclass(frozen=True)
@@ -131,12 +130,11 @@ def derived_perf(perf: dict[str, Any], samples_per_s: float, world_size: int) ->
             "read_bytes_per_s": per_sample * samples_per_s if per_sample is not None else None}
 
 
-def summary_dict(run: RunSummary, measured: dict[str, Any]) -> dict[str, Any]:
-    """The run's summary: every `RunSummary` figure, under the names ``mlhpc report --format
-    json`` uses, and the side file's measurements."""
-    out = run.to_dict()
-    out.update({k: v for k, v in measured.items() if k != "perf"})
-    out["perf"] = derived_perf(measured.get("perf", {}), run.samples_per_s or 0.0,
+def summary_dict(run: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
+    """The run's summary: ``run`` (`mlhpc.report.runs.RunSummary.to_dict`: the names ``mlhpc
+    report --format json`` uses), the side file's measurements, and the rates that follow."""
+    out = {**run, **{k: v for k, v in measured.items() if k != "perf"}}
+    out["perf"] = derived_perf(measured.get("perf", {}), run.get("samples_per_s") or 0.0,
                                measured.get("world_size", 1))
     return out
 
@@ -154,4 +152,4 @@ def load(log: Path, target: float | None = None) -> dict[str, Any]:
         if os.path.lexists(side) else {}
     if target is None:
         target = measured.get("target")
-    return summary_dict(summarize_run(parse_log(log), target=target), measured)
+    return summary_dict(read_summary(log, target), measured)

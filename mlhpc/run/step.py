@@ -19,7 +19,7 @@ import torch
 from mlhpc.runtime import Runtime
 
 #: ``phase(name)`` -> a context wrapped around one phase of the step ("forward", "backward",
-#: "optimizer"); `mlhpc.profile` passes one that records and times each phase.
+#: "optimizer"); `mlhpc.run.profile` passes one that records and times each phase.
 PhaseFn = Callable[[str], AbstractContextManager]
 
 

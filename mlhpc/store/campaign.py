@@ -86,7 +86,7 @@ _UNSAFE_LABEL = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 @dataclass(frozen=True)
-class Job:
+class RenderedJob:
     """One rendered job: its sweep point (``KEY=VALUE`` as swept; empty without a sweep), the
     folder its runs write, its sbatch script, and lines for the user (stderr)."""
 
@@ -147,7 +147,7 @@ def _load(config_path: Path, sets: list[str], swept: set[str]):
 
 
 def render_jobs(config_path: Path, options: dict[str, Any], overrides: list[str],
-                specs: list[str] = (), campaign_id: str | None = None) -> tuple[str | None, list[Job]]:
+                specs: list[str] = (), campaign_id: str | None = None) -> tuple[str | None, list[RenderedJob]]:
     """The jobs ``mlhpc submit CONFIG [--sweep ...]`` submits, every one rendered (so checked)
     before any is queued.
 
@@ -185,7 +185,7 @@ def render_jobs(config_path: Path, options: dict[str, Any], overrides: list[str]
 
 
 def _render(config_path: Path, options: dict[str, Any], sets: list[str], env: dict[str, str] | None,
-            point: list[str], out: Path) -> Job:
+            point: list[str], out: Path) -> RenderedJob:
     from mlhpc import slurm
 
     opts = dict(options)
@@ -195,10 +195,10 @@ def _render(config_path: Path, options: dict[str, Any], sets: list[str], env: di
         limit = slurm.job_time(runs, per_run)
         notes.append(f"mlhpc: --time not given: {runs} run(s) x {per_run} per run (--time-per-run) = {limit}")
     script = slurm.render_sbatch(config_path, **opts, time=limit, output_dir=out, overrides=sets, env=env)
-    return Job(point, out, script, notes)
+    return RenderedJob(point, out, script, notes)
 
 
-def submit_jobs(campaign_id: str | None, jobs: list[Job], dry_run: bool = False) -> list[str]:
+def submit_jobs(campaign_id: str | None, jobs: list[RenderedJob], dry_run: bool = False) -> list[str]:
     """Submit each job's script (`mlhpc.slurm.submit`); the job ids, in order.
 
     Raises:

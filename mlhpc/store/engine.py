@@ -135,6 +135,10 @@ def _sqlite_engine(url: str) -> tuple[Engine, list[str]]:
         warning = network_fs_warning(path)
         if warning:
             warnings.append(warning)
+        if path.exists() and not os.access(path.parent, os.W_OK):  # a read-only mount or folder
+            warnings.append(f"the results store {path} is read-only here: it is listed as it is, "
+                            "nothing can be added")
+            return _read_only_engine(path), warnings
     engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S})
 
     @event.listens_for(engine, "connect")
@@ -151,6 +155,26 @@ def _sqlite_engine(url: str) -> tuple[Engine, list[str]]:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("write") else "BEGIN")
 
     return engine, warnings
+
+
+def _read_only_engine(path: Path) -> Engine:
+    """An engine on the SQLite file ``path`` opened read-only (``mode=ro``, else
+    ``immutable=1``): nothing is created beside it, so a store on a read-only mount can be listed."""
+    import sqlite3
+    from urllib.parse import quote
+
+    def connect() -> sqlite3.Connection:
+        try:  # read-only, its write-ahead log read where one is there
+            conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, check_same_thread=False)
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return conn
+        except sqlite3.OperationalError:  # no -shm can be made beside it: the file alone
+            return sqlite3.connect(f"file:{quote(str(path))}?mode=ro&immutable=1", uri=True,
+                                   check_same_thread=False)
+
+    engine = create_engine("sqlite://", creator=connect)
+    engine.mlhpc_read_only = True  # open_store then reads it as it is (no migration)
+    return engine
 
 
 def check_store_file(path: Path) -> None:
@@ -208,7 +232,7 @@ def open_store(url: str | None = None, *, migrate: bool = True) -> Store:
     except (ImportError, ArgumentError) as exc:
         raise StoreError(f"store {shown}: {mask_urls(exc)}") from None
     store = Store(url=shown, engine=engine, warnings=warnings)
-    if migrate:
+    if migrate and not getattr(engine, "mlhpc_read_only", False):
         retrying(store, schema.migrate)
     return store
 

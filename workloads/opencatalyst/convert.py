@@ -14,11 +14,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from mlhpc.data.files import atomic_output
+from mlhpc.data.inputs import open_input
 from mlhpc.errors import DataError
 from mlhpc.workload import DataTools, FileCheck, last_files_to_validation
 
@@ -28,6 +30,8 @@ from .prepare import extxyz_to_lmdb
 
 FORMAT = "lmdb"
 RAW_SUFFIXES = (".extxyz", ".xyz")
+#: The largest raw trajectory read by `data prepare` (bytes).
+RAW_FILE_BYTES = 64 << 30
 
 
 class PrepareOptions(BaseModel):
@@ -80,11 +84,16 @@ class Oc20DataTools(DataTools):
         return [(final, lmdb_io.write_lmdb(final, records))]
 
     def list_raw(self, raw_dir: Path) -> list[Path]:
-        """The ASE-readable trajectories (``*.extxyz``, ``*.xyz``) of ``raw_dir``, sorted."""
+        """The ASE-readable trajectories (``*.extxyz``, ``*.xyz``) of ``raw_dir``, sorted.
+        Raises DataError naming a link out of ``raw_dir``, a FIFO or device, or a file over
+        `RAW_FILE_BYTES`."""
         raw_dir = Path(raw_dir)
         if not raw_dir.is_dir():
             raise DataError(f"{raw_dir}: folder of trajectories not found")
-        return sorted(p for p in raw_dir.iterdir() if p.suffix in RAW_SUFFIXES and p.is_file())
+        found = sorted(p for p in raw_dir.iterdir() if p.suffix in RAW_SUFFIXES and not p.is_dir())
+        for path in found:  # the one reader's rules: no link out of raw_dir, no FIFO, size capped
+            os.close(open_input(path, RAW_FILE_BYTES, raw_dir, "raw trajectory", DataError))
+        return found
 
     def prepare_splits(self, raw: list[Path], options: PrepareOptions) -> list[tuple[str, Path]]:
         """Whole trajectories to splits, the last ``validation_fraction`` to validation/."""

@@ -202,14 +202,24 @@ def load_record(blob: bytes, where: str) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- validation
 
 
+#: Tensor dtypes a record may hold (float8 and other exotic types cannot be read back).
+_TENSOR_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
+                            torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool})
+#: The smallest cell volume accepted (cubic angstroms): a near-zero cell would multiply the
+#: periodic images a radius graph enumerates (OC20's slabs span hundreds of cubic angstroms).
+MIN_CELL_VOLUME_A3 = 1.0
+
+
 def _array(fields: dict[str, Any], key: str, where: str) -> np.ndarray:
     """``fields[key]`` as a numeric numpy array. Raises DataError (missing, non-numeric)."""
     if key not in fields:
         raise DataError(f"{where}: missing {key!r} (a training record holds {', '.join(REQUIRED_KEYS)})")
     value = fields[key]
     if isinstance(value, torch.Tensor):
-        if value.layout != torch.strided or value.is_quantized or value.is_complex():
-            raise DataError(f"{where}: {key} is a {value.layout} {value.dtype} tensor, expected a dense real one")
+        if value.layout != torch.strided or value.is_quantized or value.is_complex() \
+                or value.dtype not in _TENSOR_DTYPES:
+            raise DataError(f"{where}: {key} is a {value.layout} {value.dtype} tensor, expected a dense real "
+                            "one of float64/32/16, bfloat16, int64/32/16/8, uint8 or bool")
         value = value.detach().cpu()
         value = value.float().numpy() if value.dtype in (torch.bfloat16, torch.float16) else value.numpy()
     elif isinstance(value, (int, float, bool, np.number, np.ndarray, list, tuple)):
@@ -259,6 +269,10 @@ def _atoms(fields: dict[str, Any], where: str) -> dict[str, torch.Tensor]:
     cell = _finite(_array(fields, "cell", where), "cell", where)
     if cell.shape not in ((1, 3, 3), (3, 3)):
         raise DataError(f"{where}: cell has shape {tuple(cell.shape)}, expected (1, 3, 3)")
+    volume = abs(float(np.linalg.det(cell.reshape(3, 3).astype(np.float64))))
+    if not volume >= MIN_CELL_VOLUME_A3:
+        raise DataError(f"{where}: cell volume {volume:.3g} A^3, under the {MIN_CELL_VOLUME_A3} A^3 of any "
+                        "real structure (a zero or degenerate cell)")
     numbers = _shaped(fields, "atomic_numbers", (n,), where)
     return {
         "atomic_numbers": torch.from_numpy(_integral(numbers, "atomic_numbers", where, (1, MAX_ATOMIC_NUMBER))),

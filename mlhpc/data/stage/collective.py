@@ -94,25 +94,25 @@ class StagingResult:
 
 
 def dist_ready() -> bool:
-    import torch.distributed as dist
+    from mlhpc import runtime
 
-    return dist.is_available() and dist.is_initialized()
+    return runtime.group_ready()
 
 
 def barrier() -> None:
-    import torch.distributed as dist
+    from mlhpc import runtime
 
-    dist.barrier()
+    runtime.world_barrier()
 
 
 def gather(payload: Any) -> list[Any]:
-    import torch.distributed as dist
+    """Every rank's ``payload`` (`mlhpc.runtime.all_gather`); an exception travels as
+    ``{"error", "host"}``."""
+    from mlhpc import runtime
 
-    out: list[Any] = [None] * dist.get_world_size()
     if isinstance(payload, BaseException):
         payload = {"error": str(payload) or type(payload).__name__, "host": socket.gethostname()}
-    dist.all_gather_object(out, payload)
-    return out
+    return runtime.all_gather(payload)
 
 
 def raise_if_any(own: Optional[BaseException], gathered: list[Any], runtime: "Runtime") -> None:

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from mlhpc import outdir
+from mlhpc.run import outdir
 from mlhpc.config import Config
 
 #: Name suffix -> unit, longest first (units live in names, docs/architecture.md).

@@ -30,8 +30,8 @@ from pydantic import (
     model_validator,
 )
 
-from mlhpc.config_yaml import UniqueKeyLoader, parse_override, set_path
-from mlhpc.config_yaml import show as _show
+from mlhpc.config.yamlfile import UniqueKeyLoader, parse_override, set_path
+from mlhpc.config.yamlfile import show as _show
 from mlhpc.errors import ConfigError
 from mlhpc.hints import did_you_mean, existing_file, section_model
 from mlhpc.power import PowerConfig

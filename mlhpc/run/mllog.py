@@ -100,7 +100,7 @@ class ComplianceLog:
         self.events: list[Event] = []
         self._instance = instance
         self._lock = threading.Lock()
-        logger = logging.getLogger(f"mlhpc.mllog.{os.getpid()}.{next(_counter)}")
+        logger = logging.getLogger(f"mlhpc.run.mllog.{os.getpid()}.{next(_counter)}")
         logger.propagate = False
         logger.setLevel(logging.INFO)
         self._handler: logging.Handler | None = None

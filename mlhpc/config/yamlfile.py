@@ -15,9 +15,14 @@ __all__ = ["UniqueKeyLoader", "parse_override", "set_path", "show"]
 
 
 def show(text: Any) -> str:
-    """``text`` as it can stand in a one-line message (repr when it holds control characters)."""
-    text = str(text)
-    return text if text.isprintable() else repr(text)
+    """``text`` as it can stand in a one-line message (repr when it holds control characters),
+    at most a few hundred characters of it (`mlhpc.text.clip`, which never formats a huge or
+    deeply nested object whole)."""
+    from mlhpc.text import MAX_SHOWN_CHARS, clip
+
+    if not isinstance(text, str):
+        text = clip(text)
+    return clip(text if text.isprintable() else repr(text[:2 * MAX_SHOWN_CHARS]))
 
 
 def set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:

@@ -6,7 +6,7 @@ a process group: ``torchrun --nproc-per-node 1`` gives a one-rank group), under 
 ``train.amp`` is on a CUDA device. Reports time per operator type and per phase of a step (data,
 forward, backward, optimizer; DDP's communication shows up in the operator table as
 ``gloo``/``nccl`` kernels), the memory breakdown (parameters, gradients, optimizer state,
-activations saved for backward; `mlhpc.perf`), and writes a Chrome trace that chrome://tracing
+activations saved for backward; `mlhpc.run.perf`), and writes a Chrome trace that chrome://tracing
 and Perfetto open (by default ``<output.dir>/profile/<workload>-trace.json``, `default_trace`).
 The model, loaders, optimizer and step are those of a run: `mlhpc.run.assemble.build` makes them.
 """
@@ -23,7 +23,8 @@ import torch
 from torch.profiler import ProfilerActivity, record_function
 from torch.utils.data import DataLoader
 
-from mlhpc import outdir, perf, runtime
+from mlhpc import runtime
+from mlhpc.run import outdir, perf
 
 from mlhpc.run import assemble
 from mlhpc.data.files import atomic_output
@@ -87,10 +88,7 @@ def profile(config: Config, steps: int = 5, warmup: int = 2, trace_path: Path | 
         raise OutputError(f"--trace {trace}: is a folder; give a file name")
     outdir.check_output_dir(trace.parent if str(trace.parent) else Path("."),
                             key="--trace folder" if trace_path is not None else "output.dir")
-    rt = runtime.detect(device=config.train.device)
-    if config.train.threads:
-        torch.set_num_threads(config.train.threads)
-    with runtime.process_group(rt):
+    with runtime.started(config.train.device, threads=config.train.threads) as (rt, _):
         return _profile(config, rt, steps, warmup, trace, top)
 
 

@@ -1,0 +1,45 @@
+"""The `Job`: what every stage of one run reads, built once and never changed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from mlhpc.config import Config
+from mlhpc.run.checkpoint import Resume
+from mlhpc.runtime import Runtime
+from mlhpc.workload import Workload
+
+ProgressFn = Callable[[dict[str, Any]], None]
+
+
+def _quiet(event: dict[str, Any]) -> None:
+    """The progress callback of a run nobody watches."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One instance's run, as every stage reads it (frozen: a stage returns what it makes).
+
+    Attributes:
+        config: the resolved config.
+        workload: the workload it trains.
+        world: the whole job's `Runtime` (every rank of every instance).
+        rt: this instance's share of it (`mlhpc.runtime.split_instances`; ``world`` itself when
+            the job trains one model).
+        resume: the checkpoint this run continues, or None.
+        progress: called with the run's events on the ranks that report (library code never
+            prints).
+    """
+
+    config: Config
+    workload: Workload
+    world: Runtime
+    rt: Runtime
+    resume: Resume | None = None
+    progress: ProgressFn = _quiet
+
+    @property
+    def seed(self) -> int:
+        """The instance's seed: ``train.seed`` plus its instance number."""
+        return self.config.train.seed + (self.rt.instance or 0)

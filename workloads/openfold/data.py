@@ -1,0 +1,218 @@
+"""OpenFold training data on disk and as batches: PDB mmCIF files with OpenProteinSet alignments.
+
+Layout of one split folder (the reference's ``pdb_mmcif/mmcif_files`` and its alignment folder,
+one folder per chain named ``<pdb_id>_<chain_id>`` as OpenProteinSet names them)::
+
+    <split>/mmcif_files/<pdb_id>.cif            (or .cif.gz)
+    <split>/alignments/<pdb_id>_<chain_id>/*.a3m   (or in its a3m/ sub-folder, as OpenProteinSet)
+    <split>/alignments/<pdb_id>_<chain_id>/*.hhr   (optional templates, or in its hhr/ sub-folder)
+
+A sample is a chain: one alignment folder and the chain of that id in ``<pdb_id>.cif``. Its
+alignments are merged in the reference's order (``uniref90_hits``, ``bfd_uniclust_hits``,
+``mgnify_hits``, then any other ``*.a3m`` by name) and the query must be the chain's sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mlhpc.errors import DataError
+from mlhpc.workload import SampleLocation, WorkloadDataset
+
+from . import a3m, mmcif, templates
+from .features import FeatureSizes, RawChain, chain_features
+
+MMCIF_DIR = "mmcif_files"
+ALIGNMENT_DIR = "alignments"
+MMCIF_SUFFIXES = (".cif", ".cif.gz")
+A3M_ORDER = ("uniref90_hits.a3m", "bfd_uniclust_hits.a3m", "mgnify_hits.a3m")
+#: The inputs of the batch interface; every other key of a batch is a target.
+INPUT_KEYS = ("aatype", "residue_index", "seq_mask", "target_feat", "msa_feat", "msa_mask",
+              "extra_msa", "extra_has_deletion", "extra_deletion_value", "extra_msa_mask",
+              "template_aatype", "template_all_atom_positions", "template_all_atom_mask",
+              "template_mask", "template_pseudo_beta", "template_pseudo_beta_mask")
+
+
+@dataclass(frozen=True)
+class ChainEntry:
+    """Where one sample's files are: its mmCIF file, chain id and a3m files."""
+
+    mmcif: Path
+    chain_id: str
+    a3m_files: tuple[Path, ...]
+
+
+def mmcif_path(split_dir: Path, pdb_id: str) -> Path | None:
+    """``<split>/mmcif_files/<pdb_id>.cif`` (or ``.cif.gz``) when it exists."""
+    for suffix in MMCIF_SUFFIXES:
+        path = Path(split_dir) / MMCIF_DIR / f"{pdb_id}{suffix}"
+        if path.is_file():
+            return path
+    return None
+
+
+def a3m_files(chain_dir: Path) -> tuple[Path, ...]:
+    """The ``*.a3m`` files of one chain's alignment folder (or its ``a3m/``), reference order."""
+    folder = chain_dir / "a3m" if (chain_dir / "a3m").is_dir() else chain_dir
+    found = {p.name: p for p in folder.glob("*.a3m") if p.is_file() and not p.is_symlink()}
+    known = [found.pop(name) for name in A3M_ORDER if name in found]
+    return tuple(known + [found[name] for name in sorted(found)])
+
+
+def list_chains(split_dir: Path) -> list[ChainEntry]:
+    """Every chain of a split folder (layout in the module docstring), sorted by folder name.
+
+    Raises:
+        DataError: no ``mmcif_files/`` or ``alignments/`` folder, no chain, an alignment folder
+            whose name is not ``<pdb_id>_<chain_id>``, without ``*.a3m``, or whose mmCIF file is
+            missing.
+    """
+    split_dir = Path(split_dir)
+    for name in (MMCIF_DIR, ALIGNMENT_DIR):
+        if not (split_dir / name).is_dir():
+            raise DataError(f"{split_dir}: no {name}/ folder (an OpenFold split holds "
+                            f"{MMCIF_DIR}/ and {ALIGNMENT_DIR}/)")
+    entries = []
+    for chain_dir in sorted((split_dir / ALIGNMENT_DIR).iterdir()):
+        if chain_dir.name.startswith(".") or not chain_dir.is_dir() or chain_dir.is_symlink():
+            continue
+        pdb_id, _, chain_id = chain_dir.name.rpartition("_")
+        if not pdb_id or not chain_id:
+            raise DataError(f"{chain_dir}: an alignment folder is named <pdb_id>_<chain_id>")
+        files = a3m_files(chain_dir)
+        if not files:
+            raise DataError(f"{chain_dir}: no *.a3m alignment")
+        cif = mmcif_path(split_dir, pdb_id)
+        if cif is None:
+            raise DataError(f"{chain_dir}: no {MMCIF_DIR}/{pdb_id}.cif for this alignment")
+        entries.append(ChainEntry(cif, chain_id, files))
+    if not entries:
+        raise DataError(f"{split_dir / ALIGNMENT_DIR}: no chain alignment folder")
+    return entries
+
+
+def hhr_files(chain_dir: Path) -> tuple[Path, ...]:
+    """The ``*.hhr`` files of one chain's alignment folder (or its ``hhr/``), by name."""
+    folder = chain_dir / "hhr" if (chain_dir / "hhr").is_dir() else chain_dir
+    return tuple(sorted(p for p in folder.glob("*.hhr") if p.is_file() and not p.is_symlink()))
+
+
+def _templates(entry: ChainEntry, length: int, max_templates: int) -> tuple[dict, ...]:
+    """The template features of a chain from the ``.hhr`` files beside its alignments, the
+    template structures read from the same split's ``mmcif_files/``."""
+    if not max_templates or not entry.a3m_files:
+        return ()
+    chain_dir = entry.a3m_files[0].parent
+    chain_dir = chain_dir.parent if chain_dir.name == "a3m" else chain_dir
+    hits = [hit for path in hhr_files(chain_dir) for hit in templates.read_hhr(path)]
+    split_dir = entry.mmcif.parent.parent
+    pdb_id = chain_dir.name.rpartition("_")[0]
+    return tuple(templates.chain_templates(hits, length, pdb_id,
+                                           lambda other: mmcif_path(split_dir, other), max_templates))
+
+
+def read_raw(entry: ChainEntry, max_templates: int = 0) -> RawChain:
+    """The parsed chain, its merged alignment and (with ``max_templates``) its templates.
+
+    Raises:
+        DataError: as `mmcif.read_chain`, `a3m.read_a3m` and `templates.read_hhr`, or an
+            alignment whose query is not the chain's sequence (naming the a3m file).
+    """
+    chain = mmcif.read_chain(entry.mmcif, entry.chain_id)
+    msa = a3m.merge([a3m.read_a3m(path) for path in entry.a3m_files])
+    if msa.sequences[0] != chain.sequence:
+        raise DataError(f"{entry.a3m_files[0]}: the query ({len(msa.sequences[0])} residues) is "
+                        f"not the sequence of {chain.source} ({len(chain.sequence)} residues)")
+    return RawChain(chain.aatype, chain.residue_index, chain.atom_positions, chain.atom_mask,
+                    msa.msa(), msa.deletion_matrix, chain.resolution_A,
+                    _templates(entry, len(chain.aatype), max_templates))
+
+
+class OpenFoldDataset(WorkloadDataset):
+    """Map-style dataset of the chains of one split folder.
+
+    ``dataset[i]`` -> ``(inputs, features)``, dicts of tensors: chain ``i``'s features
+    (`features.chain_features`, no batch axis) and the `INPUT_KEYS` among them. Training draws a new crop, MSA sample and BERT mask at every read (from a
+    generator seeded by torch's seed, the index and a read counter: reproducible for a
+    ``train.seed``); evaluation (``train=False``) keeps the whole chain and draws from a
+    generator seeded by ``seed`` and the index only, so every evaluation sees the same features.
+
+    Raises:
+        DataError: naming the file (constructor: as `list_chains`; reads: as `read_raw`).
+    """
+
+    def __init__(self, split_dir: Path, sizes: FeatureSizes, train: bool,
+                 seed: int = 0, limit: int | None = None) -> None:
+        self.entries = list_chains(split_dir)
+        if limit is not None and limit > len(self.entries):
+            raise DataError(f"{split_dir}: {len(self.entries)} chains, the config asks for {limit}")
+        self.entries = self.entries[:limit] if limit is not None else self.entries
+        self.sizes = sizes if train else FeatureSizes(None, sizes.max_msa_clusters,
+                                                      sizes.max_extra_msa, sizes.max_templates)
+        self.train, self.seed, self._reads = train, seed, 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def _rng(self, index: int) -> np.random.Generator:
+        if not self.train:
+            return np.random.default_rng([self.seed, index])
+        self._reads += 1
+        return np.random.default_rng([torch.initial_seed() % (1 << 63), index, self._reads])
+
+    def __getitem__(self, index: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """``(inputs, features)``: the `INPUT_KEYS` and every feature of chain ``index``."""
+        if not 0 <= index < len(self.entries):
+            raise IndexError(f"chain {index} of {len(self.entries)}")
+        raw = read_raw(self.entries[index], self.sizes.max_templates)
+        features = chain_features(raw, self.sizes, self._rng(index))
+        tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).reshape(v.shape)
+                   for k, v in features.items()}
+        return {k: tensors[k] for k in INPUT_KEYS}, tensors
+
+    def locate(self, index: int) -> SampleLocation:
+        """The mmCIF file of chain ``index`` and the chain's place among that file's samples."""
+        entry = self.entries[index]
+        return SampleLocation(entry.mmcif, sum(1 for e in self.entries[:index] if e.mmcif == entry.mmcif))
+
+    def collate_fn(self, samples: list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]
+                   ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """`collate` of the samples' features."""
+        return collate([features for _, features in samples])
+
+    def batch_len(self, x: dict[str, torch.Tensor]) -> int:
+        """Chains in a collated batch input: samples/s are chains/s."""
+        return int(x["aatype"].shape[0])
+
+
+def collate(samples: list[dict[str, torch.Tensor]]
+            ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Batch B chains: each feature zero-padded to the largest shape among them (residues, MSA
+    rows, extra rows), masks marking what is real, and stacked on a new first axis.
+
+    Returns:
+        ``(inputs, batch)``: ``inputs`` holds the `INPUT_KEYS` (what the model sees); ``batch``
+        holds every feature, inputs and targets (``all_atom_positions [B, N, 37, 3]``,
+        ``all_atom_mask [B, N, 37]``, ``true_msa [B, S, N]`` int64, ``bert_mask [B, S, N]``,
+        ``resolution [B]``), what the loss and the metric read.
+    """
+    batch: dict[str, Any] = {}
+    for key in samples[0]:
+        values = [s[key] for s in samples]
+        shape = [max(v.shape[d] for v in values) for d in range(values[0].dim())]
+        padded = [torch.nn.functional.pad(v, _pad_widths(v.shape, shape)) for v in values]
+        batch[key] = torch.stack(padded)
+    return {k: batch[k] for k in INPUT_KEYS}, batch
+
+
+def _pad_widths(have: torch.Size, want: list[int]) -> list[int]:
+    """``torch.nn.functional.pad`` widths (last axis first) padding ``have`` up to ``want``."""
+    widths: list[int] = []
+    for size, target in zip(reversed(have), reversed(want)):
+        widths += [0, target - size]
+    return widths

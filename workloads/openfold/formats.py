@@ -1,0 +1,109 @@
+"""OpenFold's data tools (`mlhpc.data.formats.DataTools`): PDB mmCIF files with OpenProteinSet
+a3m alignments (layout: `data`), as ``mlhpc data check`` and staging see them.
+
+A data file is an mmCIF file; its samples are the chains of it that have an alignment folder.
+Checking a file reads it (gemmi) and, for each of those chains, its alignments: quick reads the
+first a3m of each chain and compares its query with the chain's sequence; full reads every a3m,
+the ``.hhr`` templates and their structures, and builds the chain's features once
+(`data.read_raw`). Nothing is converted: the reader takes
+the files as the reference's preprocessing leaves them (``convert`` and ``prepare`` say so).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlhpc.errors import DataError
+from mlhpc.workload import DataTools, FileCheck
+
+from . import a3m, mmcif
+from .data import (
+    ALIGNMENT_DIR,
+    MMCIF_DIR,
+    MMCIF_SUFFIXES,
+    ChainEntry,
+    a3m_files,
+    read_raw,
+)
+
+FORMAT = "mmcif"
+FULL_CHECK_TEMPLATES = 4  # templates (.hhr hits) a full check reads per chain, as the reference
+
+
+def _pdb_id(path: Path) -> str:
+    name = path.name
+    for suffix in MMCIF_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return path.stem
+
+
+class OpenFoldDataTools(DataTools):
+    """mmCIF + a3m for the harness's data drivers (module docstring)."""
+
+    formats = (FORMAT,)
+    splits = ("train", "validation")
+
+    def detect(self, split_dir: Path) -> str:
+        """``mmcif`` when the split holds ``mmcif_files/`` and ``alignments/``. Raises DataError."""
+        for name in (MMCIF_DIR, ALIGNMENT_DIR):
+            if not (Path(split_dir) / name).is_dir():
+                raise DataError(f"{split_dir}: no {name}/ folder (an OpenFold split holds "
+                                f"{MMCIF_DIR}/ and {ALIGNMENT_DIR}/)")
+        return FORMAT
+
+    def list_files(self, split_dir: Path, fmt: str) -> list[Path]:
+        """The mmCIF files of a split, sorted."""
+        folder = Path(split_dir) / MMCIF_DIR
+        if not folder.is_dir():
+            return []
+        return sorted(p for p in folder.iterdir()
+                      if p.name.endswith(MMCIF_SUFFIXES) and not p.name.startswith("."))
+
+    def _chains(self, path: Path) -> list[ChainEntry]:
+        alignments = Path(path).parent.parent / ALIGNMENT_DIR
+        pdb_id = _pdb_id(Path(path))
+        entries = []
+        for chain_dir in sorted(alignments.glob(f"{pdb_id}_*")):
+            files = a3m_files(chain_dir)
+            if not files:
+                raise DataError(f"{chain_dir}: no *.a3m alignment")
+            entries.append(ChainEntry(Path(path), chain_dir.name.rpartition("_")[2], files))
+        return entries
+
+    def check_file(self, path: Path, fmt: str, full: bool) -> FileCheck:
+        """One mmCIF file and the alignments of its chains (module docstring). A sample's shape
+        is reported as ``(37, 3)`` (atom37 coordinates of one residue): chains differ in length.
+
+        Raises:
+            DataError: naming the mmCIF or a3m file at fault.
+        """
+        path = Path(path)
+        entries = self._chains(path)
+        size = path.stat().st_size
+        for entry in entries:
+            size += sum(p.stat().st_size for p in entry.a3m_files)
+            if full:
+                read_raw(entry, max_templates=FULL_CHECK_TEMPLATES)
+                continue
+            chain = mmcif.read_chain(path, entry.chain_id)
+            query = a3m.read_a3m(entry.a3m_files[0]).sequences[0]
+            if query != chain.sequence:
+                raise DataError(f"{entry.a3m_files[0]}: the query is not the sequence of "
+                                f"{chain.source}")
+        if not entries:
+            mmcif.read_block(path)
+        return FileCheck(len(entries), (37, 3), "float32", size)
+
+    def convert_file(self, path: Path, fmt: str, out_dir: Path, to: str) -> list[tuple[Path, int]]:
+        """No conversion: the reader takes mmCIF and a3m as they are. Raises DataError."""
+        raise DataError(f"{path}: OpenFold data are read as mmCIF + a3m; there is nothing to convert to")
+
+    def list_raw(self, raw_dir: Path) -> list[Path]:
+        """No raw form to prepare from. Raises DataError."""
+        raise DataError(f"{raw_dir}: OpenFold data are prepared by the reference's scripts "
+                        "(mmCIF files and OpenProteinSet alignments); put them in the layout of "
+                        "docs/openfold.md")
+
+
+DATA_TOOLS = OpenFoldDataTools()

@@ -1,0 +1,122 @@
+"""Structural templates from HHsearch result files (``.hhr``, OpenProteinSet's
+``pdb70_hits.hhr``), as AlphaFold's ``parsers.parse_hhr`` and template featuriser read them.
+
+An ``.hhr`` file lists hits (``No k`` blocks): a ``>`` line naming the template (``<pdb_id>_
+<chain_id>``), then alignment blocks whose ``Q <name> <start> <residues> <end>`` and ``T <name>
+<start> <residues> <end>`` lines align query and template residues (1-based, ``-`` a gap). A hit
+becomes template features for the query: each aligned query residue takes the atoms of its
+template residue (the template chain read from its mmCIF file, `mmcif.read_chain`), the others
+stay masked with the gap type 21. Hits of the query's own PDB entry, and hits whose mmCIF file
+is not at hand, are skipped; the first ``max_templates`` remaining are used, in file order.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mlhpc.data.inputs import read_text_input
+from mlhpc.errors import DataError
+
+from .mmcif import read_chain
+from .residue_constants import ATOM_ORDER, MSA_GAP_INDEX
+
+HHR_BYTES = 1 << 28
+_ALIGNED = re.compile(r"^([QT]) (\S+)\s+(\d+) ([A-Za-z-]+)\s+(\d+) \(\d+\)\s*$")
+
+
+@dataclass(frozen=True)
+class TemplateHit:
+    """One hit: ``name`` (``<pdb_id>_<chain_id>``) and ``pairs`` ``[M, 2]`` int64, the 0-based
+    (query residue, template residue) of every aligned pair."""
+
+    name: str
+    pairs: np.ndarray
+
+
+def _pairs(query: str, template: str, q_start: int, t_start: int) -> list[tuple[int, int]]:
+    pairs, q, t = [], q_start - 1, t_start - 1
+    for a, b in zip(query, template):
+        if a != "-" and b != "-":
+            pairs.append((q, t))
+        q += a != "-"
+        t += b != "-"
+    return pairs
+
+
+def parse_hhr(text: str, source: str) -> list[TemplateHit]:
+    """The hits of an ``.hhr`` text, in file order.
+
+    Raises:
+        DataError: naming ``source`` and the hit: a hit without a ``>`` line, or whose query and
+            template lines differ in length.
+    """
+    hits: list[TemplateHit] = []
+    name, pairs, query = None, [], None
+    for line in text.splitlines() + ["No end"]:
+        if line.startswith("No ") and (name is not None or pairs):
+            if name is None:
+                raise DataError(f"{source}: a hit without a '>' line")
+            hits.append(TemplateHit(name, np.asarray(pairs, dtype=np.int64).reshape(-1, 2)))
+            name, pairs = None, []
+        elif line.startswith(">"):
+            name = line[1:].split()[0] if line[1:].split() else ""
+        match = _ALIGNED.match(line)
+        if match and match.group(2) not in ("ss_pred", "ss_dssp", "Consensus"):
+            if match.group(1) == "Q":
+                query = match
+            elif query is None or len(match.group(4)) != len(query.group(4)):
+                raise DataError(f"{source}: hit {name!r}: template and query lines differ in length")
+            else:
+                pairs += _pairs(query.group(4), match.group(4), int(query.group(3)), int(match.group(3)))
+    return hits
+
+
+def read_hhr(path: Path) -> list[TemplateHit]:
+    """`parse_hhr` of a file. Raises DataError (unreadable file, or as `parse_hhr`)."""
+    text = read_text_input(path, HHR_BYTES, what="hhr file")
+    return parse_hhr(text, str(path))
+
+
+def hit_features(hit: TemplateHit, query_length: int, mmcif: Path) -> dict[str, np.ndarray]:
+    """One template's features over the query's residues (N = ``query_length``):
+    ``template_aatype [N]`` int64, ``template_all_atom_positions [N, 37, 3]`` Angstrom,
+    ``template_all_atom_mask [N, 37]``, ``template_pseudo_beta [N, 3]`` (C-beta, C-alpha for
+    glycine), ``template_pseudo_beta_mask [N]``.
+
+    Raises:
+        DataError: as `mmcif.read_chain`, or an aligned pair outside the query or template.
+    """
+    chain = read_chain(mmcif, hit.name.rpartition("_")[2])
+    pairs = hit.pairs
+    if len(pairs) and (pairs[:, 0].max() >= query_length or pairs[:, 1].max() >= len(chain.aatype)):
+        raise DataError(f"{mmcif}: template {hit.name} aligned beyond the query or the chain")
+    aatype = np.full(query_length, MSA_GAP_INDEX, dtype=np.int64)
+    positions = np.zeros((query_length, 37, 3), dtype=np.float32)
+    mask = np.zeros((query_length, 37), dtype=np.float32)
+    q, t = pairs[:, 0], pairs[:, 1]
+    aatype[q], positions[q], mask[q] = chain.aatype[t], chain.atom_positions[t], chain.atom_mask[t]
+    glycine = aatype == 7
+    beta = np.where(glycine, ATOM_ORDER["CA"], ATOM_ORDER["CB"])
+    rows = np.arange(query_length)
+    return {"template_aatype": aatype, "template_all_atom_positions": positions,
+            "template_all_atom_mask": mask, "template_pseudo_beta": positions[rows, beta],
+            "template_pseudo_beta_mask": mask[rows, beta]}
+
+
+def chain_templates(hits: list[TemplateHit], query_length: int, query_pdb_id: str,
+                    find_mmcif: Callable[[str], Path | None], limit: int) -> list[dict[str, np.ndarray]]:
+    """The features of the first ``limit`` usable hits (module docstring)."""
+    found = []
+    for hit in hits:
+        pdb_id = hit.name.rpartition("_")[0]
+        path = find_mmcif(pdb_id) if pdb_id and pdb_id.lower() != query_pdb_id.lower() else None
+        if path is not None and len(hit.pairs):
+            found.append(hit_features(hit, query_length, path))
+        if len(found) == limit:
+            break
+    return found
