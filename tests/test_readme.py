@@ -91,7 +91,7 @@ def shown_commands(text: str) -> list[list[str]]:
                 if word == "mlhpc" or word.endswith("/mlhpc"):
                     args = []
                     for arg in words[i + 1:]:
-                        if arg in _SHELL_OPERATORS:
+                        if arg in _SHELL_OPERATORS or arg.startswith("("):  # "(...)": a note in a diagram
                             break
                         if not arg.startswith("$"):  # a synopsis: [--opt V] parsed as --opt V, a|b as a,
                             arg = arg.strip("[]").split("|")[0]  # a placeholder (N, RUN) as 1

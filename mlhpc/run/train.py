@@ -28,6 +28,7 @@ from mlhpc import power, runtime
 from mlhpc.config import Config
 from mlhpc.data import embedded
 from mlhpc.data import stage as staging
+from mlhpc.data.stage.copies import release
 from mlhpc.errors import ConfigError
 from mlhpc.run import checkpoint, outdir
 from mlhpc.run.assemble import Parts, build, stage
@@ -109,7 +110,12 @@ def _run_instance(job: Job) -> RunResult:
         finally:
             log.close()
         # still under `Stop`: a SIGTERM now (a launcher stopping the job) waits for the files
-        return finish(job, files, parts, outcome, synthesis_s)
+        result = finish(job, files, parts, outcome, synthesis_s)
+        # the staged copy this run made goes unless data.staging.keep (every rank lets go of it)
+        said = release(parts.staged, job.config.data.staging.keep, job.world.local_rank, job.world.node_rank)
+        if said and job.world.is_main:
+            job.progress({"kind": "note", "message": said})
+        return result
 
 
 def _attempt(job: Job, written: tuple[ComplianceLog, RunFiles | None], stop: Stop, lbs: int

@@ -11,14 +11,13 @@ follows a link inside the tree (``shutil.rmtree.avoids_symlink_attacks``).
 `release` is the end of a run: the copy a run made (it copied at least one file) is removed unless
 ``data.staging.keep`` is true; a copy that was already complete before the run (kept by an
 earlier run or made by ``mlhpc stage``) is left as it was. A copy is never removed while another
-run reads it: a run holds a shared lock (``flock``) on the copy's `READERS_NAME` file from the end
-of its staging (`hold`) to its end, and removal takes the exclusive lock first (two runs of one
+run reads it: a run marks the copy (`hold`: ``READERS_NAME-<pid>`` at its top) from the end of its
+staging to its end, and removal waits while a mark names another live process (two runs of one
 data set on one node share the default folder).
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -34,10 +33,10 @@ from mlhpc.data.stage.dest import MARKER_NAME
 from mlhpc.errors import DataError, StagingError
 
 
-#: The file of a copy whose shared lock each run reading the copy holds (one of mlhpc's own
-#: ``.mlhpc*`` files at the top: never staged, never pruned).
+#: The mark each run reading a copy leaves at its top, ``READERS_NAME-<pid>`` (one of mlhpc's own
+#: ``.mlhpc*`` files: never staged, never pruned).
 READERS_NAME = ".mlhpc-readers"
-_held: dict[str, int] = {}
+_held: dict[str, int] = {}  # dest -> this process's pid, for the marks it left
 #: How long a run's end waits for the other readers of the copy it made (its own node's ranks).
 RELEASE_WAIT_S = 10.0
 
@@ -118,45 +117,63 @@ def find_copies(roots: Optional[list[Path]] = None) -> list[StagedCopy]:
     return [found[k] for k in sorted(found)]
 
 
-def hold(dest: Path) -> None:
-    """Mark ``dest`` as read by this process until `unhold` (or the process ends): a shared
-    ``flock`` on its `READERS_NAME` file, created ``0600`` without following a link. A copy that
-    cannot take the file is left unmarked (staging has already checked the folder)."""
+def _marks(path: Path) -> list[Path]:
     try:
-        fd = os.open(Path(dest) / READERS_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        return [p for p in Path(path).iterdir() if p.name.startswith(READERS_NAME + "-")]
+    except OSError:
+        return []
+
+
+def hold(dest: Path) -> None:
+    """Mark ``dest`` as read by this process until `unhold`: an empty file
+    ``READERS_NAME-<pid>`` at its top (created ``0600`` without following a link; a process that
+    ends without `unhold` leaves a mark that names a dead process, which counts for nothing). A
+    copy that cannot take the mark is left unmarked (staging has already checked the folder)."""
+    try:
+        os.close(os.open(Path(dest) / f"{READERS_NAME}-{os.getpid()}",
+                         os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
     except OSError:
         return
-    fcntl.flock(fd, fcntl.LOCK_SH)
-    unhold(dest)
-    _held[str(dest)] = fd
+    _held[str(dest)] = os.getpid()
 
 
 def unhold(dest: Path) -> None:
     """Drop this process's mark on ``dest`` (`hold`), if it has one."""
-    fd = _held.pop(str(dest), None)
-    if fd is not None:
-        os.close(fd)
-
-
-def _exclusive(path: Path, wait_s: float) -> Optional[int]:
-    """An fd holding the exclusive lock of ``path``'s readers file (-1: the copy has none), or
-    None when another process still reads the copy after ``wait_s`` seconds."""
-    try:
-        fd = os.open(path / READERS_NAME, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return -1
-    except OSError:  # a link or a folder in its place: not ours to judge, so not removed
-        return None
-    deadline = time.monotonic() + wait_s
-    while True:
+    if _held.pop(str(dest), None) is not None:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                return None
-            time.sleep(0.2)
+            os.unlink(Path(dest) / f"{READERS_NAME}-{os.getpid()}")
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def _readers(path: Path) -> list[int]:
+    """Live processes other than this one that mark ``path`` as read."""
+    pids = []
+    for mark in _marks(path):
+        pid = mark.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+            pids.append(int(pid))
+    return pids
+
+
+def _exclusive(path: Path, wait_s: float) -> bool:
+    """Whether no other live process reads ``path``, waiting up to ``wait_s`` seconds for them."""
+    deadline = time.monotonic() + wait_s
+    while _readers(path):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def remove_copy(path: Path, wait_s: float = 0.0) -> StagedCopy:
@@ -171,17 +188,13 @@ def remove_copy(path: Path, wait_s: float = 0.0) -> StagedCopy:
     if not is_own_copy(path):
         raise StagingError(f"{path}: not a staged copy of yours (a real folder with {MARKER_NAME}); "
                            "not removed")
-    lock = _exclusive(path, wait_s)
-    if lock is None:
+    if not _exclusive(path, wait_s):
         raise StagingError(f"{path}: staged copy in use by another run on this node; not removed")
     try:
         held = describe(path)
         shutil.rmtree(path)
     except OSError as exc:
         raise StagingError(f"{exc.filename or path}: staged copy not removed ({exc.strerror or exc})") from None
-    finally:
-        if lock >= 0:
-            os.close(lock)
     return held
 
 
