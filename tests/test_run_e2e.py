@@ -138,7 +138,7 @@ def test_mini_deepcam_reaches_target_and_passes_the_official_checker(tmp_path, r
     target, a log MLCommons' compliance checker accepts. Chosen as the cheapest such run on a
     shared machine: one thread (the OC20 mini trains on two), measured on the 2-core machine at
     69 s wall while it was otherwise idle (17.8 s synthesis, 45.9 s to train, 4 epochs) and
-    228 s as this test while six other engineers' jobs loaded it (load average 3.6; 70 s of
+    228 s as this test while other jobs loaded it (load average 3.6; 70 s of
     CPU). The CosmoFlow and OC20 minis run to their targets in the `slow` tests."""
     config = repo / "configs" / "deepcam-mini.yaml"
     out = tmp_path / "out"

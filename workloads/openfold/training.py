@@ -87,7 +87,7 @@ class OptimizerConfig(Section):
 
 
 def alphafold_config(cfg: Any) -> AlphaFoldConfig:
-    """The model engineer's `AlphaFoldConfig` of a ``model`` section."""
+    """The network's `AlphaFoldConfig` of a ``model`` section."""
     values = cfg.model_dump()
     loss = LossConfig(**values.pop("loss"))
     names = {f.name for f in dataclasses.fields(AlphaFoldConfig)}
