@@ -545,7 +545,8 @@ def test_staged_copy_present_says_whether_a_run_needs_the_source(source: Path, t
     from mlhpc.config import StagingConfig
 
     dest = tmp_path / "node{node_rank}"
-    config = SimpleNamespace(data=SimpleNamespace(path=source, staging=StagingConfig(dest=dest)),
+    config = SimpleNamespace(workload="cosmoflow",
+                             data=SimpleNamespace(path=source, staging=StagingConfig(dest=dest)),
                              train=SimpleNamespace(instances=1, seed=0))
     assert not staging.staged_copy_present(config, Runtime())  # nothing staged yet
     staging.stage_dataset(config, Runtime())
