@@ -77,6 +77,7 @@ def test_synthesis_line_never_says_zero_kb_written():
     assert "2 MB written" in SynthLines.line({**event, "bytes": 2_000_000}).replace("2.0 MB", "2 MB")
 
 
+@pytest.mark.slow  # 35 s on an idle 2-core machine: the default suite stays under 15 minutes
 def test_oc20_synthesis_writes_inside_its_folder(tmp_path, monkeypatch):
     """The harness measures bytes under the folder it gave: OC20 writes there, not beside it."""
     from mlhpc_workloads.opencatalyst import lmdb_io
