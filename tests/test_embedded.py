@@ -151,7 +151,7 @@ def test_killed_data_synth_is_never_used(tmp_path, mlhpc_cmd):
     partial file survives to be staged."""
     out = tmp_path / "data"
     hidden = embedded.staging_folder(out)
-    synth = {"cube_size": 16, "train_samples": 8, "eval_samples": 400}
+    synth = {"cube_size": 16, "train_samples": 8, "eval_samples": 150}
     proc = subprocess.Popen(_synth_cmd(mlhpc_cmd, out, **synth), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, cwd=tmp_path, start_new_session=True)
     deadline = time.monotonic() + 120
@@ -164,7 +164,7 @@ def test_killed_data_synth_is_never_used(tmp_path, mlhpc_cmd):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     written = len(list((hidden / "validation").iterdir()))
-    assert 0 < written < 400
+    assert 0 < written < 150
     assert not out.exists()  # nothing half-written under the name a run reads
     assert embedded.describe(out) == "interrupted"
 
@@ -172,7 +172,7 @@ def test_killed_data_synth_is_never_used(tmp_path, mlhpc_cmd):
     with pytest.raises(DataError, match="interrupted synthesis"):
         embedded.ensure_data(config_for(out, synthesize=False, **synth), cosmo, ONE_RANK)
     assert embedded.ensure_data(config_for(out, **synth), cosmo, ONE_RANK) > 0
-    assert len(files(out, "validation")) == 400
+    assert len(files(out, "validation")) == 150
     assert embedded.describe(out) == "complete"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
     assert not [n for n in all_names(out) if n.endswith(".part") or ".tmp-" in n]
