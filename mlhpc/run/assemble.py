@@ -93,6 +93,15 @@ def sharded(staged: staging.StagingResult | None) -> bool:
     return staged is not None and staged.shard is not None
 
 
+def recorded_counts(staged: staging.StagingResult | None, split: int) -> list[int] | None:
+    """The nodes' sample counts of the shard's ``split``-th split folder (0: training, 1:
+    validation) as the staged manifest records them (`StagingResult.node_samples`), or None."""
+    if staged is None or staged.node_samples is None or staged.shard is None:
+        return None
+    names = staged.shard.get("splits") or []
+    return staged.node_samples.get(names[split]) if split < len(names) else None
+
+
 def build_train_sampler(dataset: WorkloadDataset, rt: Runtime, config: Config,
                         staged: staging.StagingResult | None) -> Sampler[int]:
     """The training sampler (`mlhpc.data.sampler.train_sampler`): after a sharded stage the node's
@@ -100,7 +109,7 @@ def build_train_sampler(dataset: WorkloadDataset, rt: Runtime, config: Config,
     every rank, each taking its stride. Its ``global_samples`` is the job's training-set size and
     ``padded_samples`` the repeats per epoch."""
     return sampling.train_sampler(len(dataset), rt, config.train.seed + (rt.instance or 0),
-                                  sharded(staged))
+                                  sharded(staged), recorded_counts(staged, 0))
 
 
 def tool_job(config: Config, workload: Workload, rt: Runtime) -> Job:
@@ -145,7 +154,8 @@ def build(job: Job, staged: staging.StagingResult | None, lbs: int, *,
                 config.train.gradient_accumulation_steps)
     parts = Parts(model, step, train_ds, eval_ds, sampler, train_loader, eval_loader, lbs, staged,
                   flops, train_samples=sampler.global_samples,
-                  eval_samples=sampling.global_count(len(eval_ds), rt, sharded(staged)),
+                  eval_samples=sampling.global_count(len(eval_ds), rt, sharded(staged),
+                                                     recorded_counts(staged, 1)),
                   padded_samples=sampler.padded_samples)
     if job.resume is not None:
         checkpoint.restore(job.resume.state, model, optimizer, scheduler)
