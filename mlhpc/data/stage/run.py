@@ -327,7 +327,9 @@ def staged_copy_present(config: "Config", runtime: "Runtime") -> bool:
 
 def _state(job: Copy) -> dict[str, dict[str, Any]]:
     """What earlier stagings recorded at ``job.dest``: copies, or conversions to ``job``'s form."""
-    return read_state(job.dest, job.source) if job.convert is None else read_convert_state(job)
+    if job.convert is None:
+        return read_state(job.dest, job.source)
+    return read_convert_state(job.dest, job.source, job.convert.to)
 
 
 def _work_share(job: Copy, share: list[Planned], known: dict[str, dict[str, Any]],
