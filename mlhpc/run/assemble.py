@@ -22,7 +22,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from mlhpc import runtime
 from mlhpc.config import Config
 from mlhpc.data import loader
 from mlhpc.data import sampler as sampling
@@ -73,10 +72,10 @@ def stage(job: Job, log: ComplianceLog) -> staging.StagingResult | None:
     `StagingResult.node_summary` (slowest node, mean, GB/s per node and aggregate, bytes per node).
     """
     placement = job.config.data.staging.placement
-    runtime.barrier(job.rt)  # every rank starts together: a node's time is its own staging
+    log.barrier()  # every rank starts together: a node's time is its own staging
     log.start(constants.STAGING_START, metadata={"placement": placement})
     staged = staging.stage_dataset(job.config, job.world)
-    runtime.barrier(job.rt)
+    log.barrier()
     meta: dict[str, Any] = {"placement": placement,
                             "staging_duration": staged.elapsed_s if staged else 0.0,
                             "staged_bytes": staged.staged_bytes if staged else 0,
