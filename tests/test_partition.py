@@ -14,6 +14,7 @@ from mlhpc.data.partition import partition
 from mlhpc.data.sampler import NodeShardSampler, ShardSampler, node_counts, train_sampler
 from mlhpc.data.stage import Shard, assign_shards, stage
 from mlhpc.data.stage.plan import shard_samples
+from mlhpc.errors import DataError
 from mlhpc.runtime import Runtime
 from mlhpc.workload import DataTools, get
 
@@ -58,7 +59,7 @@ def test_node_counts_come_from_the_manifest_without_a_gather() -> None:
     assert node_counts(11, rt, [10, 11]) == ([10, 11], [4, 4])
     sampler = train_sampler(11, rt, seed=0, sharded=True, recorded=[10, 11])
     assert (sampler.global_samples, len(sampler), sampler.padded_samples) == (21, 3, 3)
-    with pytest.raises(ValueError, match="node 1: its dataset holds 12 samples, its staged manifest 11"):
+    with pytest.raises(DataError, match="node 1: its staged dataset holds 12 samples, its manifest counts 11"):
         node_counts(12, rt, [10, 11])
 
 
@@ -141,3 +142,21 @@ def test_a_sharded_stage_of_openfold_data_keeps_entries_whole(tmp_path: Path) ->
         for rel in share:
             entry = (rel.split("/")[0], _entry(rel))
             assert {r for r in rels if (r.split("/")[0], _entry(r)) == entry} <= share
+
+
+def test_the_run_takes_each_splits_counts_from_the_staging_result() -> None:
+    """`mlhpc.run.assemble.recorded_counts`: the training counts are the shard's first split's,
+    the validation counts its second's; none without a sharded stage that counted them."""
+    from mlhpc.data.stage import StagingResult
+    from mlhpc.run.assemble import recorded_counts
+
+    def staged(shard, node_samples):
+        return StagingResult(Path("s"), Path("d"), 0, 0, 0, 0, 0, 0, 0.0, 0.0, shard=shard,
+                             node_samples=node_samples)
+
+    shard = {"mode": "node", "num_nodes": 2, "seed": 0, "splits": ["train", "val_id"]}
+    counted = staged(shard, {"train": [5, 6], "val_id": [2, 1]})
+    assert recorded_counts(counted, 0) == [5, 6] and recorded_counts(counted, 1) == [2, 1]
+    assert recorded_counts(staged(shard, None), 0) is None
+    assert recorded_counts(staged(None, {"train": [5, 6]}), 0) is None
+    assert recorded_counts(None, 0) is None

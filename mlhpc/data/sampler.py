@@ -129,15 +129,18 @@ def node_counts(node_samples: int, rt: "Runtime",
     ``rt``'s group (one ``all_gather_object``); one process: ``([node_samples], [1])``.
 
     Raises:
-        ValueError: two ranks of one node report different sample counts, or this node's
-            dataset holds another count than the manifest records (the node's folder changed).
+        ValueError: two ranks of one node report different sample counts.
+        DataError: this node's dataset holds another count than the manifest records.
     """
     ranks = rt.local_world_size if rt.distributed else 1
     if recorded is not None and len(recorded) == rt.num_nodes \
             and ranks * rt.num_nodes == (rt.world_size if rt.distributed else 1):
         if recorded[rt.node_rank] != node_samples:
-            raise ValueError(f"node {rt.node_rank}: its dataset holds {node_samples} samples, its "
-                             f"staged manifest {recorded[rt.node_rank]}")
+            from mlhpc.errors import DataError
+
+            raise DataError(f"node {rt.node_rank}: its staged dataset holds {node_samples} samples, "
+                            f"its manifest counts {recorded[rt.node_rank]} (the source changed "
+                            "after its manifest was written: convert or prepare it again)")
         return list(recorded), [ranks] * rt.num_nodes
     if not rt.distributed or not torch.distributed.is_initialized():
         return [node_samples], [rt.local_world_size if rt.distributed else 1]
