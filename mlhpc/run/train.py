@@ -77,13 +77,14 @@ def run(config: Config | None, *, on_progress: ProgressFn | None = None,
     with runtime.started(tcfg.device, tcfg.instances, tcfg.threads) as (world, rt):
         if world.is_main:  # first thing: where data and results go
             progress(_where(config))
+        lbs = local_batch_size(config, rt)  # a batch that does not divide: refused before any data
         with Stop() as stop:  # SIGTERM: an error before run_start, a checkpoint after it
             # Synthesising the embedded dataset when it is missing creates the data a run then
             # reads (as a download would); it is not the benchmark touching the dataset, so it
             # stays before the log, untimed, once for every instance. Nothing here reads a sample.
             synthesis_s = _ensure_source(config, workload, world, progress)
             job = Job(config, workload, world, rt, resume, progress, synthesis_s)
-            result = _run_instance(job, stop)
+            result = _run_instance(job, stop, lbs)
         return agree(result, world)  # rank 0 has written every file; no rank exits before
 
 
@@ -99,10 +100,9 @@ def stage_only(config: Config) -> tuple[staging.StagingResult | None, bool]:
         return staging.stage_dataset(config, world), world.is_main
 
 
-def _run_instance(job: Job, stop: Stop) -> RunResult:
-    """One instance's attempt, from its checks to its files; the log is closed (with
-    ``run_stop``, or set aside before ``run_start``) whatever happens."""
-    lbs = local_batch_size(job.config, job.rt)
+def _run_instance(job: Job, stop: Stop, lbs: int) -> RunResult:
+    """One instance's attempt at local batch size ``lbs``, from its checks to its files; the
+    log is closed (with ``run_stop``, or set aside before ``run_start``) whatever happens."""
     _preflight(job)
     log = ComplianceLog.create(Path(job.config.output.dir), job.rt)
     files = RunFiles.of_log(log.path) if log.path else None
