@@ -96,7 +96,7 @@ def train_loop(job: Job, log: ComplianceLog, parts: Parts, stop: Stop,
             break
         if tcfg.checkpoint_every_epochs and epoch % tcfg.checkpoint_every_epochs == 0:
             _save_checkpoint(loop, epoch + 1, 0)
-    runtime.barrier(job.rt)
+    log.barrier()
     log.end(constants.RUN_STOP, metadata=outcome.run_stop_metadata())
     return outcome
 
@@ -106,7 +106,7 @@ def _train_epoch(loop: Loop, epoch: int, skip: int) -> Epoch:
     the ranks agree on stopping (a signal: checkpoint and stop; a non-finite loss: stop)."""
     job, parts, rt, tcfg = loop.job, loop.parts, loop.job.rt, loop.job.config.train
     batches, micro_steps = _epoch_batches(parts, epoch, skip, job.config)
-    runtime.barrier(rt)
+    loop.log.barrier()
     loop.log.start(constants.EPOCH_START, metadata={constants.EPOCH_NUM: _epoch_num(loop, epoch)})
     t0 = time.perf_counter()
     parts.step.model.train()
@@ -128,7 +128,7 @@ def _train_epoch(loop: Loop, epoch: int, skip: int) -> Epoch:
                 break
     signalled, loss_total, samples_total = runtime.all_reduce(
         [float(loop.stop.signal is not None), loss_sum.item(), samples], rt)
-    runtime.barrier(rt)
+    loop.log.barrier()
     epoch_s = time.perf_counter() - t0
     loop.log.end(constants.EPOCH_STOP, metadata={constants.EPOCH_NUM: _epoch_num(loop, epoch)})
     train_loss = loss_total / max(samples_total, 1)
@@ -163,7 +163,7 @@ def _evaluate_epoch(loop: Loop, epoch: int) -> tuple[float, float]:
     parts.step.model.eval()
     value = evaluate(parts.model, parts.eval_loader, parts.eval_ds.device_transform, metric,
                      job.rt, autocast(parts.step.precision, job.rt.device))
-    runtime.barrier(job.rt)
+    log.barrier()
     eval_s = time.perf_counter() - t0
     log.end(constants.EVAL_STOP, metadata=logged)
     log.event(metric.key, value, metadata=logged)
