@@ -231,3 +231,23 @@ def test_a_folder_an_older_mlhpc_marked_is_made_afresh(tmp_path):
     assert embedded.describe(path) == "complete"
     assert not (path / embedded.OLDER_MARKER).exists()
     assert {n: (path / "train" / n).read_bytes() for n in files(path, "train")} == good
+
+
+def test_a_synthesis_folder_another_user_could_write_is_refused(tmp_path):
+    """The hidden folder a synthesis resumes from is used only when it is the user's own and
+    writable by nobody else: a folder of that name made beforehand by someone who can write
+    into it (here: mode 0777) could hold a planted record of intent or planted samples. A new
+    synthesis's folder is private while written and gets the usual mode once complete."""
+    out = tmp_path / "data"
+    synth = {"cube_size": 8, "train_samples": 2, "eval_samples": 2}
+    hidden = embedded.staging_folder(out)
+    hidden.mkdir()
+    hidden.chmod(0o777)
+    with pytest.raises(DataError, match="writable by nobody else"):
+        embedded.ensure_data(config_for(out, **synth), get("cosmoflow"), ONE_RANK)
+    assert not out.exists() and oct(hidden.stat().st_mode & 0o777) == "0o777"
+    hidden.rmdir()
+    assert embedded.ensure_data(config_for(out, **synth), get("cosmoflow"), ONE_RANK) > 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask

@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from mlhpc.config import SEED_MAX
 from mlhpc.data import manifest
-from mlhpc.data.files import checksum, is_part_file, write_text_atomic
+from mlhpc.data.files import check_private_dir, checksum, is_part_file, write_text_atomic
 from mlhpc.data.formats import splits_of
 from mlhpc.data.inputs import read_text_input
 from mlhpc.data.manifest import require_complete
 from mlhpc.data.synthwatch import ProgressFn, SynthWatch
-from mlhpc.errors import ConfigError, DataError
+from mlhpc.errors import ConfigError, DataError, MlhpcError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from mlhpc.config import Config
@@ -267,6 +267,8 @@ def _synthesize_into_place(path: Path, workload: "Workload", synth: Any, seed: i
     ``path`` moved there, or an interrupted synthesis with the same settings), mark it, and
     rename it to ``path``. Called under `_lock`; OSError propagates."""
     tmp = staging_folder(path)
+    if os.path.lexists(tmp):  # another user's folder of that name is neither read nor used
+        check_private_dir(tmp, DataError, "synthesis staging")
     intent = _read_json(tmp / INTENT) if tmp.is_dir() else None
     if tmp.exists() and intent != wanted:
         _remove(tmp)  # a different, interrupted synthesis: start afresh
@@ -275,7 +277,11 @@ def _synthesize_into_place(path: Path, workload: "Workload", synth: Any, seed: i
         if tmp.exists():
             _remove(tmp)
         os.rename(path, tmp)
-    tmp.mkdir(exist_ok=True)
+    try:
+        os.mkdir(tmp, 0o700)  # private while written; the usual mode once complete
+    except FileExistsError:
+        pass
+    check_private_dir(tmp, DataError, "synthesis staging")  # made by us, even in a race
     _write_json(tmp / INTENT, wanted)
     for leftover in _partial_files(tmp):
         leftover.unlink()
@@ -291,8 +297,20 @@ def _synthesize_into_place(path: Path, workload: "Workload", synth: Any, seed: i
         leftover.unlink()
     (tmp / INTENT).unlink()
     manifest.write(tmp, KIND, _entries(tmp), **wanted)
+    os.chmod(tmp, 0o777 & ~_umask())
     os.rename(tmp, path)
     _fsync_dir(path.parent)
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (Linux /proc; else 0o077, the strictest)."""
+    try:
+        for line in read_text_input("/proc/self/status", 1 << 16, what="process status").splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (MlhpcError, OSError, ValueError):
+        pass
+    return 0o077
 
 
 def _read_json(path: Path) -> Any:
