@@ -255,7 +255,6 @@ def _limits(path: Path) -> list[str]:
 #: function's reason).
 WORKLOAD_DEBT = {
     "workloads/cosmoflow/formats.py", "workloads/cosmoflow/synth.py",
-    "workloads/opencatalyst/lmdb_io.py",
     "workloads/cosmoflow/convert.py::_copy_mapped",
     "workloads/deepcam/synth.py::_add_cyclone", "workloads/deepcam/synth.py::detect",
 }

@@ -41,9 +41,9 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from mlhpc.workload import NO_PROGRESS, SynthProgress
 from mlhpc.config import Section
 from mlhpc.errors import DataError
+from mlhpc.workload import NO_PROGRESS, SynthProgress
 
 from . import lmdb_io
 
