@@ -49,7 +49,7 @@ import lmdb
 import numpy as np
 import torch
 
-from mlhpc.data.files import part_path
+from mlhpc.data.files import disk_full, part_path
 from mlhpc.errors import DataError
 
 from .encode import LAYOUTS, encode_record
@@ -323,18 +323,9 @@ def _os_error(exc: lmdb.Error, path: Path) -> OSError:
     liblmdb and ``ENOSPC`` here when the file system has no page left)."""
     reason = str(exc).rsplit(": ", 1)[-1].strip()
     code = next((num for num in errno.errorcode if os.strerror(num) == reason), errno.EIO)
-    if code == errno.EIO and _disk_full(path.parent):
+    if code == errno.EIO and disk_full(path.parent):
         code = errno.ENOSPC
     return OSError(code, os.strerror(code), str(path))
-
-
-def _disk_full(folder: Path) -> bool:
-    """Whether the file system of ``folder`` has less than one page (4 kB) left."""
-    try:
-        st = os.statvfs(folder)
-    except OSError:
-        return False
-    return st.f_bavail * st.f_frsize < 4096
 
 
 # ----------------------------------------------------------------------------------- reading
