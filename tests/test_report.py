@@ -7,7 +7,6 @@ import csv
 import json
 import logging
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -53,13 +52,19 @@ def test_every_official_score_is_reproduced(round_reports, mlperf_results):
             assert f.instance_scale == int(row["instance_scale"])
 
 
-def test_round_table_renders_fast_and_names_every_system(mlperf_results, round_reports):
-    """Re-reporting an unchanged tree is fast: compliance verdicts are cached by the logs' SHA-256
-    (the first report of the v3.0 tree runs the official checker on 1,079 logs, about 20 s)."""
-    started = time.perf_counter()
+def test_round_table_reuses_cached_verdicts_and_names_every_system(mlperf_results, round_reports,
+                                                                   monkeypatch):
+    """Re-reporting an unchanged tree takes every compliance verdict from the cache keyed by the
+    logs' SHA-256 (the first report of the v3.0 tree runs the official checker on 1,079 logs): the
+    checker itself is not called again. (How fast that is belongs to benchmarks, not here.)"""
+    from mlhpc.report import compliance
+
+    def _no_second_check(parsed, ruleset):
+        raise AssertionError(f"{parsed.path}: checked again instead of read from the cache")
+
+    monkeypatch.setattr(compliance, "_check", _no_second_check)
     report = build_report([mlperf_results / "hpc_results_v3.0"])
     text = render(report, "table")
-    assert time.perf_counter() - started < 10.0
     for system in ("eos_n64_ngc23.09_pytorch", "perlmutter_128x4", "lonestar6-pytorch"):
         assert system in text
     assert "2.10" in text and "4.627 (59 x 32)" in text  # NVIDIA cosmoflow strong / weak

@@ -10,20 +10,30 @@ cancels what has not started and is raised.
 from __future__ import annotations
 
 import multiprocessing
+import signal
 from concurrent.futures import (
     Executor,
     ProcessPoolExecutor,
     ThreadPoolExecutor,
     as_completed,
 )
-from typing import Any, Callable, Iterator, Literal
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
 
 PoolKind = Literal["thread", "process"]
 
 
+def _ignore_interrupt() -> None:
+    """Worker start-up: Ctrl-C goes to the whole foreground process group, but only the parent
+    acts on it (cancels what has not started, says so once); a worker finishes its job quietly
+    instead of printing its own traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _executor(workers: int, kind: PoolKind) -> Executor:
     if kind == "process":
-        return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"))
+        return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"),
+                                   initializer=_ignore_interrupt)
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mlhpc-data")
 
 
@@ -45,6 +55,40 @@ def run_all(fn: Callable[..., Any], jobs: list[tuple[Any, ...]], workers: int,
             for future in as_completed(futures):
                 yield future.result()
         except BaseException:
-            for future in futures:
-                future.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+
+
+def _start_worker(initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
+    _ignore_interrupt()
+    if initializer is not None:
+        initializer(*initargs)
+
+
+def map_in_order(fn: Callable[[Any], Any], jobs: list[Any], workers: int, *,
+                 start: Literal["fork", "spawn"] = "fork",
+                 initializer: Callable[..., None] | None = None,
+                 initargs: tuple[Any, ...] = ()) -> Iterator[Any]:
+    """``fn(job)`` for every job, yielded in the jobs' order: here when ``workers <= 1`` or
+    there are fewer than 2 jobs, else in ``workers`` processes started by ``start`` ("spawn"
+    where the parent may hold torch or OpenMP threads that a fork would copy half-started),
+    jobs sent in chunks of about an eighth of each worker's share. ``initializer(*initargs)``
+    runs once in each process (here too, when there are no workers). Workers ignore SIGINT
+    (`_ignore_interrupt`): Ctrl-C is the parent's to act on.
+
+    This is the one process pool of workload code (synthesis, preparation), as `run_all` is of
+    the data layer's. Raises whatever ``fn`` raises first; jobs not yet started are cancelled.
+    """
+    if workers <= 1 or len(jobs) < 2:
+        if initializer is not None:
+            initializer(*initargs)
+        yield from map(fn, jobs)
+        return
+    chunk = max(1, len(jobs) // (8 * workers))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(start),
+                             initializer=_start_worker, initargs=(initializer, initargs)) as pool:
+        try:
+            yield from pool.map(fn, jobs, chunksize=chunk)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
             raise

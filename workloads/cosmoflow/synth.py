@@ -66,7 +66,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -78,6 +77,7 @@ from mlhpc.workload import NO_PROGRESS, SynthProgress
 from mlhpc.config import Section
 from mlhpc.data.files import atomic_output, write_text_atomic
 from mlhpc.data.inputs import read_text_input
+from mlhpc.data.pool import map_in_order
 from mlhpc.errors import DataError
 
 #: The four targets, in ``unitPar`` / ``physPar`` order.
@@ -495,14 +495,9 @@ def _execute(tasks: list, workers: int, progress: SynthProgress) -> None:
                 _run_task(task)
                 progress.done(task[-1])
             return
-        import multiprocessing
-
         # spawn: the parent may hold torch / OpenMP threads that fork would copy half-started.
-        context = multiprocessing.get_context("spawn")
-        chunk = max(1, len(tasks) // (8 * workers))
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            for task, _ in zip(tasks, pool.map(_run_task, tasks, chunksize=chunk)):
-                progress.done(task[-1])
+        for task, _ in zip(tasks, map_in_order(_run_task, tasks, workers, start="spawn")):
+            progress.done(task[-1])
     except OSError as exc:
         raise DataError(f"{tasks[0][0].parent}: cannot write the synthetic dataset "
                         f"({exc.strerror or exc})") from None

@@ -32,7 +32,6 @@ harness's data commands use. Bytes are identical for a seed.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import shutil
 from pathlib import Path
@@ -42,6 +41,7 @@ import numpy as np
 from pydantic import Field
 
 from mlhpc.config import Section
+from mlhpc.data.pool import map_in_order
 from mlhpc.errors import DataError
 from mlhpc.workload import NO_PROGRESS, SynthProgress
 
@@ -183,14 +183,9 @@ def _map(fn: Any, jobs: list[Any], workers: int, init: tuple[Any, ...] | None = 
     """``[fn(j) for j in jobs]`` in order, in ``workers`` forked processes (1: here); ``done``
     (optional) is called with no argument after each result arrives."""
     tick = done or (lambda: None)
-    if workers <= 1 or len(jobs) < 2:
-        if init:
-            _init_worker(*init)
-        return [_then(fn(job), tick) for job in jobs]
-    ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(workers, initializer=_init_worker if init else None, initargs=init or ()) as pool:
-        return [_then(result, tick) for result in
-                pool.imap(fn, jobs, chunksize=max(1, len(jobs) // (8 * workers)))]
+    results = map_in_order(fn, jobs, workers, initializer=_init_worker if init else None,
+                           initargs=init or ())
+    return [_then(result, tick) for result in results]
 
 
 def _then(result: Any, tick: Any) -> Any:

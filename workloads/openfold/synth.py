@@ -42,6 +42,7 @@ from pydantic import Field
 
 from mlhpc.config import Section
 from mlhpc.data.files import atomic_output
+from mlhpc.data.pool import map_in_order
 from mlhpc.errors import DataError
 from mlhpc.workload import NO_PROGRESS, SynthProgress
 
@@ -264,10 +265,4 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int,
 
 def _map(jobs: list[tuple[str, int]], workers: int):
     """``_chain_job`` of each job, in order, in ``workers`` forked processes (1: here)."""
-    if workers <= 1 or len(jobs) < 2:
-        yield from (_chain_job(job) for job in jobs)
-        return
-    import multiprocessing
-
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
-        yield from pool.imap(_chain_job, jobs, chunksize=max(1, len(jobs) // (8 * workers)))
+    yield from map_in_order(_chain_job, jobs, workers)
