@@ -241,3 +241,19 @@ def test_load_record_refuses_a_zip_storage_stream():
     Zip(out, protocol=4).dump({"pos": Zip})
     with pytest.raises(Exception, match="not a legacy torch.save stream"):
         lmdb_io.load_record(out.getvalue(), "file.lmdb: key '0'")
+
+
+def test_the_models_own_radius_graph_counts_images_before_building_them():
+    """Without stored edges the model searches neighbours itself: a needle cell (which the
+    record check refuses at the reference's 6 A) is refused there too, at the model's cutoff,
+    before any image is built."""
+    from mlhpc_workloads.opencatalyst import dimenet
+
+    from mlhpc.errors import DataError
+
+    pos = torch.rand(4, 3)
+    cell = torch.diag(torch.tensor([8.0, 8.0, 1e-6])).unsqueeze(0)
+    with pytest.raises(DataError, match="structure 0 of the batch: the cell's periodic images"):
+        dimenet.radius_graph_pbc(pos, cell, torch.tensor([4]), 6.0, 50)
+    edges, offsets = dimenet.radius_graph_pbc(pos, torch.eye(3).unsqueeze(0) * 8.0, torch.tensor([4]), 6.0, 50)
+    assert edges.shape[0] == 2 and offsets.shape == (edges.shape[1], 3)
