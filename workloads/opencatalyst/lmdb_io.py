@@ -320,7 +320,7 @@ def _open_for_writing(tmp: Path, path: Path) -> lmdb.Environment:
 def _os_error(exc: lmdb.Error, path: Path) -> OSError:
     """liblmdb's failure to write ``path`` as the OSError it stands for (its text ends with the
     system's ``strerror``; a short write, which is how a full disk often shows, is ``EIO`` to
-    liblmdb and ``ENOSPC`` here when the file system has no page left)."""
+    liblmdb and ``ENOSPC`` here when the file system is full, `mlhpc.data.files.disk_full`)."""
     reason = str(exc).rsplit(": ", 1)[-1].strip()
     code = next((num for num in errno.errorcode if os.strerror(num) == reason), errno.EIO)
     if code == errno.EIO and disk_full(path.parent):
