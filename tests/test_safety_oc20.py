@@ -147,6 +147,8 @@ HOSTILE = {  # name: (edits, what the line says)
     "storage larger than its bytes": ({"pos": _Tensor(_POS, (6, 3), (3, 1), declared=1 << 40)},
                                       "declaring 1099511627776 elements"),
     "float8": ({"pos": _Tensor(_POS, (6, 3), (3, 1), dtype=torch.float8_e4m3fn)}, "float8_e4m3fn tensor"),
+    "complex": ({"force": _Tensor(np.zeros(36), (6, 3), (3, 1), dtype=torch.complex64)}, "complex64 tensor"),
+    "uint32": ({"tags": _Tensor(np.zeros(6), (6,), (1,), dtype=torch.uint32)}, "uint32 tensor"),
     "nested list": ({"pos": _NESTED}, f"pos holds more than {unpickle.MAX_TENSOR_ELEMENTS} numbers"),
     "zero cell": ({"cell": encode._TensorOut(np.zeros((1, 3, 3)))}, "cell volume 0 A^3"),
     "needle cell": ({"cell": encode._TensorOut(np.diag([10.0, 10.0, 0.02]).reshape(1, 3, 3))},
