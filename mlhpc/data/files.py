@@ -207,8 +207,8 @@ def reason(exc: OSError) -> str:
 
 def disk_full(folder: Path | str, margin_bytes: int = 1 << 20) -> bool:
     """Whether the file system holding ``folder`` has less than ``margin_bytes`` left for this
-    user: after a write that came up short without an errno (numpy's ``tofile``, liblmdb's
-    ``EIO``), the cause then is a full disk."""
+    user: after a write that came up short without an errno, or with ``EIO`` (as some writers
+    report a full disk), the cause then is a full disk."""
     try:
         st = os.statvfs(folder)
     except OSError:
