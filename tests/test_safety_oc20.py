@@ -159,13 +159,14 @@ HOSTILE = {  # name: (edits, what the line says)
 }
 
 
-def _hostile_dataset(root: Path, name: str, key: int) -> Path:
-    """``train/`` + ``val_id/``; record ``key`` of ``train/data.0000.lmdb`` is `HOSTILE`'s ``name``."""
+def _hostile_dataset(root: Path, name: str, key: int, blob: bytes | None = None) -> Path:
+    """``train/`` + ``val_id/``; record ``key`` of ``train/data.0000.lmdb`` is `HOSTILE`'s
+    ``name`` (or ``blob``)."""
     _dataset(root, records=4)
     victim = root / "train" / "data.0000.lmdb"
     env = lmdb.open(str(victim), subdir=False, lock=False)
     with env.begin(write=True) as txn:
-        txn.put(f"{key}".encode(), _hostile_blob(**HOSTILE[name][0]))
+        txn.put(f"{key}".encode(), blob if blob is not None else _hostile_blob(**HOSTILE[name][0]))
     env.close()
     lmdb_io.close_all()
     return victim
@@ -195,6 +196,22 @@ def test_data_check_refuses_what_a_record_declares_in_one_line(tmp_path, name):
     later = _hostile_dataset(tmp_path / "later", name, 2)
     bad_file_line(cli("data", "check", "oc20", str(tmp_path / "later"), "--full"), later, "key '2'", says)
     assert cli("data", "check", "oc20", str(tmp_path / "later")).exit_code == 0
+
+
+@pytest.mark.parametrize("blob, says", [
+    # protocol 5's BYTEARRAY8 declaring 1 TiB: the C unpickler allocated it, then freed it with
+    # its buffer exported (CPython printed a SystemError line past the command's one line)
+    (b"\x80\x05\x96" + (1 << 40).to_bytes(8, "little") + b".", "protocol 5 out-of-band buffer or bytearray"),
+    # BINBYTES8 declaring 1 TiB: read as the bytes present, never allocated at the declared size
+    (b"\x80\x04\x8e" + (1 << 40).to_bytes(8, "little") + b".", "not a graph record"),
+])
+def test_a_pickle_declaring_a_terabyte_of_bytes_is_one_line(tmp_path, blob, says):
+    victim = _hostile_dataset(tmp_path / "data", "", 0, blob)
+    code, stderr, peak_kib = _peak_rss_kib([sys.executable, "-m", "mlhpc", "data", "check", "oc20",
+                                            str(tmp_path / "data")])
+    assert code == 2 and "Traceback" not in stderr and "SystemError" not in stderr, stderr
+    assert f"{victim}: key '0'" in stderr and says in stderr
+    assert peak_kib < 1 << 20, peak_kib
 
 
 def test_the_loader_refuses_a_zero_stride_record_in_the_run(tmp_path):

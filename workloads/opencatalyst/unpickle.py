@@ -136,7 +136,21 @@ def _mapped(module: str, name: str) -> tuple[str, str]:
     return _compat_pickle.IMPORT_MAPPING.get(module, module), name
 
 
-class _NoGlobals(pickle.Unpickler):
+def _no_buffers(unpickler: pickle._Unpickler) -> None:
+    raise RefusedSize("a protocol 5 out-of-band buffer or bytearray, which no record holds")
+
+
+class _Unpickler(pickle._Unpickler):
+    """pickle's own Python unpickler without protocol 5's bytearray and out-of-band buffer
+    opcodes: every length it reads is then bounded by the bytes present (the C unpickler
+    allocates a declared length before reading it, and a bytearray cut short is freed with
+    its buffer still exported)."""
+
+    dispatch = {**pickle._Unpickler.dispatch,
+                **{op[0]: _no_buffers for op in (pickle.BYTEARRAY8, pickle.NEXT_BUFFER, pickle.READONLY_BUFFER)}}
+
+
+class _NoGlobals(_Unpickler):
     """Reads plain data only (the legacy stream's header and key list)."""
 
     def find_class(self, module: str, name: str) -> Any:
@@ -290,7 +304,7 @@ _ALLOWED: dict[tuple[str, str], Any] = {
 }
 
 
-class RecordUnpickler(pickle.Unpickler):
+class RecordUnpickler(_Unpickler):
     """The allow-list unpickler of graph records (module doc)."""
 
     def find_class(self, module: str, name: str) -> Any:
