@@ -102,7 +102,7 @@ def decode_vs_inflate(root: Path, repeats: int) -> dict:
     """Per file, alternating, best of ``repeats``: the TFRecord reader's whole work on one GZIP
     file (read, inflate, CRCs, Example decode, value checks) vs ``zlib.decompress`` of the same
     bytes already in memory. Less exposed to other work on a shared machine than whole passes."""
-    from mlhpc_workloads.cosmoflow.formats import decode_examples
+    from mlhpc_workloads.cosmoflow.tfrecord_format import decode_examples
 
     reader_s, inflate_s = [], []
     for path in sorted((root / "train").glob("*.tfrecord")):

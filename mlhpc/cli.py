@@ -42,7 +42,7 @@ FORMAT_HELP = "A table for people, JSON for scripts."
 @_friendly
 def list_command(fmt: str, as_json: bool) -> None:
     """The registered workloads: data formats, configs (under ./configs) and quality targets."""
-    from mlhpc.workload import describe, describe_text
+    from mlhpc.workload import describe
 
     rows = describe()
     if as_json or fmt == "json":
@@ -51,6 +51,30 @@ def list_command(fmt: str, as_json: bool) -> None:
     import shutil
 
     echo(describe_text(rows, shutil.get_terminal_size().columns))
+
+
+def describe_text(rows: list[dict[str, Any]], width: int = 80) -> str:
+    """`mlhpc.workload.describe`'s rows as lines for a terminal of ``width`` columns: per workload its name and
+    quality target, then its data formats, splits and configs under it. Lines wrap between
+    words only; a config path is one line of its own, never broken (a path longer than the
+    width overflows it whole)."""
+    import textwrap
+
+    def wrapped(label: str, text: str) -> list[str]:
+        return textwrap.wrap(text, max(width, 40), initial_indent=f"  {label:<13} ", subsequent_indent=" " * 16,
+                             break_long_words=False, break_on_hyphens=False) or [f"  {label}"]
+
+    lines = ["mlhpc workloads (entry-point group mlhpc.workloads)"]
+    for r in rows:
+        sign = "<=" if r["direction"] == "min" else ">="
+        formats = ", ".join(r["formats"]) or "-"
+        if r["convert_to"]:
+            formats += f" (converts to {', '.join(r['convert_to'])})"
+        lines += ["", f"{r['name']}  {r['metric']} {sign} {r['target']}", *wrapped("data formats", formats),
+                  *wrapped("splits", ", ".join(r["splits"]))]
+        configs = r["configs"] or ["-"]
+        lines += [f"  {'configs':<13} {configs[0]}", *(" " * 16 + c for c in configs[1:])]
+    return "\n".join(lines)
 
 
 @main.command("run")

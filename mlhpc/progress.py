@@ -214,6 +214,12 @@ class DataProgress:
             self.bar = None
 
 
+def _unit(s: dict) -> str:
+    """What ``epoch_num`` counts in this run's log: "epochs", or "samples" where the rules count
+    the benchmark's epochs in training samples (OpenFold)."""
+    return "samples" if s.get("epoch_unit") == "samples" else "epochs"
+
+
 def _epochs(s: dict[str, Any]) -> str:
     """Epochs to the target when reached, else the last epoch run (a summary's figures)."""
     done = s.get("epochs_to_target")
@@ -240,8 +246,8 @@ def print_summary(summary: dict[str, Any]) -> None:
         *_staging_rows(s),
         ("init", _secs(s.get("init_s"))),
         ("data synthesis (before init)", _secs(s.get("synthesis_s"))),
-        ((f"epochs to target ({s['metric_key']} {sign} {s['target']})" if s["status"] == "success"
-          else "epochs run (target not reached)"), _epochs(s)),
+        ((f"{_unit(s)} to target ({s['metric_key']} {sign} {s['target']})" if s["status"] == "success"
+          else f"{_unit(s)} run (target not reached)"), _epochs(s)),
         (f"final {s['metric_key']}", f"{s['metric_series'][-1][1]:.4f}" if s.get("metric_series") else "n/a"),
         ("mean epoch time", _secs(s.get("mean_epoch_s"))),
         ("training throughput", f"{s.get('samples_per_s') or 0:.1f} samples/s"),

@@ -263,13 +263,27 @@ def split_instances(rt: Runtime, instances: int) -> Runtime:
     size = rt.world_size // instances
     groups = [torch.distributed.new_group(list(range(i * size, (i + 1) * size)))
               if rt.distributed else None for i in range(instances)]
-    instance = rt.rank // size
-    local = min(rt.local_world_size, size)
-    return Runtime(**{**rt.__dict__, "rank": rt.rank % size, "world_size": size,
-                      "local_world_size": local, "num_nodes": max(1, -(-size // max(local, 1))),
-                      "node_rank": (rt.rank % size) // max(local, 1),
-                      "group": groups[instance], "instance": instance,
-                      "instances_per_node": max(1, rt.local_world_size // size)})
+    return Runtime(**{**rt.__dict__, **instance_placement(rt.rank, rt.local_world_size, size),
+                      "group": groups[rt.rank // size]})
+
+
+def instance_placement(rank: int, ranks_per_node: int, instance_size: int) -> dict[str, int]:
+    """Where global ``rank`` sits in its throughput instance, ranks placed on nodes in blocks of
+    ``ranks_per_node`` (rank r on node r // ranks_per_node) and instances in blocks of
+    ``instance_size``: the instance, the rank and world size within it, its ranks on this node
+    (``local_world_size``), the nodes it spans and this node's index among them, and how many
+    instances have ranks on this node. An instance smaller than a node, or one that straddles
+    two nodes when neither size divides the other, is counted as placed."""
+    per_node = max(ranks_per_node, 1)
+    instance = rank // instance_size
+    members = range(instance * instance_size, (instance + 1) * instance_size)
+    nodes = sorted({r // per_node for r in members})
+    node = rank // per_node
+    on_node = range(node * per_node, (node + 1) * per_node)
+    return {"rank": rank - instance * instance_size, "world_size": instance_size,
+            "instance": instance, "local_world_size": sum(1 for r in members if r // per_node == node),
+            "num_nodes": len(nodes), "node_rank": nodes.index(node),
+            "instances_per_node": len({r // instance_size for r in on_node})}
 
 
 def destroy_process_group() -> None:

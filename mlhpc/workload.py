@@ -190,6 +190,13 @@ class DataTools:
         its own way answers here); default `splits`."""
         return self.splits
 
+    def file_group(self, path: str) -> str:
+        """The group of a data file (``path``: POSIX, within its split folder): files of one
+        group are read together by one sample (a chain's structure and its alignments) and so
+        stay on one node when staging shards the splits (`mlhpc.data.partition`); default:
+        every file alone."""
+        return path
+
     def detect(self, split_dir: Path) -> str:
         """The form of the files in ``split_dir``."""
         raise DataError(f"{split_dir}: this workload's data tools recognise no files")
@@ -473,27 +480,3 @@ def prepare_options(tools: DataTools) -> list[dict[str, Any]]:
     tools declare (`DataTools.prepare_options`)."""
     return [{"name": key, "default": field.default, "description": field.description or ""}
             for key, field in tools.prepare_options.model_fields.items()]
-
-
-def describe_text(rows: list[dict[str, Any]], width: int = 80) -> str:
-    """`describe`'s rows as lines for a terminal of ``width`` columns: per workload its name and
-    quality target, then its data formats, splits and configs under it. Lines wrap between
-    words only; a config path is one line of its own, never broken (a path longer than the
-    width overflows it whole)."""
-    import textwrap
-
-    def wrapped(label: str, text: str) -> list[str]:
-        return textwrap.wrap(text, max(width, 40), initial_indent=f"  {label:<13} ", subsequent_indent=" " * 16,
-                             break_long_words=False, break_on_hyphens=False) or [f"  {label}"]
-
-    lines = ["mlhpc workloads (entry-point group mlhpc.workloads)"]
-    for r in rows:
-        sign = "<=" if r["direction"] == "min" else ">="
-        formats = ", ".join(r["formats"]) or "-"
-        if r["convert_to"]:
-            formats += f" (converts to {', '.join(r['convert_to'])})"
-        lines += ["", f"{r['name']}  {r['metric']} {sign} {r['target']}", *wrapped("data formats", formats),
-                  *wrapped("splits", ", ".join(r["splits"]))]
-        configs = r["configs"] or ["-"]
-        lines += [f"  {'configs':<13} {configs[0]}", *(" " * 16 + c for c in configs[1:])]
-    return "\n".join(lines)

@@ -101,10 +101,6 @@ def _functions(tree: ast.Module):
 #: Every function over the limits, with its reason: one list, not comments on the defs. Keys are
 #: ``path::function``. mlhpc/data/ has none (its test below allows none there).
 ALLOWED: dict[str, str] = {
-    "workloads/cosmoflow/convert.py::_copy_mapped": "the mapped array's source, offset, shape, "
-        "targets and destination: one copy in the kernel, no Python pass over the counts",
-    "workloads/deepcam/synth.py::_add_cyclone": "a vortex's centre, radius, strength and fields",
-    "workloads/deepcam/synth.py::detect": "the TECA-style detector, one pass read top to bottom",
     "benchmarks/baseline_deepcam.py::logistic_baseline": "the baseline's data and fit settings",
     "benchmarks/run.py::bench_data": "one benchmark's set-up, run and report in order",
 }

@@ -253,11 +253,7 @@ def _limits(path: Path) -> list[str]:
 #: What in workloads/ is still over the limits: a debt, each entry to be paid by splitting the
 #: file or the function; nothing in mlhpc/ is (tests/test_architecture.py's ALLOWED gives each
 #: function's reason).
-WORKLOAD_DEBT = {
-    "workloads/cosmoflow/formats.py", "workloads/cosmoflow/synth.py",
-    "workloads/cosmoflow/convert.py::_copy_mapped",
-    "workloads/deepcam/synth.py::_add_cyclone", "workloads/deepcam/synth.py::detect",
-}
+WORKLOAD_DEBT: set[str] = set()  # all paid
 
 
 @pytest.mark.parametrize("folder", ["mlhpc", "workloads"])

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from mlhpc import config as cfg
-from mlhpc.data import embedded
+from mlhpc.data import embedded, manifest
 from mlhpc.data.files import is_part_file, part_path
 from mlhpc.errors import ConfigError, DataError
 from mlhpc.workload import get
@@ -44,10 +44,12 @@ def test_synthesised_folder_is_marked_and_checked(tmp_path):
     config = config_for(path)
     cosmo = get("cosmoflow")
     assert embedded.ensure_data(config, cosmo, ONE_RANK) > 0
-    marker = json.loads((path / embedded.MARKER).read_text())
-    assert marker["inventory"]["train"]["files"] == 12
-    assert marker["inventory"]["validation"]["files"] == 6
+    marker = manifest.load(path)  # the one completion record, as of every folder mlhpc writes
+    assert marker["kind"] == "synth" and marker["complete"] is True
+    assert embedded.recorded_inventory(marker)["train"]["files"] == 12
+    assert embedded.recorded_inventory(marker)["validation"]["files"] == 6
     assert marker["seed"] == 0 and marker["workload"] == "cosmoflow"
+    assert sorted(p.name for p in path.iterdir() if p.name.startswith(".")) == [manifest.MANIFEST_NAME]
     assert embedded.describe(path) == "complete"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]  # no temporaries, no lock file
     assert embedded.ensure_data(config, cosmo, ONE_RANK) == 0.0  # nothing to do
@@ -73,7 +75,7 @@ def test_changed_marked_folder_is_synthesised_again_or_refused(tmp_path):
     with open(path / "validation" / sorted(before)[0], "r+b") as f:  # and a truncated one
         f.truncate(100)
     assert embedded.describe(path) == "changed"
-    with pytest.raises(DataError, match="files differ from the completion marker.*validation holds 5 files"):
+    with pytest.raises(DataError, match="files differ from the manifest of the synthesis.*validation holds 5 files"):
         embedded.ensure_data(config_for(path, synthesize=False), cosmo, ONE_RANK)
     assert embedded.ensure_data(config_for(path), cosmo, ONE_RANK) > 0
     assert {n: (path / "validation" / n).read_bytes() for n in files(path, "validation")} == before
@@ -151,7 +153,7 @@ def test_killed_data_synth_is_never_used(tmp_path, mlhpc_cmd):
     partial file survives to be staged."""
     out = tmp_path / "data"
     hidden = embedded.staging_folder(out)
-    synth = {"cube_size": 16, "train_samples": 8, "eval_samples": 400}
+    synth = {"cube_size": 16, "train_samples": 8, "eval_samples": 150}
     proc = subprocess.Popen(_synth_cmd(mlhpc_cmd, out, **synth), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, cwd=tmp_path, start_new_session=True)
     deadline = time.monotonic() + 120
@@ -164,7 +166,7 @@ def test_killed_data_synth_is_never_used(tmp_path, mlhpc_cmd):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     written = len(list((hidden / "validation").iterdir()))
-    assert 0 < written < 400
+    assert 0 < written < 150
     assert not out.exists()  # nothing half-written under the name a run reads
     assert embedded.describe(out) == "interrupted"
 
@@ -172,7 +174,7 @@ def test_killed_data_synth_is_never_used(tmp_path, mlhpc_cmd):
     with pytest.raises(DataError, match="interrupted synthesis"):
         embedded.ensure_data(config_for(out, synthesize=False, **synth), cosmo, ONE_RANK)
     assert embedded.ensure_data(config_for(out, **synth), cosmo, ONE_RANK) > 0
-    assert len(files(out, "validation")) == 400
+    assert len(files(out, "validation")) == 150
     assert embedded.describe(out) == "complete"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
     assert not [n for n in all_names(out) if n.endswith(".part") or ".tmp-" in n]
@@ -209,3 +211,43 @@ def test_a_folder_of_raw_data_is_named_and_never_synthesised_over(tmp_path):
         embedded.ensure_data(config_for(raw), get("cosmoflow"), ONE_RANK)
     assert sorted(p.name for p in raw.iterdir()) == ["universe_000.hdf5"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raw"]
+
+
+def test_a_folder_an_older_mlhpc_marked_is_made_afresh(tmp_path):
+    """Before the manifest was the one completion record, synthesised data carried a second file
+    (`embedded.OLDER_MARKER`). Such a folder is incomplete: refused when synthesis is off,
+    otherwise synthesised afresh (its files are not trusted) and closed with a manifest."""
+    path = tmp_path / "data"
+    cosmo = get("cosmoflow")
+    embedded.ensure_data(config_for(path), cosmo, ONE_RANK)
+    good = {n: (path / "train" / n).read_bytes() for n in files(path, "train")}
+    (path / manifest.MANIFEST_NAME).unlink()
+    (path / embedded.OLDER_MARKER).write_text(json.dumps({"format": 1, "seed": 0}))
+    (path / "train" / sorted(good)[0]).write_bytes(b"changed after the old marker")
+    assert embedded.describe(path) == "older"
+    with pytest.raises(DataError, match="synthesised by an older mlhpc"):
+        embedded.ensure_data(config_for(path, synthesize=False), cosmo, ONE_RANK)
+    assert embedded.ensure_data(config_for(path), cosmo, ONE_RANK) > 0
+    assert embedded.describe(path) == "complete"
+    assert not (path / embedded.OLDER_MARKER).exists()
+    assert {n: (path / "train" / n).read_bytes() for n in files(path, "train")} == good
+
+
+def test_a_synthesis_folder_another_user_could_write_is_refused(tmp_path):
+    """The hidden folder a synthesis resumes from is used only when it is the user's own and
+    writable by nobody else: a folder of that name made beforehand by someone who can write
+    into it (here: mode 0777) could hold a planted record of intent or planted samples. A new
+    synthesis's folder is private while written and gets the usual mode once complete."""
+    out = tmp_path / "data"
+    synth = {"cube_size": 8, "train_samples": 2, "eval_samples": 2}
+    hidden = embedded.staging_folder(out)
+    hidden.mkdir()
+    hidden.chmod(0o777)
+    with pytest.raises(DataError, match="writable by nobody else"):
+        embedded.ensure_data(config_for(out, **synth), get("cosmoflow"), ONE_RANK)
+    assert not out.exists() and oct(hidden.stat().st_mode & 0o777) == "0o777"
+    hidden.rmdir()
+    assert embedded.ensure_data(config_for(out, **synth), get("cosmoflow"), ONE_RANK) > 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask

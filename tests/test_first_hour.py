@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlhpc.cli import main
-from mlhpc.data import embedded
+from mlhpc.data import embedded, synthwatch
 from mlhpc.progress import LOG_INTERVAL_S, SynthLines
 
 TINY_DEEPCAM = ["--set", "synth.height=32", "--set", "synth.width=48"]
@@ -86,7 +86,7 @@ def test_a_log_gets_a_line_every_interval_or_tenth(monkeypatch):
 def test_a_slow_silent_synthesis_still_reports(tmp_path, monkeypatch):
     """A workload that reports nothing to its ``progress`` is watched through its bytes,
     at least every TICK_S seconds."""
-    monkeypatch.setattr(embedded, "TICK_S", 0.1)
+    monkeypatch.setattr(synthwatch, "TICK_S", 0.1)
 
     def synthesize(out_dir, synth, seed, progress):  # says nothing to ``progress``
         for split in ("train", "validation"):

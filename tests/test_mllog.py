@@ -1,6 +1,7 @@
 import json
 import threading
 
+from mlhpc.runtime import Runtime
 from mlhpc.run.mllog import ComplianceLog, open_next_result
 
 
@@ -29,7 +30,7 @@ def test_concurrent_runs_get_distinct_files(tmp_path):
 
 
 def test_lines_are_mllog_json_and_flushed(tmp_path):
-    log = ComplianceLog.create(tmp_path, is_main=True, instance=3)
+    log = ComplianceLog.create(tmp_path, Runtime(instance=3))
     log.start("run_start")
     log.event("eval_error", 0.5, metadata={"epoch_num": 1})
     # flushed as written: readable before close
@@ -43,7 +44,7 @@ def test_lines_are_mllog_json_and_flushed(tmp_path):
 
 
 def test_non_main_rank_writes_nothing(tmp_path):
-    log = ComplianceLog.create(tmp_path, is_main=False)
+    log = ComplianceLog.create(tmp_path, Runtime(rank=1, world_size=2))
     log.event("seed", 1)
     assert log.path is None and list(tmp_path.iterdir()) == []
     assert log.first("seed").value == 1

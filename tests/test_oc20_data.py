@@ -344,7 +344,12 @@ def test_synth_is_complete_or_absent(tmp_path, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "oc20").iterdir()) == ["train", "validation"]
 
 
+@pytest.mark.slow
 def test_baselines_need_a_network(tmp_path):
+    """The synth section's defaults (every metal, facet and adsorbate, relaxed to 0.01 eV/A):
+    no-network predictors stay far from the target. Slow (about a minute: the relaxations); the
+    default suite checks the same on the mini config's data
+    (test_oc20_cli.py::test_the_mini_configs_baselines_are_the_readmes)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import baseline_oc20
 

@@ -7,6 +7,8 @@ periodic energy must have. Each test fails if a basis, a block or the periodic i
 
 from __future__ import annotations
 
+import copy
+import functools
 import itertools
 import math
 
@@ -58,6 +60,12 @@ def test_reference_parameter_count():
     torch-geometric's has not."""
     reference = dimenet.build_model(dimenet.ModelConfig())
     assert sum(p.numel() for p in reference.parameters()) == 1_810_182
+
+
+@pytest.mark.slow
+def test_reference_parameter_count_agrees_with_torch_geometric():
+    """The second way of `test_reference_parameter_count` (slow: torch-geometric derives the
+    reference's 7 x 6 bases with sympy in its constructor, about a minute on two cores)."""
     pyg = pytest.importorskip("torch_geometric.nn.models.dimenet")
     theirs = pyg.DimeNetPlusPlus(hidden_channels=192, out_channels=1, num_blocks=3, int_emb_size=64,
                                  basis_emb_size=8, out_emb_channels=192, num_spherical=7, num_radial=6,
@@ -79,6 +87,16 @@ def _copy_into_pyg(ours, theirs):
     assert not unexpected and not [m for m in missing if "sbf" not in m], (missing, unexpected)
 
 
+@functools.lru_cache(maxsize=1)
+def _their_model():
+    """torch-geometric's DimeNetPlusPlus of the SMALL sizes, built once: its constructor derives
+    the bases with sympy (about 10 s); each comparison copies it and loads our weights."""
+    pyg = pytest.importorskip("torch_geometric.nn.models.dimenet")
+    kw = {k: v for k, v in SMALL.items() if k != "max_neighbors"}
+    return pyg.DimeNetPlusPlus(out_channels=1, envelope_exponent=5, num_before_skip=1, num_after_skip=2,
+                               num_output_layers=3, **kw).double()
+
+
 def _energy_and_torch_geometrics(monkeypatch) -> tuple[torch.Tensor, torch.Tensor]:
     """(our energy, torch-geometric's DimeNetPlusPlus energy) with the same weights on the same
     graph; torch-geometric's radius graph and triplets need compiled companions, so they are
@@ -88,9 +106,7 @@ def _energy_and_torch_geometrics(monkeypatch) -> tuple[torch.Tensor, torch.Tenso
     ours = model(2, use_pbc=False)
     for block in ours.output_blocks:
         torch.nn.init.zeros_(block.lin_up.bias)  # torch-geometric 2.x has no such bias
-    kw = {k: v for k, v in SMALL.items() if k != "max_neighbors"}
-    theirs = pyg.DimeNetPlusPlus(out_channels=1, envelope_exponent=5, num_before_skip=1, num_after_skip=2,
-                                 num_output_layers=3, **kw).double()
+    theirs = copy.deepcopy(_their_model())
     _copy_into_pyg(ours, theirs)
     pos = batch["pos"]
     pairs = [(j, i) for i in range(len(pos)) for j in range(len(pos))

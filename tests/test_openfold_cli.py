@@ -23,6 +23,7 @@ REFERENCE = ROOT / "configs" / "openfold.yaml"
 TINY_DATA = ["--set", "synth.train_chains=6", "--set", "synth.validation_chains=3",
              "--set", "synth.msa_depth=12", "--set", "synth.workers=1"]
 TINY_RUN = [*TINY_DATA, "--set", "train.max_epochs=1", "--set", "train.threads=1",
+            "--set", "train.eval_every_steps=3",
             "--set", "model.evoformer_blocks=1", "--set", "model.structure_blocks=1",
             "--set", "model.num_recycling_iters=0", "--set", "model.max_extra_msa=8",
             "--set", "model.max_msa_clusters=4"]
@@ -195,6 +196,13 @@ def test_a_tiny_run_trains_evaluates_and_is_reported(tiny, tmp_path):
     log = (out / "result_0.txt").read_text()
     for key in ("model_parameters_count", "max_msa_clusters", "swa_decay_rate", "eval_accuracy"):
         assert f'"key": "{key}"' in log, key
+    records = [json.loads(line.split(" ", 1)[1]) for line in log.splitlines() if line.startswith(":::MLLOG")]
+    by_key = {r["key"]: r for r in records}
+    # an epoch is a block of 3 optimizer steps (over 2 passes of the 6 chains, batch 4), and
+    # epoch_num counts its samples, as the reference logs OpenFold's
+    assert by_key["val_every_iters"]["value"] == 3
+    assert by_key["eval_accuracy"]["metadata"]["epoch_num"] == 3 * 4
+    assert any("every 3 optimizer steps" in line for line in summary["departs_from_reference"])
     report = CliRunner().invoke(main, ["report", str(out), "--format", "json"])
     assert report.exit_code == 0, report.output
     assert "openfold" in report.stdout

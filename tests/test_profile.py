@@ -58,8 +58,10 @@ def test_profile_runs_the_training_step_with_ddp_and_amp(tmp_path, repo, tiny_da
         runtime.destroy_process_group()
     assert seen and set(seen) == {("DistributedDataParallel", "bf16")}
     assert result.distributed and result.precision == "bf16"
-    names = " ".join(row["name"] for row in result.operators).lower()
-    assert "allreduce" in names or "gloo" in names, names
+    # The operator table keeps the costliest operators only, and a one-rank all-reduce may not
+    # be among them on a loaded machine; the trace holds every operator the profiler saw.
+    trace = (tmp_path / "trace.json").read_text().lower()
+    assert "allreduce" in trace, "no gradient all-reduce in the profiled steps"
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -240,6 +240,10 @@ class TrainConfig(Section):
     log_every_steps: int = Field(0, ge=0, description=(
         "print a step N/M line with the loss every this many steps, on a terminal and in a log"
         " file; 0: one line per epoch only"))
+    eval_every_steps: Optional[int] = Field(None, ge=1, le=2**31 - 1, description=(
+        "an epoch of the run is this many optimizer steps, each followed by an evaluation, "
+        "reading on through the passes over the data; null: an epoch is one pass over the "
+        "training data"))
     check_every_steps: int = Field(10, ge=1, description=(
         "how often (in steps) the ranks agree on stopping (SIGTERM, SIGINT, non-finite loss)"))
     checkpoint_every_epochs: int = Field(0, ge=0, description=(

@@ -3,7 +3,8 @@
 The harness knows no dataset: the workload's `mlhpc.data.formats.DataTools` converts or prepares
 one source file at a time. This driver does what every dataset needs around that: walk the
 split folders, run files in parallel (`mlhpc.data.pool`, processes), resume (a finished source
-is journalled and skipped on the next run while its outputs are intact), write every output
+is journalled, in the one conversion journal staging keeps too, and skipped on the next run
+while it is the same file and its outputs are intact), write every output
 atomically (`mlhpc.data.files.atomic_output`) and close the folder with its manifest, written
 last (`mlhpc.data.manifest`): a folder without one is unfinished, and `data check`, `stage` and
 `run` refuse it.
@@ -37,6 +38,7 @@ from mlhpc.data.files import (
     output_mode,
     reason,
     refuse_overlap,
+    resolved,
 )
 from mlhpc.data.formats import (
     DataTools,
@@ -84,6 +86,7 @@ class _Writing:
     to: str
     dest: Path
     what: str  # "convert" or "prepare": the manifest's kind and the progress events' name
+    source: Path  # the folder read (the dataset, or the raw files' folder)
     prepare: Any = None
 
 
@@ -101,15 +104,16 @@ def _convert_one(writing: _Writing, rel: str, source: Path, out_dir: Path) -> di
     at most (`mlhpc.data.files.output_mode`). OSErrors become DataError naming the file."""
     try:
         check_no_links(writing.dest, out_dir)
-        mode = copy_mode(source.stat().st_mode)
+        st = source.stat()  # before it is read: a source rewritten since is converted again
+        mode = copy_mode(st.st_mode)
         with output_mode(mode):
             if writing.prepare is not None:
                 outputs = writing.tools.prepare_file(source, out_dir, writing.to, writing.prepare)
             else:
                 outputs = writing.tools.convert_file(source, writing.fmt, out_dir, writing.to)
         described = [_describe(p, writing.dest, n, rel, mode) for p, n in outputs]
-        return {"source": rel, "source_bytes": source.stat().st_size, "outputs": described,
-                "kind": writing.what, "to": writing.to}
+        return manifest.conversion_entry(rel, st.st_size, manifest.stat_identity(st),
+                                         (writing.source, writing.what, writing.to), described)
     except OSError as exc:
         where = exc.filename or out_dir
         short = exc.errno in (None, errno.EIO) and disk_full(out_dir)  # a short write, no errno
@@ -117,35 +121,21 @@ def _convert_one(writing: _Writing, rel: str, source: Path, out_dir: Path) -> di
                         f"converting {source}); fix the cause and run the command again to resume") from None
 
 
-def _finished(dest: Path, writing: _Writing) -> dict[str, dict[str, Any]]:
-    """Sources finished by earlier runs (journals of this kind and form) whose outputs are still
-    on disk with their recorded sizes."""
+def _finished(writing: _Writing, jobs: list[tuple[str, Path, Path]]) -> dict[str, dict[str, Any]]:
+    """The sources of ``jobs`` an earlier run finished (the one conversion journal,
+    `mlhpc.data.manifest.read_convert_state`) and that may be reused by its one rule
+    (`mlhpc.data.manifest.conversion_reusable`: the same source file, its outputs intact)."""
+    known = manifest.read_convert_state(writing.dest, writing.source, writing.to, writing.what)
     done: dict[str, dict[str, Any]] = {}
-    for entry in _recorded(dest, writing) + list(manifest.journal_entries(dest)):
-        if entry.get("kind") != writing.what or entry.get("to") != writing.to:
-            continue
-        outputs = entry.get("outputs")
-        if not isinstance(outputs, list) or not all(manifest.valid_output(o) for o in outputs):
-            continue
+    for rel, src, _out in jobs:
         try:
-            if all(os.lstat(dest / o["path"]).st_size == o["bytes"] for o in outputs):
-                done[entry["source"]] = entry
+            st = os.stat(src)
         except OSError:
-            continue
+            continue  # converting it names the cause
+        if manifest.conversion_reusable(writing.dest, known.get(rel), st.st_size,
+                                        manifest.stat_identity(st)):
+            done[rel] = known[rel]
     return done
-
-
-def _recorded(dest: Path, writing: _Writing) -> list[dict[str, Any]]:
-    """The sources a finished earlier run recorded in the manifest, as journal entries."""
-    doc = manifest.load(dest)
-    if doc is None or doc.get("kind") != writing.what or doc.get("to") != writing.to:
-        return []
-    by_source: dict[str, list[dict[str, Any]]] = {}
-    for entry in doc["files"]:
-        if isinstance(entry.get("from"), str):
-            by_source.setdefault(entry["from"], []).append(entry)
-    return [{"source": src, "source_bytes": 0, "outputs": outs, "kind": writing.what, "to": writing.to}
-            for src, outs in by_source.items()]
 
 
 def _drive(writing: _Writing, jobs: list[tuple[str, Path, Path]], workers: int,
@@ -154,7 +144,7 @@ def _drive(writing: _Writing, jobs: list[tuple[str, Path, Path]], workers: int,
     the folder with its manifest."""
     dest = writing.dest
     start = time.perf_counter()
-    done = _finished(dest, writing)
+    done = _finished(writing, jobs)
     todo = [(writing, rel, src, out) for rel, src, out in jobs if rel not in done]
     progress({"kind": "start", "what": writing.what, "files": len(jobs), "skipped": len(jobs) - len(todo)})
     bytes_read = bytes_written = 0
@@ -162,11 +152,11 @@ def _drive(writing: _Writing, jobs: list[tuple[str, Path, Path]], workers: int,
     try:
         for count, entry in enumerate(run_all(_convert_one, todo, workers), 1):
             journal.add(entry)
-            done[entry["source"]] = entry
-            bytes_read += entry["source_bytes"]
+            done[entry["path"]] = entry
+            bytes_read += entry["bytes"]
             bytes_written += sum(o["bytes"] for o in entry["outputs"])
             progress({"kind": "file", "done": count + len(jobs) - len(todo), "files": len(jobs),
-                      "bytes_read": bytes_read, "bytes_written": bytes_written, "path": entry["source"]})
+                      "bytes_read": bytes_read, "bytes_written": bytes_written, "path": entry["path"]})
     finally:
         journal.close()
     doc = _close(writing, jobs, done)
@@ -190,6 +180,8 @@ def _close(writing: _Writing, jobs: list[tuple[str, Path, Path]],
             files += [_describe(p, dest, 0, None, mode) for p in extra]
         with output_mode(common_mode([src for _, src, _ in jobs])):
             doc = manifest.write(dest, writing.what, files, to=writing.to, source_files=len(jobs),
+                                 source=str(resolved(writing.source)),
+                                 sources=manifest.source_records(done, [rel for rel, _, _ in jobs]),
                                  **{"from": writing.fmt})
     except OSError as exc:
         raise DataError(f"{exc.filename or dest}: cannot finish the output folder ({reason(exc)}); "
@@ -274,7 +266,7 @@ def convert(workload: Any, src: Path, dst: Path, to: str, **options: Any) -> Con
                     shutil.copyfile(src / name, tmp)
             except OSError as exc:
                 raise DataError(f"{dst / name}: cannot write ({reason(exc)})") from None
-    writing = _Writing(tools, form, to, dst, "convert")
+    writing = _Writing(tools, form, to, dst, "convert", src)
     return _drive(writing, jobs, workers, opts.progress())
 
 
@@ -303,7 +295,7 @@ def prepare(workload: Any, raw_dir: Path, dst: Path, to: str | None, **options: 
     _output_root(raw_dir, dst, "data prepare")
     jobs = [(f"{split}/{path.name}", path, _make_split(dst, split))
             for split, path in tools.prepare_splits(raw, settings)]
-    writing = _Writing(tools, "raw", to, dst, "prepare", prepare=settings)
+    writing = _Writing(tools, "raw", to, dst, "prepare", raw_dir, prepare=settings)
     return _drive(writing, jobs, opts.workers, opts.progress())
 
 

@@ -8,16 +8,19 @@ be trained or evaluated on:
    an intent record ``.mlhpc-intent.json`` (workload, seed, synth settings) written first;
 2. leftover partial files (``.*.part``, ``.*.tmp-<pid>``: the per-file temporaries of the
    workloads' writers) are removed before it resumes, so they are never staged or read;
-3. when ``synthesize`` returns, the marker ``.mlhpc-complete.json`` is written last, holding the
-   workload, seed, synth settings and, per split folder and top-level file, the number of files
-   and bytes; then the folder is renamed into place (one atomic ``rename``).
+3. when ``synthesize`` returns, the folder's manifest (`mlhpc.data.manifest`, kind ``"synth"``,
+   the one completion record of every folder mlhpc writes) is written last, holding the
+   workload, seed, synth settings and every file with its size and checksum; then the folder is
+   renamed into place (one atomic ``rename``).
 
-On use, a folder with a marker is checked against it (file and byte counts per split, and the
-synth settings against the config's): a disagreement means mlhpc's own data were changed or
-truncated, and they are synthesised again (or refused when ``data.synthesize_if_missing`` is
-false). A folder without a marker that holds data -- a real dataset, a user's own files -- is
-used as it is and never rewritten; one that holds the partial files of an interrupted mlhpc
-writer is completed.
+On use, a folder with a synthesis manifest is checked against it (file and byte counts per
+split, and the synth settings against the config's): a disagreement means mlhpc's own data were
+changed or truncated, and they are synthesised again (or refused when
+``data.synthesize_if_missing`` is false). A folder without one that holds data -- a real
+dataset, a user's own files -- is used as it is and never rewritten; one that holds the partial
+files of an interrupted mlhpc writer is completed. A folder an older mlhpc marked complete with a
+second file (`OLDER_MARKER`) instead of a manifest is incomplete: synthesised afresh when
+synthesis is allowed, refused otherwise.
 """
 
 from __future__ import annotations
@@ -26,137 +29,33 @@ import fcntl
 import json
 import os
 import shutil
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from mlhpc.config import SEED_MAX
-from mlhpc.data.files import is_part_file, write_text_atomic
+from mlhpc.data import manifest
+from mlhpc.data.files import check_private_dir, checksum, is_part_file, write_text_atomic
 from mlhpc.data.formats import splits_of
 from mlhpc.data.inputs import read_text_input
 from mlhpc.data.manifest import require_complete
-from mlhpc.errors import ConfigError, DataError
-from mlhpc.workload import SynthProgress
+from mlhpc.data.synthwatch import ProgressFn, SynthWatch
+from mlhpc.errors import ConfigError, DataError, MlhpcError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from mlhpc.config import Config
     from mlhpc.runtime import Runtime
     from mlhpc.workload import Workload
 
-MARKER = ".mlhpc-complete.json"
 INTENT = ".mlhpc-intent.json"
-MARKER_FORMAT = 1
+#: The manifest kind of a synthesised folder.
+KIND = "synth"
+#: The second completion file an older mlhpc wrote beside synthesised data (before the manifest
+#: was the one record); read only to recognise such a folder as incomplete.
+OLDER_MARKER = ".mlhpc-complete.json"
 #: Synth settings that change how fast data are written, not which bytes.
 NOT_CONTENT = frozenset({"workers"})
-#: The longest a synthesis goes without a ``synth_progress`` event, in seconds.
-TICK_S = 1.0
-
-ProgressFn = Callable[[dict[str, Any]], None]
-
-
-class SynthWatch(SynthProgress):
-    """What a running synthesis has done, told to ``on_progress`` (None: nothing is watched).
-
-    A workload's ``synthesize`` is handed this watch as its ``progress``
-    (`mlhpc.workload.SynthProgress`): ``plan(n, b)`` before it writes its first sample (``n``
-    samples about to be written, ``b`` their estimated size in bytes, or None), then ``done(k)``
-    each time ``k`` more are written. A workload that says nothing is watched through the bytes
-    under its output folder alone. A thread reports at
-    least every `TICK_S` seconds, so a slow sample never leaves a log silent.
-
-    Events: ``{"kind": "synth_plan", "path", "samples", "bytes"}``, then ``{"kind":
-    "synth_progress", "path", "done", "samples", "bytes" (on disk now), "planned_bytes",
-    "elapsed_s", "eta_s"}``; ``done``, ``samples``, ``planned_bytes`` and ``eta_s`` are None
-    where the workload reports nothing to base them on.
-    """
-
-    def __init__(self, folder: Path, path: Path, on_progress: ProgressFn | None) -> None:
-        self.folder, self.path, self.emit = Path(folder), Path(path), on_progress
-        self.samples: int | None = None
-        self.planned_bytes: int | None = None
-        self.done_samples: int | None = None
-        self._planned = False
-        self.start = time.monotonic()
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def __enter__(self) -> "SynthWatch":
-        if self.emit is not None:
-            self._thread = threading.Thread(target=self._tick, name="mlhpc-synth-progress",
-                                            daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-    def run(self, synthesize: Callable[..., None], synth: Any, seed: int) -> None:
-        """``synthesize(folder, synth, seed, self)``."""
-        synthesize(self.folder, synth, seed, self)
-
-    def plan(self, samples: int, size_bytes: int | None = None) -> None:
-        """The workload is about to write ``samples`` samples, about ``size_bytes`` bytes."""
-        with self._lock:
-            self.samples, self.done_samples = int(samples), 0
-            self.planned_bytes = size_bytes
-            self.start = time.monotonic()  # rates from here: set-up before is not writing
-            self._planned = True
-        self._emit({"kind": "synth_plan", "path": str(self.path.absolute()),
-                    "samples": self.samples, "bytes": self.planned_bytes})
-
-    def done(self, samples: int = 1) -> None:
-        """``samples`` more are written."""
-        with self._lock:
-            self.done_samples = (self.done_samples or 0) + int(samples)
-        self.report()
-
-    def report(self) -> None:
-        """One ``synth_progress`` event: samples done, bytes on disk, elapsed, remaining (after
-        a ``synth_plan`` of unknown size when the workload has announced none)."""
-        if not self._planned:
-            self._planned = True
-            self._emit({"kind": "synth_plan", "path": str(self.path.absolute()), "samples": None,
-                        "bytes": None})
-        with self._lock:
-            elapsed_s = time.monotonic() - self.start
-            written = _bytes_under(self.folder)
-            eta_s = None
-            if self.samples is not None:  # from the samples written, once there are some
-                eta_s = (elapsed_s * (self.samples - self.done_samples) / self.done_samples
-                         if self.done_samples else None)
-            elif self.planned_bytes and written:
-                eta_s = max(0.0, elapsed_s * (self.planned_bytes - written) / written)
-            self._emit({"kind": "synth_progress", "path": str(self.path.absolute()), "done": self.done_samples,
-                        "samples": self.samples, "bytes": written,
-                        "planned_bytes": self.planned_bytes, "elapsed_s": elapsed_s,
-                        "eta_s": eta_s})
-
-    def _emit(self, event: dict[str, Any]) -> None:
-        if self.emit is not None:
-            self.emit(event)
-
-    def _tick(self) -> None:
-        while not self._stop.wait(TICK_S):
-            self.report()
-
-
-def _bytes_under(folder: Path) -> int:
-    """Bytes of the files under ``folder`` now (links not followed; files that vanish while
-    counted, such as a renamed temporary, are skipped)."""
-    total = 0
-    for top, _dirs, files in os.walk(folder):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(top, name)).st_size
-            except OSError:
-                continue
-    return total
-
 
 def staging_folder(path: Path) -> Path:
     """The hidden sibling folder a synthesis of ``path`` writes into before it is renamed."""
@@ -171,7 +70,7 @@ def _settings(workload: str, synth: Any, seed: int) -> dict[str, Any]:
 
 def inventory(path: Path) -> dict[str, dict[str, int]]:
     """``{entry: {"files": n, "bytes": b}}`` for each split folder and top-level file of
-    ``path`` (hidden names, such as the marker, excluded; files counted recursively).
+    ``path`` (hidden names, such as the manifest, excluded; files counted recursively).
 
     Raises:
         OSError: a folder cannot be listed.
@@ -192,28 +91,52 @@ def _partial_files(path: Path) -> list[Path]:
     return [p for p in Path(path).rglob(".*") if p.is_file() and is_part_file(p.name)]
 
 
-def read_marker(path: Path) -> dict[str, Any] | None:
-    """The completion marker of dataset folder ``path``, or None when it has none or it is not
-    a JSON object of the expected format."""
-    try:
-        marker = json.loads(read_text_input(Path(path) / MARKER, root=path, what="completion marker"))
-    except (DataError, ValueError, RecursionError):
+def synth_manifest(path: Path) -> dict[str, Any] | None:
+    """The synthesis manifest of dataset folder ``path`` (`mlhpc.data.manifest.load`, kind
+    `KIND`), or None when it has none, or a manifest another writer (convert, prepare, stage)
+    wrote."""
+    doc = manifest.load(Path(path))
+    if doc is None or doc.get("kind") != KIND:
         return None
-    if not isinstance(marker, dict) or marker.get("format") != MARKER_FORMAT:
-        return None
-    return marker
+    return doc
 
 
-def check_complete(path: Path, marker: dict[str, Any]) -> str | None:
-    """Why the files under ``path`` disagree with its ``marker`` (one phrase), or None when they
-    agree: every split folder and top-level file with the recorded file and byte counts."""
+def recorded_inventory(doc: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """`inventory` as a synthesis manifest ``doc`` records it: per split folder and top-level
+    file, its files and bytes."""
+    counts: dict[str, dict[str, int]] = {}
+    for entry in doc.get("files") or []:
+        top = entry["path"].split("/", 1)[0]
+        have = counts.setdefault(top, {"files": 0, "bytes": 0})
+        have["files"] += 1
+        have["bytes"] += entry["bytes"]
+    return counts
+
+
+def _entries(path: Path) -> list[dict[str, Any]]:
+    """The manifest entries (path, bytes, xxh3_128) of every file `inventory` counts."""
+    found = []
+    for entry in sorted(Path(path).iterdir()):
+        if entry.name.startswith("."):
+            continue
+        files = [p for p in entry.rglob("*") if p.is_file()] if entry.is_dir() else [entry]
+        for file in sorted(files):
+            found.append({"path": file.relative_to(path).as_posix(),
+                          "bytes": file.stat().st_size, "xxh3_128": checksum(file)})
+    return found
+
+
+def check_complete(path: Path, record: dict[str, Any]) -> str | None:
+    """Why the files under ``path`` disagree with its synthesis manifest ``record`` (one
+    phrase), or None when they agree: every split folder and top-level file with the recorded
+    file and byte counts."""
     try:
         found = inventory(path)
     except OSError as exc:
         return f"cannot be listed ({exc.strerror or exc})"
-    expected = marker.get("inventory") or {}
+    expected = recorded_inventory(record)
     if not any(want.get("files", 0) and name in found for name, want in expected.items()):
-        return "the marker records no data folder"
+        return "the manifest records no data folder"
     for name, want in expected.items():
         have = found.get(name)
         if have is None:
@@ -280,14 +203,14 @@ def synthesize(path: Path, workload: "Workload", synth: Any, seed: int,
     ``seed``), marked as such. Used by `ensure_data` and ``mlhpc data synth``.
 
     ``on_progress`` receives the events of `SynthWatch` (``synth_plan`` before the first sample
-    is written, then ``synth_progress`` at least every `TICK_S` seconds and after each batch of
-    samples the workload reports) while anything is written.
+    is written, then ``synth_progress`` at least every `mlhpc.data.synthwatch.TICK_S` seconds
+    and after each batch of samples the workload reports) while anything is written.
 
-    Nothing is done to a folder whose marker agrees with its files and with these settings. A
-    marked folder whose files disagree with its marker is synthesised again from nothing. An
-    unmarked folder is completed: moved into the hidden staging folder, its partial files
+    Nothing is done to a folder whose record agrees with its files and with these settings. A
+    recorded folder whose files disagree with its manifest is synthesised again from nothing. An
+    unrecorded folder is completed: moved into the hidden staging folder, its partial files
     removed, the missing files written by ``workload.synthesize`` (which keeps the files
-    present), marked, and renamed back.
+    present), closed with its manifest, and renamed back.
 
     Returns:
         True when anything was written, False when ``path`` was already complete.
@@ -322,14 +245,17 @@ def _needs_synthesis(path: Path, wanted: dict[str, Any]) -> bool:
     """
     if path.exists() and not path.is_dir():
         raise DataError(f"{path}: data.path is a file, not a dataset folder")
-    marker = read_marker(path) if path.is_dir() else None
-    if marker is None:
+    if _older(path):  # an older mlhpc's synthesis: not trusted, made afresh
+        _remove(path)
         return True
-    differs = _first_difference(marker, wanted)
+    record = synth_manifest(path) if path.is_dir() else None
+    if record is None:
+        return True
+    differs = _first_difference(record, wanted)
     if differs:
         raise DataError(f"{path}: data were synthesised with {differs}; delete the "
                         "folder or choose another data.path")
-    if check_complete(path, marker) is None:
+    if check_complete(path, record) is None:
         return False
     _remove(path)  # mlhpc's own data, changed since: synthesise afresh
     return True
@@ -341,6 +267,8 @@ def _synthesize_into_place(path: Path, workload: "Workload", synth: Any, seed: i
     ``path`` moved there, or an interrupted synthesis with the same settings), mark it, and
     rename it to ``path``. Called under `_lock`; OSError propagates."""
     tmp = staging_folder(path)
+    if os.path.lexists(tmp):  # another user's folder of that name is neither read nor used
+        check_private_dir(tmp, DataError, "synthesis staging")
     intent = _read_json(tmp / INTENT) if tmp.is_dir() else None
     if tmp.exists() and intent != wanted:
         _remove(tmp)  # a different, interrupted synthesis: start afresh
@@ -349,7 +277,11 @@ def _synthesize_into_place(path: Path, workload: "Workload", synth: Any, seed: i
         if tmp.exists():
             _remove(tmp)
         os.rename(path, tmp)
-    tmp.mkdir(exist_ok=True)
+    try:
+        os.mkdir(tmp, 0o700)  # private while written; the usual mode once complete
+    except FileExistsError:
+        pass
+    check_private_dir(tmp, DataError, "synthesis staging")  # made by us, even in a race
     _write_json(tmp / INTENT, wanted)
     for leftover in _partial_files(tmp):
         leftover.unlink()
@@ -364,9 +296,21 @@ def _synthesize_into_place(path: Path, workload: "Workload", synth: Any, seed: i
     for leftover in _partial_files(tmp):
         leftover.unlink()
     (tmp / INTENT).unlink()
-    _write_json(tmp / MARKER, {"format": MARKER_FORMAT, **wanted, "inventory": inventory(tmp)})
+    manifest.write(tmp, KIND, _entries(tmp), **wanted)
+    os.chmod(tmp, 0o777 & ~_umask())
     os.rename(tmp, path)
     _fsync_dir(path.parent)
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (Linux /proc; else 0o077, the strictest)."""
+    try:
+        for line in read_text_input("/proc/self/status", 1 << 16, what="process status").splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (MlhpcError, OSError, ValueError):
+        pass
+    return 0o077
 
 
 def _read_json(path: Path) -> Any:
@@ -388,17 +332,26 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _older(path: Path) -> bool:
+    """``path`` is a folder an older mlhpc synthesised (its `OLDER_MARKER`, no manifest)."""
+    return (Path(path) / OLDER_MARKER).is_file() and manifest.load(Path(path)) is None
+
+
 def describe(path: Path) -> str:
     """What ``path`` holds, for messages and `ensure_data`: ``"missing"``, ``"complete"``
-    (marked and agreeing), ``"changed"`` (marked, files disagree), ``"interrupted"`` (no marker,
-    partial files of an mlhpc writer, or an interrupted hidden synthesis folder beside it),
-    ``"unmarked"`` (data without a marker: used as they are) or ``"empty"``."""
+    (a synthesis manifest, the files agreeing), ``"changed"`` (the files disagree with it),
+    ``"interrupted"`` (no manifest, partial files of an mlhpc writer, or an interrupted hidden
+    synthesis folder beside it), ``"older"`` (an older mlhpc's synthesis, no manifest: made
+    afresh), ``"unmarked"`` (data without a synthesis manifest: used as they are) or
+    ``"empty"``."""
     path = Path(path)
     if not path.is_dir():
         return "interrupted" if staging_folder(path).is_dir() else "missing"
-    marker = read_marker(path)
-    if marker is not None:
-        return "complete" if check_complete(path, marker) is None else "changed"
+    if _older(path):
+        return "older"
+    record = synth_manifest(path)
+    if record is not None:
+        return "complete" if check_complete(path, record) is None else "changed"
     if _partial_files(path):
         return "interrupted"
     if not any(p.is_file() for p in path.rglob("*") if not p.name.startswith(".")):
@@ -410,10 +363,10 @@ def ensure_data(config: "Config", workload: "Workload", rt: "Runtime",
                 on_progress: ProgressFn | None = None) -> float:
     """Make sure ``config.data.path`` holds a complete dataset before anything reads it;
     synthesise the embedded one when it is missing, was interrupted, or (mlhpc's own) no longer
-    matches its completion marker, and ``data.synthesize_if_missing`` allows it.
+    matches its manifest, and ``data.synthesize_if_missing`` allows it.
 
     Rank 0 writes (telling ``on_progress`` what it does: `SynthWatch`); every rank first
-    looks, then waits, then checks the result. A folder without a marker that holds data (a real
+    looks, then waits, then checks the result. A folder without a record that holds data (a real
     dataset) is used as it is.
 
     Returns:
@@ -434,21 +387,22 @@ def ensure_data(config: "Config", workload: "Workload", rt: "Runtime",
         require_complete(path, DataError, resume="the mlhpc data convert or prepare command that "
                                                  "made it, with the same arguments")
     if state == "complete":  # every rank, so that all raise together
-        marker = read_marker(path) or {}
-        differs = _first_difference(marker, _settings(workload.name, config.synth, config.data.synth_seed))
+        record = synth_manifest(path) or {}
+        differs = _first_difference(record, _settings(workload.name, config.synth, config.data.synth_seed))
         if differs:
             raise DataError(f"{path}: data were synthesised with {differs}; delete the folder or "
                             "choose another data.path")
     runtime.barrier(rt)  # ... so all ranks agree on `state`
     start = time.perf_counter()
-    work = state in ("missing", "changed", "interrupted", "empty")
+    work = state in ("missing", "changed", "interrupted", "empty", "older")
     if work:
         if not config.data.synthesize_if_missing:
             reason = {"missing": "dataset folder not found (expected train/ and validation/)",
                       "empty": "dataset folder is empty",
-                      "changed": "files differ from the completion marker of the synthesis "
-                                 f"({check_complete(path, read_marker(path) or {})})",
-                      "interrupted": "an interrupted synthesis (partial files, no completion marker)",
+                      "changed": "files differ from the manifest of the synthesis "
+                                 f"({check_complete(path, synth_manifest(path) or {})})",
+                      "interrupted": "an interrupted synthesis (partial files, no manifest)",
+                      "older": "synthesised by an older mlhpc (no manifest)",
                       }[state]
             raise DataError(f"{path}: {reason}; set data.synthesize_if_missing: true to "
                             "synthesise it, or data.path")

@@ -20,7 +20,10 @@ on disk, the way MosaicML streaming's ``index.json`` closes a dataset. Its schem
 
 While a writer works, each finished file is appended as one JSON line to a journal
 (``.mlhpc-journal-HOST-PID.jsonl``); a later run resumes from the manifest and the journals, and a
-folder that holds journals but no complete manifest is an interrupted one.
+folder that holds journals but no complete manifest is an interrupted one. A conversion (staging
+that converts, ``mlhpc data convert | prepare``) journals each source with its outputs in one
+form (`conversion_entry`), read back by one function (`read_convert_state`) and reused by one
+rule (`conversion_reusable`: the same source file, its outputs intact).
 """
 
 from __future__ import annotations
@@ -203,6 +206,11 @@ def identity(item: Planned) -> dict[str, int]:
     return {"source_mtime_ns": item.mtime_ns, "source_ctime_ns": item.ctime_ns, "source_ino": item.ino}
 
 
+def stat_identity(st: os.stat_result) -> dict[str, int]:
+    """`identity` of a source file from its stat."""
+    return {"source_mtime_ns": st.st_mtime_ns, "source_ctime_ns": st.st_ctime_ns, "source_ino": st.st_ino}
+
+
 def write_manifest(dest: Path, source: Path, plan: list[Planned], known: dict[str, dict[str, Any]],
                     shard: Optional[dict[str, Any]] = None) -> None:
     """Check every planned file is recorded and on disk, write the manifest atomically, drop journals."""
@@ -305,26 +313,68 @@ def _valid_source(entry: Any, recorded: bool = False) -> bool:
             and isinstance(entry.get("outputs"), list) and all(valid(o) for o in entry["outputs"]))
 
 
-def read_convert_state(job: Copy) -> dict[str, dict[str, Any]]:
-    """Source path -> ``{bytes, <identity>, outputs: [{path, bytes, xxh3_128}]}`` from
-    the manifest of an earlier conversion to the same form, then from every journal."""
-    conv = job.convert
-    assert conv is not None
-    src = str(resolved(job.source))
+def conversion_entry(rel: str, size_bytes: int, source_identity: dict[str, int],
+                     where: tuple[Path, str, str], outputs: list[dict[str, Any]],
+                     convert: bool = True) -> dict[str, Any]:
+    """The one conversion journal's entry of source file ``rel`` (``size_bytes``, its
+    `identity` taken before it was read) of a conversion ``where = (source folder, kind, to)``
+    (kind ``"stage"``, ``"convert"`` or ``"prepare"``; ``to`` the form written): ``{path,
+    bytes, <identity>, source, kind, to, convert, outputs: [{path, bytes, xxh3_128,
+    samples}]}``; ``convert`` False for a file copied as it is."""
+    source, kind, to = where
+    return {"path": rel, "bytes": size_bytes, **source_identity, "source": str(resolved(source)),
+            "kind": kind, "to": to, "convert": convert, "outputs": outputs}
+
+
+def read_convert_state(dest: Path, source: Path, to: str, kind: str = "stage") -> dict[str, dict[str, Any]]:
+    """Source path -> ``{bytes, <identity>, outputs: [{path, bytes, xxh3_128}]}`` of every
+    source a conversion of ``source`` to form ``to`` by ``kind`` finished at ``dest``: from the
+    manifest of an earlier one (its ``sources``), then from every journal (later wins). The
+    one conversion journal, read the same way by staging and by ``mlhpc data convert |
+    prepare``; whether an entry is reused is `conversion_reusable`'s one rule."""
+    src = str(resolved(source))
     known: dict[str, dict[str, Any]] = {}
-    doc = load(job.dest)  # none, or a damaged one: every source is converted again
-    if doc is not None and doc.get("kind") == "stage" and doc.get("source") == src \
-            and doc.get("to") == conv.to and isinstance(doc.get("sources"), list):
+    doc = load(dest)  # none, or a damaged one: every source is converted again
+    if doc is not None and doc.get("kind") == kind and doc.get("source") == src \
+            and doc.get("to") == to and isinstance(doc.get("sources"), list):
         files = {e["path"]: e for e in doc["files"]}
         for entry in doc["sources"]:
             if isinstance(entry, dict) and isinstance(entry.get("outputs"), list):
                 entry = {**entry, "outputs": [files.get(o) for o in entry["outputs"]]}
                 if _valid_source(entry):
                     known[entry["path"]] = entry
-    for entry in journal_entries(job.dest):
-        if entry.get("source") == src and entry.get("to") == conv.to and _valid_source(entry):
+    for entry in journal_entries(dest):
+        if entry.get("source") == src and entry.get("to") == to \
+                and entry.get("kind", "stage") == kind and _valid_source(entry):
             known[entry["path"]] = entry
     return known
+
+
+def conversion_reusable(dest: Path, entry: dict[str, Any] | None, size_bytes: int,
+                        source_identity: dict[str, int], verify: bool = False) -> bool:
+    """The one resume rule of a conversion: ``entry``'s outputs are reused when it was made from
+    the current source (same size, mtime, ctime and inode) and each output is on disk under
+    ``dest`` with its recorded size (with ``verify``, also its checksum)."""
+    if entry is None or entry["bytes"] != size_bytes \
+            or any(entry.get(k) != v for k, v in source_identity.items()):
+        return False
+    try:
+        for out in entry["outputs"]:
+            if os.stat(Path(dest) / out["path"]).st_size != out["bytes"]:
+                return False
+            if verify and checksum(Path(dest) / out["path"]) != out["xxh3_128"]:
+                return False
+    except OSError:
+        return False
+    return bool(entry["outputs"])
+
+
+def source_records(known: dict[str, dict[str, Any]], rels: list[str]) -> list[dict[str, Any]]:
+    """The manifest's ``sources``: for each of ``rels``, its journal entry's identity and the
+    paths of its outputs."""
+    return [{"path": rel, "bytes": known[rel]["bytes"], **{k: known[rel][k] for k in IDENTITY},
+             "convert": known[rel].get("convert", True),
+             "outputs": [o["path"] for o in known[rel]["outputs"]]} for rel in rels]
 
 
 def finish_files_recorded(job: Copy) -> set[str]:

@@ -13,7 +13,11 @@ by bytes, one file apart). Each rank therefore yields ``samples_per_rank = max o
 ceil(node samples / ranks of the node)`` indices per epoch: the node's samples in this epoch's
 order, cut into strides over its ranks, the short strides topped up by repeating the node's
 first samples of the epoch -- the padding `torch.utils.data.DistributedSampler` does with
-``drop_last=False``, here within a node. An epoch thus covers every training sample of the job
+``drop_last=False``, here within a node. The strides are the deal of the one partition rule
+(`mlhpc.data.partition.partition`, samples of weight one), the rule staging deals files to
+nodes by. The nodes' counts come from the staged folder's manifest where it counts every
+file's samples (`mlhpc.data.stage.StagingResult.node_samples`); only otherwise are they
+gathered from the ranks. An epoch thus covers every training sample of the job
 exactly once, plus ``padded_samples`` repeats (zero when every node holds a multiple of its rank
 count of samples and the nodes hold equal counts). The count logged as ``train_samples`` is the
 job's, ``global_samples`` (`node_counts` sums the nodes), never one node's.
@@ -30,6 +34,8 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 from torch.utils.data import DistributedSampler, Sampler
+
+from mlhpc.data.partition import partition
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from mlhpc.runtime import Runtime
@@ -82,7 +88,8 @@ class NodeShardSampler(Sampler[int]):
         total = self.samples_per_rank * self.local_world_size
         if total > self.node_samples:  # top up with this epoch's first samples, wrapping round
             order = order.repeat(math.ceil(total / self.node_samples))[:total]
-        return iter(order[self.local_rank:total:self.local_world_size].tolist())
+        mine = partition(total, self.local_world_size)[self.local_rank]
+        return iter(order[torch.as_tensor(mine, dtype=torch.long)].tolist())
 
     def __len__(self) -> int:
         return self.samples_per_rank
@@ -97,7 +104,7 @@ class ShardSampler(Sampler[int]):
     """
 
     def __init__(self, length: int, rank: int, world_size: int):
-        self.indices = list(range(rank, length, world_size))
+        self.indices = list(partition(length, world_size)[rank])
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices)
@@ -111,16 +118,30 @@ def samples_per_rank(node_samples: Sequence[int], local_world_sizes: Sequence[in
     return max(math.ceil(n / max(l, 1)) for n, l in zip(node_samples, local_world_sizes))
 
 
-def node_counts(node_samples: int, rt: "Runtime") -> tuple[list[int], list[int]]:
+def node_counts(node_samples: int, rt: "Runtime",
+                recorded: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
     """Samples held and ranks run by every node, ordered by node rank: ``(samples, ranks)``.
 
-    Gathers ``(node_rank, local_world_size, node_samples)`` from every rank of ``rt``'s group
-    (one ``all_gather_object``); one process: ``([node_samples], [1])``.
+    ``recorded``: every node's samples as the staged manifest counts them
+    (`mlhpc.data.stage.StagingResult.node_samples`), taken as they are, every node running
+    ``local_world_size`` ranks (as torchrun and ``srun --ntasks-per-node`` start them). Without
+    them, ``(node_rank, local_world_size, node_samples)`` is gathered from every rank of
+    ``rt``'s group (one ``all_gather_object``); one process: ``([node_samples], [1])``.
 
     Raises:
-        ValueError: two ranks of one node report different sample counts (the node's folder
-            changed between them).
+        ValueError: two ranks of one node report different sample counts.
+        DataError: this node's dataset holds another count than the manifest records.
     """
+    ranks = rt.local_world_size if rt.distributed else 1
+    if recorded is not None and len(recorded) == rt.num_nodes \
+            and ranks * rt.num_nodes == (rt.world_size if rt.distributed else 1):
+        if recorded[rt.node_rank] != node_samples:
+            from mlhpc.errors import DataError
+
+            raise DataError(f"node {rt.node_rank}: its staged dataset holds {node_samples} samples, "
+                            f"its manifest counts {recorded[rt.node_rank]} (the source changed "
+                            "after its manifest was written: convert or prepare it again)")
+        return list(recorded), [ranks] * rt.num_nodes
     if not rt.distributed or not torch.distributed.is_initialized():
         return [node_samples], [rt.local_world_size if rt.distributed else 1]
     rows: list = [None] * torch.distributed.get_world_size(group=rt.group)
@@ -135,7 +156,8 @@ def node_counts(node_samples: int, rt: "Runtime") -> tuple[list[int], list[int]]
     return [nodes[n][1] for n in order], [nodes[n][0] for n in order]
 
 
-def train_sampler(dataset_len: int, rt: "Runtime", seed: int, sharded: bool) -> Sampler[int]:
+def train_sampler(dataset_len: int, rt: "Runtime", seed: int, sharded: bool,
+                  recorded: Sequence[int] | None = None) -> Sampler[int]:
     """The training sampler of this rank, with ``global_samples`` and ``padded_samples`` set.
 
     Args:
@@ -145,6 +167,7 @@ def train_sampler(dataset_len: int, rt: "Runtime", seed: int, sharded: bool) -> 
         seed: the run's seed; epoch ``e`` shuffles with ``seed + e``.
         sharded: the data were staged with ``shard: node`` (`NodeShardSampler`); else the global
             `DistributedSampler` (``shuffle=True, drop_last=False``) over ``world_size`` ranks.
+        recorded: the nodes' sample counts from the staged manifest (`node_counts`), or None.
 
     Returns:
         a sampler with ``set_epoch``; its ``global_samples`` is the job's training-set size (log
@@ -157,7 +180,7 @@ def train_sampler(dataset_len: int, rt: "Runtime", seed: int, sharded: bool) -> 
         sampler.global_samples = dataset_len  # type: ignore[attr-defined]
         sampler.padded_samples = sampler.total_size - dataset_len  # type: ignore[attr-defined]
         return sampler
-    samples, ranks = node_counts(dataset_len, rt)
+    samples, ranks = node_counts(dataset_len, rt, recorded)
     per_rank = samples_per_rank(samples, ranks)
     sampler = NodeShardSampler(dataset_len, rt.local_rank, rt.local_world_size if rt.distributed else 1,
                                per_rank, seed)
@@ -174,6 +197,8 @@ def eval_sampler(dataset_len: int, rt: "Runtime", sharded: bool) -> ShardSampler
     return ShardSampler(dataset_len, rt.rank, rt.world_size)
 
 
-def global_count(dataset_len: int, rt: "Runtime", sharded: bool) -> int:
-    """The job's sample count of a split: the sum over nodes when ``sharded``, else ``dataset_len``."""
-    return sum(node_counts(dataset_len, rt)[0]) if sharded else dataset_len
+def global_count(dataset_len: int, rt: "Runtime", sharded: bool,
+                 recorded: Sequence[int] | None = None) -> int:
+    """The job's sample count of a split: the sum over nodes when ``sharded`` (`node_counts`),
+    else ``dataset_len``."""
+    return sum(node_counts(dataset_len, rt, recorded)[0]) if sharded else dataset_len

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from mlhpc import runtime
 from mlhpc.config import Config
 from mlhpc.data import loader
 from mlhpc.data import sampler as sampling
@@ -73,10 +72,10 @@ def stage(job: Job, log: ComplianceLog) -> staging.StagingResult | None:
     `StagingResult.node_summary` (slowest node, mean, GB/s per node and aggregate, bytes per node).
     """
     placement = job.config.data.staging.placement
-    runtime.barrier(job.rt)  # every rank starts together: a node's time is its own staging
+    log.barrier()  # every rank starts together: a node's time is its own staging
     log.start(constants.STAGING_START, metadata={"placement": placement})
     staged = staging.stage_dataset(job.config, job.world)
-    runtime.barrier(job.rt)
+    log.barrier()
     meta: dict[str, Any] = {"placement": placement,
                             "staging_duration": staged.elapsed_s if staged else 0.0,
                             "staged_bytes": staged.staged_bytes if staged else 0,
@@ -93,6 +92,15 @@ def sharded(staged: staging.StagingResult | None) -> bool:
     return staged is not None and staged.shard is not None
 
 
+def recorded_counts(staged: staging.StagingResult | None, split: int) -> list[int] | None:
+    """The nodes' sample counts of the shard's ``split``-th split folder (0: training, 1:
+    validation) as the staged manifest records them (`StagingResult.node_samples`), or None."""
+    if staged is None or staged.node_samples is None or staged.shard is None:
+        return None
+    names = staged.shard.get("splits") or []
+    return staged.node_samples.get(names[split]) if split < len(names) else None
+
+
 def build_train_sampler(dataset: WorkloadDataset, rt: Runtime, config: Config,
                         staged: staging.StagingResult | None) -> Sampler[int]:
     """The training sampler (`mlhpc.data.sampler.train_sampler`): after a sharded stage the node's
@@ -100,7 +108,7 @@ def build_train_sampler(dataset: WorkloadDataset, rt: Runtime, config: Config,
     every rank, each taking its stride. Its ``global_samples`` is the job's training-set size and
     ``padded_samples`` the repeats per epoch."""
     return sampling.train_sampler(len(dataset), rt, config.train.seed + (rt.instance or 0),
-                                  sharded(staged))
+                                  sharded(staged), recorded_counts(staged, 0))
 
 
 def tool_job(config: Config, workload: Workload, rt: Runtime) -> Job:
@@ -145,7 +153,8 @@ def build(job: Job, staged: staging.StagingResult | None, lbs: int, *,
                 config.train.gradient_accumulation_steps)
     parts = Parts(model, step, train_ds, eval_ds, sampler, train_loader, eval_loader, lbs, staged,
                   flops, train_samples=sampler.global_samples,
-                  eval_samples=sampling.global_count(len(eval_ds), rt, sharded(staged)),
+                  eval_samples=sampling.global_count(len(eval_ds), rt, sharded(staged),
+                                                     recorded_counts(staged, 1)),
                   padded_samples=sampler.padded_samples)
     if job.resume is not None:
         checkpoint.restore(job.resume.state, model, optimizer, scheduler)

@@ -16,15 +16,14 @@ from mlhpc.run.result import RunFiles, RunResult
 from mlhpc.run.step import compile_mode
 
 
-def finish(job: Job, files: RunFiles | None, parts: Parts, outcome: Outcome,
-           synthesis_s: float) -> RunResult:
+def finish(job: Job, files: RunFiles | None, parts: Parts, outcome: Outcome) -> RunResult:
     """Write the side file, then the summary read back from the log, the config and the env
     (each once, exclusively: the set was claimed with the log), on the rank that holds the log
     (``files``; None elsewhere). Returns this rank's `RunResult`."""
     result = RunResult(outcome.status, outcome.reason, signal=outcome.signal)
     if files is None:
         return result
-    results.write_json(files.measured, measured(job, files, parts, synthesis_s))
+    results.write_json(files.measured, measured(job, files, parts))
     result.result_file = str(files.log)
     result.summary = results.load(files.log)
     results.write_json(files.summary, result.summary)
@@ -44,14 +43,14 @@ def finish(job: Job, files: RunFiles | None, parts: Parts, outcome: Outcome,
     return result
 
 
-def measured(job: Job, files: RunFiles, parts: Parts, synthesis_s: float) -> dict[str, Any]:
+def measured(job: Job, files: RunFiles, parts: Parts) -> dict[str, Any]:
     """What the log cannot hold: the contents of ``measured_N.json``."""
     config, rt, model = job.config, job.rt, parts.model
     staged = parts.staged.to_dict() if parts.staged is not None else {}
     samples = parts.train_samples + parts.eval_samples  # the job's, as staged_bytes
     peak, peak_source = perf.device_peak(rt.device, parts.step.precision)
     return {
-        "workload": job.workload.name, "target": target_of(job), "synthesis_s": synthesis_s,
+        "workload": job.workload.name, "target": target_of(job), "synthesis_s": job.synthesis_s,
         "world_size": rt.world_size, "num_nodes": rt.num_nodes, "instance": rt.instance,
         "staging": staged, "padded_samples_per_epoch": parts.padded_samples,
         "departs_from_reference": departures(job, parts),

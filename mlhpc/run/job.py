@@ -30,6 +30,7 @@ class Job:
         resume: the checkpoint this run continues, or None.
         progress: called with the run's events on the ranks that report (library code never
             prints).
+        synthesis_s: seconds spent making the embedded data before the run (0.0: they were there).
     """
 
     config: Config
@@ -38,6 +39,7 @@ class Job:
     rt: Runtime
     resume: Resume | None = None
     progress: ProgressFn = _quiet
+    synthesis_s: float = 0.0
 
     @property
     def seed(self) -> int:

@@ -4,7 +4,7 @@ Rank 0 writes; the barriers make a once-only key appear once and measure the slo
 
 from __future__ import annotations
 
-from mlhpc import rules, runtime
+from mlhpc import rules
 from mlhpc.run import mllog
 from mlhpc.run.assemble import Parts
 from mlhpc.run.job import Job
@@ -15,7 +15,7 @@ from mlhpc.run.outcome import Stop
 def log_init(job: Job, log: ComplianceLog) -> None:
     """init_start and the keys logged before staging."""
     rt, sub = job.rt, job.config.submission
-    runtime.barrier(rt)
+    log.barrier()
     log.start(constants.INIT_START)
     log.event(constants.SUBMISSION_BENCHMARK, job.workload.name)
     log.event(constants.SUBMISSION_ORG, sub.org)
@@ -61,7 +61,7 @@ def start_run(job: Job, log: ComplianceLog, stop: Stop) -> None:
     allow, `mlhpc.rules.init_limit_warning`), then run_start; from then on a signal stops the
     run with a checkpoint (`Stop.start_timed`)."""
     stop.check()  # a signal during initialisation: the attempt is set aside
-    runtime.barrier(job.rt)
+    log.barrier()
     log.end(constants.INIT_STOP)
     began, ended = log.first(constants.INIT_START), log.first(constants.INIT_STOP)
     if began is not None and ended is not None and job.rt.is_main:
@@ -70,6 +70,6 @@ def start_run(job: Job, log: ComplianceLog, stop: Stop) -> None:
                                              job.config.data.staging.placement)
         if warning:
             job.progress({"kind": "warning", "message": warning})
-    runtime.barrier(job.rt)
+    log.barrier()
     stop.start_timed()
     log.start(constants.RUN_START)

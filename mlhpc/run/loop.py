@@ -14,13 +14,15 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from mlhpc import runtime
+from mlhpc import rules, runtime
+from mlhpc.config import Config
 from mlhpc.data import loader
 from mlhpc.run import checkpoint
 from mlhpc.run.assemble import Parts
@@ -94,7 +96,7 @@ def train_loop(job: Job, log: ComplianceLog, parts: Parts, stop: Stop,
             break
         if tcfg.checkpoint_every_epochs and epoch % tcfg.checkpoint_every_epochs == 0:
             _save_checkpoint(loop, epoch + 1, 0)
-    runtime.barrier(job.rt)
+    log.barrier()
     log.end(constants.RUN_STOP, metadata=outcome.run_stop_metadata())
     return outcome
 
@@ -103,10 +105,9 @@ def _train_epoch(loop: Loop, epoch: int, skip: int) -> Epoch:
     """One epoch_start .. epoch_stop from micro-step ``skip``. Every ``train.check_every_steps``
     the ranks agree on stopping (a signal: checkpoint and stop; a non-finite loss: stop)."""
     job, parts, rt, tcfg = loop.job, loop.parts, loop.job.rt, loop.job.config.train
-    batches = _epoch_batches(parts, epoch, skip, job.config.data.num_workers)
-    micro_steps = len(parts.train_loader)
-    runtime.barrier(rt)
-    loop.log.start(constants.EPOCH_START, metadata={constants.EPOCH_NUM: epoch})
+    batches, micro_steps = _epoch_batches(parts, epoch, skip, job.config)
+    loop.log.barrier()
+    loop.log.start(constants.EPOCH_START, metadata={constants.EPOCH_NUM: _epoch_num(loop, epoch)})
     t0 = time.perf_counter()
     parts.step.model.train()
     loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
@@ -127,9 +128,9 @@ def _train_epoch(loop: Loop, epoch: int, skip: int) -> Epoch:
                 break
     signalled, loss_total, samples_total = runtime.all_reduce(
         [float(loop.stop.signal is not None), loss_sum.item(), samples], rt)
-    runtime.barrier(rt)
+    loop.log.barrier()
     epoch_s = time.perf_counter() - t0
-    loop.log.end(constants.EPOCH_STOP, metadata={constants.EPOCH_NUM: epoch})
+    loop.log.end(constants.EPOCH_STOP, metadata={constants.EPOCH_NUM: _epoch_num(loop, epoch)})
     train_loss = loss_total / max(samples_total, 1)
     if stopped is None and not math.isfinite(train_loss):
         stopped = f"non-finite training loss ({train_loss}) in epoch {epoch}"
@@ -156,17 +157,30 @@ def _agreed_stop(loop: Loop, loss_sum: torch.Tensor, epoch: int, steps_done: int
 def _evaluate_epoch(loop: Loop, epoch: int) -> tuple[float, float]:
     """eval_start .. eval_stop and the metric record; returns (value, seconds)."""
     job, parts, log, metric = loop.job, loop.parts, loop.log, loop.job.workload.metric
-    log.start(constants.EVAL_START, metadata={constants.EPOCH_NUM: epoch})
+    logged = {constants.EPOCH_NUM: _epoch_num(loop, epoch)}
+    log.start(constants.EVAL_START, metadata=logged)
     t0 = time.perf_counter()
     parts.step.model.eval()
     value = evaluate(parts.model, parts.eval_loader, parts.eval_ds.device_transform, metric,
                      job.rt, autocast(parts.step.precision, job.rt.device))
-    runtime.barrier(job.rt)
+    log.barrier()
     eval_s = time.perf_counter() - t0
-    log.end(constants.EVAL_STOP, metadata={constants.EPOCH_NUM: epoch})
-    log.event(metric.key, value, metadata={constants.EPOCH_NUM: epoch})
+    log.end(constants.EVAL_STOP, metadata=logged)
+    log.event(metric.key, value, metadata=logged)
     parts.history.append((epoch, value))
     return value, eval_s
+
+
+def _epoch_num(loop: Loop, epoch: int) -> int:
+    """``epoch_num`` as the ruleset counts it: the epoch (1-based) or, for a benchmark whose
+    epochs count training samples (`mlhpc.rules.Ruleset.sample_counted_epochs`: OpenFold), the
+    samples trained by the epoch's end, its optimizer steps x ``train.global_batch_size`` (a
+    pass's short last batch counted whole)."""
+    if loop.job.workload.name not in rules.ruleset().sample_counted_epochs:
+        return epoch
+    tcfg = loop.job.config.train
+    steps = tcfg.eval_every_steps or math.ceil(len(loop.parts.train_loader) / tcfg.gradient_accumulation_steps)
+    return epoch * steps * tcfg.global_batch_size
 
 
 def _report(loop: Loop, epoch: int, trained: Epoch, value: float, eval_s: float,
@@ -181,14 +195,44 @@ def _report(loop: Loop, epoch: int, trained: Epoch, value: float, eval_s: float,
                       "samples_per_s": trained.samples_per_s})
 
 
-def _epoch_batches(parts: Parts, epoch: int, skip: int, num_workers: int) -> DataLoader:
-    """This epoch's training batches, after the first ``skip`` micro-steps (resume)."""
-    parts.train_sampler.set_epoch(epoch - 1)
-    if skip == 0:
-        return parts.train_loader
+def _epoch_batches(parts: Parts, epoch: int, skip: int, config: Config) -> tuple[Iterable, int]:
+    """This epoch's training batches after its first ``skip`` micro-steps (resume), and the
+    epoch's micro-steps.
+
+    An epoch is one pass over the data (``train.eval_every_steps`` unset) or, set, a block of
+    that many optimizer steps read on from where the last block stopped, passes following each
+    other with each pass's own shuffle (the reference's OpenFold: an evaluation every 40 steps,
+    ``val_every_iters``). Either way every pass reads each datum once: "each training sample
+    must be used once per epoch" (hpc_training_rules.adoc, where an epoch is a pass).
+    """
+    every = config.train.eval_every_steps
+    if every is None:
+        parts.train_sampler.set_epoch(epoch - 1)
+        if skip == 0:
+            return parts.train_loader, len(parts.train_loader)
+        return _resumed(parts, skip, config), len(parts.train_loader)
+    micro_steps = every * config.train.gradient_accumulation_steps
+    start = (epoch - 1) * micro_steps + skip
+    return itertools.islice(_passes(parts, start, config), micro_steps - skip), micro_steps
+
+
+def _passes(parts: Parts, start: int, config: Config) -> Iterator[Any]:
+    """Endless training batches from micro-step ``start`` of the run: pass after pass, pass p
+    shuffled as epoch p of the sampler."""
+    per_pass = len(parts.train_loader)
+    if per_pass == 0:
+        return
+    for number in itertools.count(start // per_pass):
+        parts.train_sampler.set_epoch(number)
+        offset = start % per_pass if number == start // per_pass else 0
+        yield from (_resumed(parts, offset, config) if offset else parts.train_loader)
+
+
+def _resumed(parts: Parts, skip: int, config: Config) -> DataLoader:
+    """The sampler's current pass after its first ``skip`` micro-steps."""
     return loader.make_loader(parts.train_ds, parts.local_batch_size,
                               sampler=_SkipSampler(parts.train_sampler, skip * parts.local_batch_size),
-                              num_workers=num_workers, device=parts.step.device)
+                              num_workers=config.data.num_workers, device=parts.step.device)
 
 
 def _save_checkpoint(loop: Loop, next_epoch: int, steps_done: int) -> None:

@@ -14,6 +14,7 @@ are named once, here.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -21,10 +22,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 from mlperf_logging.mllog import constants
 from mlperf_logging.mllog.mllog import MLLogger
+
+from mlhpc import runtime
+from mlhpc.runtime import Runtime
 
 # HPC keys with no constant in mlperf_logging.mllog.constants.
 EVAL_ERROR = "eval_error"
@@ -93,10 +97,13 @@ class ComplianceLog:
         path: the result file (already created) or None on ranks that do not write.
         handle: its open text handle.
         instance: instance id for throughput (weak-scaling) runs, added to every event's metadata.
+        sync: the barrier of the ranks that share this log (`barrier`); none for one process.
     """
 
-    def __init__(self, path: Path | None, handle: IO[str] | None, instance: int | None = None):
+    def __init__(self, path: Path | None, handle: IO[str] | None, instance: int | None = None,
+                 sync: Callable[[], None] | None = None):
         self.path = path
+        self._sync = sync
         self.events: list[Event] = []
         self._instance = instance
         self._lock = threading.Lock()
@@ -114,12 +121,20 @@ class ComplianceLog:
                                   root_dir=str(Path(__file__).resolve().parents[1]))
 
     @classmethod
-    def create(cls, out_dir: Path, is_main: bool, instance: int | None = None) -> "ComplianceLog":
-        """A log writing ``out_dir/result_N.txt`` on the main rank, nothing elsewhere."""
-        if not is_main:
-            return cls(None, None, instance)
+    def create(cls, out_dir: Path, rt: Runtime) -> "ComplianceLog":
+        """A log writing ``out_dir/result_N.txt`` on ``rt``'s main rank, nothing elsewhere; its
+        records are synchronised over ``rt``'s ranks (`barrier`)."""
+        sync = functools.partial(runtime.barrier, rt)
+        if not rt.is_main:
+            return cls(None, None, rt.instance, sync)
         path, handle = open_next_result(out_dir)
-        return cls(path, handle, instance)
+        return cls(path, handle, rt.instance, sync)
+
+    def barrier(self) -> None:
+        """Wait for every rank sharing this log (`mlhpc.runtime.barrier`): before a timing record
+        so that a once-only key appears once and the slowest rank is measured."""
+        if self._sync is not None:
+            self._sync()
 
     def _meta(self, metadata: dict[str, Any] | None) -> dict[str, Any]:
         meta = dict(metadata or {})

@@ -1,9 +1,10 @@
 """A run of one benchmark, one straight line: every stage takes values and returns values.
 
     run(config): config (or a checkpoint's) -> the output folder checked -> runtime.started:
-      the job's ranks and this instance's share (`mlhpc.runtime`) -> Job (frozen)
-      -> _ensure_source: embedded data made if missing (untimed, before the log)
-      -> _preflight: model and checkpoint fit (nothing reads the dataset) -> result_N.txt claimed
+      the job's ranks and this instance's share (`mlhpc.runtime`)
+      -> _ensure_source: embedded data made if missing (untimed, before the log) -> Job (frozen)
+      -> _preflight: model and checkpoint fit (nothing reads the dataset) -> result_N.txt claimed,
+         the log synchronised over the instance's ranks (`ComplianceLog.barrier`)
       -> log_init: init_start, submission_*, cache_clear, seed, resume (`mlhpc.run.log`)
       -> _prepare: hyperparameters; staging (staging_start/stop) and build (the parts: the first
          read of the data checked against the model) before or after run_start, by
@@ -40,6 +41,7 @@ from mlhpc.run.mllog import ComplianceLog
 from mlhpc.run.outcome import Outcome, RunInterrupted, Stop, agree, close_failed, sources_named
 from mlhpc.run.result import RunFiles, RunResult
 from mlhpc.runtime import Runtime
+from mlhpc.workload import Workload
 from mlhpc.workload import get as get_workload
 
 __all__ = ["RunInterrupted", "RunResult", "local_batch_size", "run", "stage_only"]
@@ -71,11 +73,19 @@ def run(config: Config | None, *, on_progress: ProgressFn | None = None,
     outdir.check_output_dir(config.output.dir)  # before anything is written (OutputError)
     workload = get_workload(config.workload)
     tcfg = config.train
+    progress = on_progress or (lambda event: None)
     with runtime.started(tcfg.device, tcfg.instances, tcfg.threads) as (world, rt):
-        job = Job(config, workload, world, rt, resume, on_progress or (lambda event: None))
         if world.is_main:  # first thing: where data and results go
-            job.progress(_where(config))
-        return agree(_run_instance(job), world)  # rank 0 has written every file; no rank exits before
+            progress(_where(config))
+        lbs = local_batch_size(config, rt)  # a batch that does not divide: refused before any data
+        with Stop() as stop:  # SIGTERM: an error before run_start, a checkpoint after it
+            # Synthesising the embedded dataset when it is missing creates the data a run then
+            # reads (as a download would); it is not the benchmark touching the dataset, so it
+            # stays before the log, untimed, once for every instance. Nothing here reads a sample.
+            synthesis_s = _ensure_source(config, workload, world, progress)
+            job = Job(config, workload, world, rt, resume, progress, synthesis_s)
+            result = _run_instance(job, stop, lbs)
+        return agree(result, world)  # rank 0 has written every file; no rank exits before
 
 
 def stage_only(config: Config) -> tuple[staging.StagingResult | None, bool]:
@@ -90,32 +100,26 @@ def stage_only(config: Config) -> tuple[staging.StagingResult | None, bool]:
         return staging.stage_dataset(config, world), world.is_main
 
 
-def _run_instance(job: Job) -> RunResult:
-    """One instance's attempt, from its source data to its files; the log is closed (with
-    ``run_stop``, or set aside before ``run_start``) whatever happens."""
-    with Stop() as stop:  # SIGTERM: an error before run_start, a checkpoint after it
-        lbs = local_batch_size(job.config, job.rt)
-        # Synthesising the embedded dataset when it is missing creates the data a run then reads
-        # (as a download would); it is not the benchmark touching the dataset, so it stays before
-        # the log, untimed. Nothing here reads a sample.
-        synthesis_s = _ensure_source(job)
-        _preflight(job)
-        log = ComplianceLog.create(Path(job.config.output.dir), job.rt.is_main, job.rt.instance)
-        files = RunFiles.of_log(log.path) if log.path else None
-        try:
-            parts, outcome = _attempt(job, (log, files), stop, lbs)
-        except BaseException as exc:
-            close_failed(job.resume, log, files, exc)
-            raise
-        finally:
-            log.close()
-        # still under `Stop`: a SIGTERM now (a launcher stopping the job) waits for the files
-        result = finish(job, files, parts, outcome, synthesis_s)
-        # the staged copy this run made goes unless data.staging.keep (every rank lets go of it)
-        said = release(parts.staged, job.config.data.staging.keep, job.world.local_rank, job.world.node_rank)
-        if said and job.world.is_main:
-            job.progress({"kind": "note", "message": said})
-        return result
+def _run_instance(job: Job, stop: Stop, lbs: int) -> RunResult:
+    """One instance's attempt at local batch size ``lbs``, from its checks to its files; the
+    log is closed (with ``run_stop``, or set aside before ``run_start``) whatever happens."""
+    _preflight(job)
+    log = ComplianceLog.create(Path(job.config.output.dir), job.rt)
+    files = RunFiles.of_log(log.path) if log.path else None
+    try:
+        parts, outcome = _attempt(job, (log, files), stop, lbs)
+    except BaseException as exc:
+        close_failed(job.resume, log, files, exc)
+        raise
+    finally:
+        log.close()
+    # still under `Stop`: a SIGTERM now (a launcher stopping the job) waits for the files
+    result = finish(job, files, parts, outcome)
+    # the staged copy this run made goes unless data.staging.keep (every rank lets go of it)
+    said = release(parts.staged, job.config.data.staging.keep, job.world.local_rank, job.world.node_rank)
+    if said and job.world.is_main:
+        job.progress({"kind": "note", "message": said})
+    return result
 
 
 def _attempt(job: Job, written: tuple[ComplianceLog, RunFiles | None], stop: Stop, lbs: int
@@ -188,12 +192,11 @@ def _preflight(job: Job) -> None:
                            source=f"--resume {job.resume.source}")
 
 
-def _ensure_source(job: Job) -> float:
+def _ensure_source(config: Config, workload: Workload, world: Runtime, progress: ProgressFn) -> float:
     """`mlhpc.data.embedded.ensure_data` on ``data.path``, unless the source is gone and every node
     already holds its complete staged copy (`mlhpc.data.stage.staged_copy_present`): a run after a
     separate ``mlhpc stage`` step then needs no source (and synthesises none). Every rank of the
-    job takes the same branch. Returns the seconds spent synthesising."""
-    config, world = job.config, job.world
+    job (``world``) takes the same branch. Returns the seconds spent synthesising."""
     present = (not Path(config.data.path).exists()
                and staging.staged_copy_present(config, world))
     if runtime.all_reduce([float(not present)], world, op="max")[0] == 0.0:
@@ -201,13 +204,13 @@ def _ensure_source(job: Job) -> float:
     state = embedded.describe(Path(config.data.path))
     if world.is_main and config.data.synthesize_if_missing and state not in ("complete", "unmarked"):
         synth = config.synth  # what ensure_data is about to make, and how big
-        job.progress({"kind": "synthesis", "path": str(config.data.path), "state": state,
-                      "workload": job.workload.name,
-                      "samples": {k: v for k, v in (synth.model_dump() if synth is not None else {}).items()
-                                  if k.endswith("_samples")}})
-    seconds = embedded.ensure_data(config, job.workload, world, job.progress)
+        progress({"kind": "synthesis", "path": str(config.data.path), "state": state,
+                  "workload": workload.name,
+                  "samples": {k: v for k, v in (synth.model_dump() if synth is not None else {}).items()
+                              if k.endswith("_samples")}})
+    seconds = embedded.ensure_data(config, workload, world, progress)
     if world.is_main and seconds > 0:
-        job.progress({"kind": "synthesised", "path": str(config.data.path), "seconds": seconds})
+        progress({"kind": "synthesised", "path": str(config.data.path), "seconds": seconds})
     return seconds
 
 

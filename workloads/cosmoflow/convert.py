@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import h5py
 import numpy as np
@@ -71,25 +72,49 @@ def copy_range(src: Path, src_offset: int, dst: Path, dst_offset: int, nbytes: i
             done += n
 
 
-def _copy_mapped(src: Path, offset: int, shape: tuple[int, ...], targets: np.ndarray,
-                 out_dir: Path, name: str, to: str) -> list[tuple[Path, int]]:
-    """`_write` for a source whose int16 counts ``shape`` lie contiguous at ``offset`` (npy,
-    contiguous HDF5): the headers are written here and the counts copied by the kernel."""
+class Mapped(NamedTuple):
+    """Where a source's int16 counts ``shape`` lie contiguous: file ``src`` from byte ``offset``."""
+
+    src: Path
+    offset: int
+    shape: tuple[int, ...]
+
+
+def _copy_mapped(mapped: Mapped, targets: np.ndarray, out_dir: Path, name: str, to: str
+                 ) -> list[tuple[Path, int]]:
+    """`_write` for a source whose counts lie contiguous (npy, contiguous HDF5): the headers
+    are written here and the counts copied by the kernel."""
+    if to == "hdf5":
+        return _copy_mapped_hdf5(mapped, targets, out_dir / f"{name}.h5")
+    return _copy_mapped_npy(mapped, targets, out_dir, name)
+
+
+def _copy_mapped_hdf5(mapped: Mapped, targets: np.ndarray, final: Path) -> list[tuple[Path, int]]:
+    """One HDF5 file ``final``: ``full`` allocated contiguous and unfilled, the counts copied
+    into it by the kernel, ``unitPar`` written."""
+    src, offset, shape = mapped
     n = shape[0]
     sample_bytes = int(np.prod(shape[1:])) * 2
-    if to == "hdf5":
-        final = out_dir / f"{name}.h5"
-        with atomic_output(final) as tmp:
-            with h5py.File(tmp, "w") as f:
-                dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-                dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)  # contiguous space now, unfilled
-                dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
-                space = h5py.h5s.create_simple(shape[1:] if n == 1 else shape)
-                full = h5py.h5d.create(f.id, b"full", h5py.h5t.STD_I16LE, space, dcpl=dcpl)
-                dst_offset = full.get_offset()
-                f.create_dataset("unitPar", data=np.asarray(targets[0] if n == 1 else targets, "<f4"))
-            copy_range(src, offset, tmp, dst_offset, n * sample_bytes)
-        return [(final, n)]
+    with atomic_output(final) as tmp:
+        with h5py.File(tmp, "w") as f:
+            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+            dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)  # contiguous space now, unfilled
+            dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+            space = h5py.h5s.create_simple(shape[1:] if n == 1 else shape)
+            full = h5py.h5d.create(f.id, b"full", h5py.h5t.STD_I16LE, space, dcpl=dcpl)
+            dst_offset = full.get_offset()
+            f.create_dataset("unitPar", data=np.asarray(targets[0] if n == 1 else targets, "<f4"))
+        copy_range(src, offset, tmp, dst_offset, n * sample_bytes)
+    return [(final, n)]
+
+
+def _copy_mapped_npy(mapped: Mapped, targets: np.ndarray, out_dir: Path, name: str
+                     ) -> list[tuple[Path, int]]:
+    """One ``.npy`` pair per sample: the data header written, the counts copied by the kernel,
+    the label written."""
+    src, offset, shape = mapped
+    n = shape[0]
+    sample_bytes = int(np.prod(shape[1:])) * 2
     out: list[tuple[Path, int]] = []
     for i in range(n):
         stem_i = name if n == 1 else f"{name}_{i:03d}"
@@ -179,7 +204,7 @@ class CosmoFlowDataTools(DataTools):
         if info.offset is not None and fmt in ("npy", "hdf5"):  # counts lie contiguous on disk
             targets = info.targets if info.targets is not None else reader.inspect(path, True).targets
             shape = (info.n_samples,) + (info.cube,) * 3 + (formats.N_CHANNELS,)
-            return _copy_mapped(path, info.offset, shape, targets, Path(out_dir),
+            return _copy_mapped(Mapped(path, info.offset, shape), targets, Path(out_dir),
                                 formats.stem(path.name), to)
         source = reader.open(path, info)
         try:

@@ -136,7 +136,11 @@ def _background(rng: np.random.Generator, cfg: SynthConfig, lat2d: np.ndarray) -
 
 
 def _add_cyclone(f: dict[str, np.ndarray], rng: np.random.Generator, cfg: SynthConfig,
-                 lat2d: np.ndarray, lon2d: np.ndarray, lat0: float, lon0: float) -> None:
+                 grid2d: tuple[np.ndarray, np.ndarray], centre: tuple[float, float]) -> None:
+    """A vortex added to fields ``f`` at ``centre`` (latitude, longitude in degrees) of the
+    (H, W) latitude and longitude grids ``grid2d``: its radius and strength drawn from ``rng``;
+    a pressure drop, a rotating wind, moisture, rain and a warm core."""
+    (lat2d, lon2d), (lat0, lon0) = grid2d, centre
     hemi = 1.0 if lat0 >= 0 else -1.0
     radius = cfg.tc_radius_km * rng.uniform(0.8, 1.25)
     drop_pa = rng.uniform(1500.0, 6000.0)
@@ -245,13 +249,23 @@ def detect(fields: np.ndarray, lat: np.ndarray, lon: np.ndarray, cfg: SynthConfi
         int32 (H, W): 0 background, 1 tropical cyclone, 2 atmospheric river.
     """
     v = {name: fields[..., i].astype(np.float64) for i, name in enumerate(CHANNELS)}
-    h, w = fields.shape[:2]
+    labels = np.zeros(fields.shape[:2], dtype=np.int32)
+    tc_mask, near_tc = _detect_cyclones(v, lat, lon, cfg)
+    labels[tc_mask] = 1
+    rivers = _detect_rivers(v, lat, lon, cfg, near_tc)
+    labels[rivers & (labels == 0)] = 2
+    return labels
+
+
+def _detect_cyclones(v: dict[str, np.ndarray], lat: np.ndarray, lon: np.ndarray, cfg: SynthConfig
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """The tropical cyclones of fields ``v`` (name -> float64 (H, W)): a sea-level pressure
+    minimum, cyclonic, warm-cored and windy, its moist region; returns (their bool (H, W)
+    mask, the cells within 2.5 storm radii of a detected centre)."""
+    h, w = v["PSL"].shape
     lat2d, lon2d = np.meshgrid(lat, lon, indexing="ij")
     px_km = 180.0 * KM_PER_DEG / h
     radius_px = max(1, int(round(cfg.tc_radius_km / px_km)))
-    labels = np.zeros((h, w), dtype=np.int32)
-
-    # tropical cyclones
     psl_anom = _zonal_anomaly(v["PSL"])
     t500_anom = _zonal_anomaly(v["T500"])
     tmq_anom = _zonal_anomaly(v["TMQ"])
@@ -280,12 +294,19 @@ def detect(fields: np.ndarray, lat: np.ndarray, lon: np.ndarray, cfg: SynthConfi
         if region[i, j]:
             tc_mask |= region == region[i, j]
         near_tc |= r < 2.5
-    labels[tc_mask] = 1
+    return tc_mask, near_tc
 
-    # atmospheric rivers
+
+def _detect_rivers(v: dict[str, np.ndarray], lat: np.ndarray, lon: np.ndarray, cfg: SynthConfig,
+                   near_tc: np.ndarray) -> np.ndarray:
+    """The atmospheric rivers of fields ``v`` away from cyclones (``near_tc``): connected regions
+    of high vapour transport, outside the tropics, long and narrow; a bool (H, W) mask."""
+    h = v["PSL"].shape[0]
+    px_km = 180.0 * KM_PER_DEG / h
     ivt = v["TMQ"] * np.hypot(v["U850"], v["V850"])
     river = (_zonal_anomaly(ivt) > cfg.ar_ivt_anomaly_kg_per_m_s) & ~near_tc
     comp, _ = _components(river)
+    found = np.zeros(river.shape, dtype=bool)
     for cid in np.unique(comp[comp > 0]):
         rows, cols = np.nonzero(comp == cid)
         lons = lon[cols]
@@ -299,8 +320,8 @@ def detect(fields: np.ndarray, lat: np.ndarray, lon: np.ndarray, cfg: SynthConfi
         length_km = np.sqrt(12.0 * max(eig[1], 0.0))
         width_km = np.sqrt(12.0 * max(eig[0], 0.0)) + px_km
         if length_km >= cfg.ar_min_length_km and length_km >= 2.0 * width_km:
-            labels[(comp == cid) & (labels == 0)] = 2
-    return labels
+            found |= comp == cid
+    return found
 
 
 def make_sample(cfg: SynthConfig, seed: int, split: str, index: int) -> tuple[np.ndarray, np.ndarray]:
@@ -321,7 +342,7 @@ def make_sample(cfg: SynthConfig, seed: int, split: str, index: int) -> tuple[np
                       for a, b in centres)
             if far:
                 centres.append((lat0, lon0))
-                _add_cyclone(f, rng, cfg, lat2d, lon2d, lat0, lon0)
+                _add_cyclone(f, rng, cfg, (lat2d, lon2d), (lat0, lon0))
                 break
     for _ in range(rng.poisson(cfg.rivers_per_sample)):
         _add_river(f, rng, cfg, lat2d, lon2d)

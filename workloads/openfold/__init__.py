@@ -34,11 +34,13 @@ from .training import (
 TARGET_LDDT_CA = 0.8
 REFERENCE_SAMPLES = (594_595, 180)  # PDB chains released by 2021-09-16 / CAMEO targets
 REFERENCE_GLOBAL_BATCH_SIZE = 256
-#: The reference's data window and evaluation cadence (closed_openfold.yaml, logged as facts).
+#: The reference's data window (closed_openfold.yaml, logged as facts).
 DATA_WINDOW = {"train_max_pdb_release_date": "2021-09-16",
                "val_min_cameo_submission_date": "2021-09-17",
                "val_max_cameo_submission_date": "2021-12-11",
-               "val_max_sequence_length": 700, "val_every_iters": 40}
+               "val_max_sequence_length": 700}
+#: The reference's evaluation cadence, optimizer steps (closed_openfold.yaml ``val_every_iters``).
+REFERENCE_EVAL_EVERY_STEPS = 40
 
 METRIC = QualityMetric(key="eval_accuracy", target=TARGET_LDDT_CA, direction="max",
                        batch_stats=lddt_ca_stats)
@@ -79,7 +81,9 @@ def init_checkpoint_hash(config: Any) -> str | None:
 
 def hyperparameters(config: Any) -> dict[str, Any]:
     """The keys of closed_openfold.yaml, as the reference's train.py logs them (the harness logs
-    global_batch_size, train_samples, eval_samples). Raises ConfigError as `init_checkpoint_hash`."""
+    global_batch_size, train_samples, eval_samples). ``val_every_iters`` is ``train.eval_every_steps``,
+    left out when unset (an evaluation per pass, which the closed rules do not allow). Raises
+    ConfigError as `init_checkpoint_hash`."""
     model, opt, loss = config.model, config.optimizer, config.model.loss
     keys: dict[str, Any] = {
         "target_avg_lddt_ca_value": config.train.target if config.train.target is not None else TARGET_LDDT_CA,
@@ -102,6 +106,8 @@ def hyperparameters(config: Any) -> dict[str, Any]:
         "model_parameters_count": parameter_count(model),
         "initial_training_dataloader_type": "InitialTrainingDataloaderPT",
     }
+    if config.train.eval_every_steps is not None:
+        keys["val_every_iters"] = config.train.eval_every_steps
     digest = init_checkpoint_hash(config)
     if digest is not None:
         keys["init_checkpoint_sha256sum"] = digest
@@ -122,7 +128,11 @@ def departures(config: Any) -> list[str]:
     if not config.model.init_checkpoint:
         notes.append("model.init_checkpoint: none, random initialisation (the reference continues "
                      "a partly trained model)")
-    notes.append("evaluation once per epoch of the training set (the reference: every 40 steps)")
+    every = config.train.eval_every_steps
+    if every != REFERENCE_EVAL_EVERY_STEPS:
+        cadence = f"every {every} optimizer steps" if every else "once per pass over the training set"
+        notes.append(f"evaluation {cadence} (train.eval_every_steps; the reference: every "
+                     f"{REFERENCE_EVAL_EVERY_STEPS} steps)")
     return notes + training_departures(config, ModelConfig(), OptimizerConfig(),
                                        REFERENCE_GLOBAL_BATCH_SIZE, METRIC)
 

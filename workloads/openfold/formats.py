@@ -52,6 +52,20 @@ class OpenFoldDataTools(DataTools):
                                 f"{MMCIF_DIR}/ and {ALIGNMENT_DIR}/)")
         return FORMAT
 
+    def file_group(self, path: str) -> str:
+        """A chain's structure and its alignments stay on one node: ``mmcif_files/<pdb_id>.cif``
+        and every file under ``alignments/<pdb_id>_<chain_id>/`` are of group ``<pdb_id>`` (the
+        chains of one entry read one mmCIF file); any other file stands alone. Templates a
+        chain's ``.hhr`` hits name in other entries are not kept with it."""
+        top, _, rest = path.partition("/")
+        if top == MMCIF_DIR and "/" not in rest:
+            return f"pdb:{_pdb_id(Path(rest))}"
+        if top == ALIGNMENT_DIR and "/" in rest:
+            pdb_id, sep, _chain = rest.split("/", 1)[0].rpartition("_")
+            if sep and pdb_id:
+                return f"pdb:{pdb_id}"
+        return path
+
     def list_files(self, split_dir: Path, fmt: str) -> list[Path]:
         """The mmCIF files of a split, sorted."""
         folder = Path(split_dir) / MMCIF_DIR

@@ -48,6 +48,9 @@ class StagingResult:
             ``pruned_files`` the outputs removed because their source left the plan, and
             ``staged_files`` / ``staged_bytes`` the files the nodes hold (outputs, file lists,
             copied files).
+        node_samples: with a sharded stage of a folder whose manifest counts every file's
+            samples, per split the samples each node holds, ordered by node rank (the samplers'
+            counts, `mlhpc.data.stage.plan.shard_samples`); None otherwise.
     """
 
     source: Path
@@ -65,6 +68,7 @@ class StagingResult:
     offline: bool = False
     manifest: Path = Path(MANIFEST_NAME)
     to: str = "none"
+    node_samples: Optional[dict[str, list[int]]] = None
 
     def node_summary(self) -> dict[str, Any]:
         """Per-node figures for the run summary and the log: ``nodes``, ``slowest_node_s``,

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from mlhpc.data.files import (
-    checksum,
     common_mode,
     copy_mode,
     dest_error,
@@ -23,11 +22,14 @@ from mlhpc.data.files import (
 from mlhpc.data.manifest import (
     MANIFEST_NAME,
     Journal,
+    conversion_entry,
+    conversion_reusable,
     describe_output,
     drop_journals,
     finish_files_recorded,
     identity,
     read_convert_state,
+    source_records,
     write,
 )
 from mlhpc.data.stage.copy import copy_file, run_all
@@ -35,22 +37,6 @@ from mlhpc.data.stage.dest import make_parents, prune_to
 from mlhpc.data.stage.job import Copy, Counts
 from mlhpc.data.stage.plan import Planned
 from mlhpc.errors import StagingError
-
-
-def _outputs_good(dest: Path, item: Planned, entry: dict[str, Any], verify: bool) -> bool:
-    """The recorded outputs are of the current source (same size, mtime, ctime and inode) and
-    each is on disk with its recorded size (and with ``verify`` its checksum)."""
-    if entry["bytes"] != item.size_bytes or any(entry[k] != v for k, v in identity(item).items()):
-        return False
-    try:
-        for out in entry["outputs"]:
-            if os.stat(dest / out["path"]).st_size != out["bytes"]:
-                return False
-            if verify and checksum(dest / out["path"]) != out["xxh3_128"]:
-                return False
-    except OSError:
-        return False
-    return bool(entry["outputs"])
 
 
 def _describe_output(dest: Path, path: Path, samples: int, src: Path, mode: int) -> dict[str, Any]:
@@ -76,12 +62,10 @@ def convert_share(job: Copy, share: list[Planned], known: dict[str, dict[str, An
         return
     make_parents(job.dest, share)
     journal = Journal(job.dest, job.host)
-    src_root = str(resolved(job.source))
     lock = threading.Lock()
 
     def one(item: Planned) -> None:
-        entry = known.get(item.rel)
-        if entry is not None and _outputs_good(job.dest, item, entry, job.verify):
+        if conversion_reusable(job.dest, known.get(item.rel), item.size_bytes, identity(item), job.verify):
             with lock:
                 counts.skipped_files += 1
             return
@@ -100,8 +84,8 @@ def convert_share(job: Copy, share: list[Planned], known: dict[str, dict[str, An
         else:
             size, digest = copy_file(src, job.dest / item.rel, job.host, job.verify, job.dest)
             outputs = [{"path": item.rel, "bytes": size, "xxh3_128": digest, "samples": 0}]
-        journal.add({"path": item.rel, "bytes": item.size_bytes, **identity(item),
-                     "source": src_root, "to": conv.to, "convert": item.convert, "outputs": outputs})
+        journal.add(conversion_entry(item.rel, item.size_bytes, identity(item),
+                                     (job.source, "stage", conv.to), outputs, item.convert))
         with lock:
             counts.copied_files += 1
             counts.copied_bytes += sum(o["bytes"] for o in outputs)
@@ -118,8 +102,8 @@ def record_converted(job: Copy, plan: list[Planned], counts: Counts) -> None:
     this node's ``staged_files`` / ``staged_bytes`` and ``pruned_files``."""
     conv = job.convert
     assert conv is not None
-    known = read_convert_state(job)
-    sources, outputs = [], []
+    known = read_convert_state(job.dest, job.source, conv.to)
+    outputs = []
     for item in plan:
         entry = known.get(item.rel)
         if entry is None or entry["bytes"] != item.size_bytes \
@@ -136,8 +120,7 @@ def record_converted(job: Copy, plan: list[Planned], counts: Counts) -> None:
                 raise StagingError(f"{job.dest / out['path']}: converted file has {on_disk} bytes, "
                                    f"expected {out['bytes']}")
             outputs.append({**out, "from": item.rel})
-        sources.append({"path": item.rel, "bytes": item.size_bytes, **identity(item),
-                        "convert": item.convert, "outputs": [o["path"] for o in entry["outputs"]]})
+    sources = source_records(known, [item.rel for item in plan])
     keep = {o["path"] for o in outputs}
     old_lists = finish_files_recorded(job)
     counts.pruned_files = prune_to(job.dest, keep | old_lists)

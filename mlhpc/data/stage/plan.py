@@ -11,14 +11,12 @@ nor lie inside it.
 from __future__ import annotations
 
 import hashlib
-import heapq
 import os
-import random
 import socket
 import stat
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from mlhpc.errors import StagingError
 
@@ -33,6 +31,7 @@ from mlhpc.data.files import (
     safe_name,
 )
 from mlhpc.data.inputs import walk_files
+from mlhpc.data.partition import partition
 from mlhpc.data.manifest import (
     IDENTITY,
     converted_doc,
@@ -59,6 +58,8 @@ class Shard:
     num_nodes: int
     seed: int
     splits: tuple[str, ...] = ("train", "validation")
+    #: The workload's `mlhpc.workload.DataTools.file_group`: files that stay on one node.
+    group: Optional[Callable[[str], str]] = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """The job-wide description recorded in every node's manifest (node rank apart)."""
@@ -67,56 +68,77 @@ class Shard:
 
 
 def assign_shards(files: Sequence[tuple[str, int]], num_nodes: int, seed: int,
-                  splits: Sequence[str] = ("train", "validation")) -> list[list[str]]:
+                  splits: Sequence[str] = ("train", "validation"),
+                  group: Callable[[str], str] | None = None) -> list[list[str]]:
     """Split ``files`` (``(relative POSIX path, size in bytes)``) over ``num_nodes`` nodes.
 
-    Each folder named in ``splits`` is split on its own: its files, sorted by path, are permuted
-    with ``random.Random(f"{seed}:{split}")``, then dealt largest first (equal sizes in the
-    permuted order) each to the node holding the fewest bytes so far (longest-processing-time
-    scheduling). Each node so holds about ``1/N`` of the split's bytes (within one file of it);
-    the shares are disjoint and cover the split; with files of one size the deal is round-robin
-    over the permuted order, so the files of one universe spread over the nodes. Every other
-    file goes to every node.
+    Each folder named in ``splits`` is split on its own, by the one partition rule
+    (`mlhpc.data.partition.partition`): its files, gathered into the groups ``group`` names
+    (``group(path within the split) -> key``, a workload's `mlhpc.workload.DataTools.file_group`:
+    files a sample reads together land on one node; default: each file alone) and sorted by
+    their first path, are permuted with ``random.Random(f"{seed}:{split}")``, then dealt largest
+    first (equal sizes in the permuted order) each to the node holding the fewest bytes so far
+    (longest-processing-time scheduling). Each node so holds about ``1/N`` of the split's bytes
+    (within one group of it); the shares are disjoint and cover the split; with files of one
+    size the deal is round-robin over the permuted order, so the files of one universe spread
+    over the nodes. Every other file goes to every node.
 
     Returns:
         ``num_nodes`` lists of relative paths, sorted.
 
     Raises:
-        StagingError: a split holds files, but fewer than ``num_nodes`` (a node would get none);
-            ``num_nodes < 1``.
+        StagingError: a split holds files, but fewer groups than ``num_nodes`` (a node would get
+            none); ``num_nodes < 1``.
     """
     if num_nodes < 1:
         raise StagingError(f"staging shard: expected at least 1 node, got {num_nodes}")
     shares: list[list[str]] = [[] for _ in range(num_nodes)]
-    by_split: dict[str, list[tuple[str, int]]] = {split: [] for split in splits}
-    for rel, size in files:
-        top = rel.split("/", 1)[0] if "/" in rel else ""
-        if top in by_split:
-            by_split[top].append((rel, size))
+    by_split: dict[str, dict[str, list[tuple[str, int]]]] = {split: {} for split in splits}
+    for rel, size in sorted(files):
+        top, _, inner = rel.partition("/")
+        if inner and top in by_split:
+            key = group(inner) if group is not None else inner
+            by_split[top].setdefault(key, []).append((rel, size))
         else:
             for share in shares:
                 share.append(rel)
-    for split, members in by_split.items():
-        if not members:
+    for split, groups in by_split.items():
+        if not groups:
             continue
-        if len(members) < num_nodes:
-            raise StagingError(f"{split}/: {len(members)} files cannot be sharded over {num_nodes} "
+        if len(groups) < num_nodes:
+            raise StagingError(f"{split}/: {len(groups)} files cannot be sharded over {num_nodes} "
                                "nodes (each node needs at least one); set data.staging.shard: none "
                                "or write the split in more files")
-        members = sorted(members)
-        random.Random(f"{seed}:{split}").shuffle(members)
-        members.sort(key=lambda m: -m[1])  # stable: equal sizes keep the permuted order
-        load = [(0, 0, n) for n in range(num_nodes)]  # heap of (bytes so far, files so far, node)
-        for rel, size in members:
-            held, count, node = heapq.heappop(load)
-            shares[node].append(rel)
-            heapq.heappush(load, (held + size, count + 1, node))
+        members = sorted(groups.values())
+        dealt = partition([sum(size for _, size in m) for m in members], num_nodes,
+                          f"{seed}:{split}", [len(m) for m in members] if group is not None else None)
+        for node, indices in enumerate(dealt):
+            shares[node] += [rel for i in indices for rel, _ in members[i]]
     for n, share in enumerate(shares):
-        for split, members in by_split.items():
-            if members and not any(rel.startswith(split + "/") for rel in share):
+        for split, groups in by_split.items():
+            if groups and not any(rel.startswith(split + "/") for rel in share):
                 raise StagingError(f"{split}/: node {n} of {num_nodes} gets no file (a few files "
                                    "hold most of the bytes); set data.staging.shard: none")
     return [sorted(share) for share in shares]
+
+
+def shard_samples(source: Path, shard: Optional[Shard]) -> Optional[dict[str, list[int]]]:
+    """Per split of ``shard``, the samples each node holds after staging ``source`` with it, by
+    node rank: the source manifest's per-file ``samples`` summed over each node's share
+    (`assign_shards` over the manifest's files). None without a shard, without a complete
+    manifest, or when a file of a split has no sample count (data synthesised or staged
+    without one)."""
+    doc = load(source) if shard is not None else None
+    if shard is None or doc is None:
+        return None
+    counted = {e["path"]: e.get("samples") for e in doc["files"]
+               if "/" in e["path"] and e["path"].split("/", 1)[0] in shard.splits}
+    if not counted or not all(type(n) is int for n in counted.values()):
+        return None
+    shares = assign_shards([(e["path"], e["bytes"]) for e in doc["files"]], shard.num_nodes,
+                           shard.seed, shard.splits, shard.group)
+    return {split: [sum(counted.get(rel, 0) for rel in share if rel.startswith(split + "/"))
+                    for share in shares] for split in shard.splits}
 
 
 def resolve_dest(template: "Path | str", runtime: "Runtime") -> Path:
@@ -253,7 +275,7 @@ def plan_node(job: Copy, files: Optional[list[Path]],
     plan = _plan(source, dest, files, job.follow_links)
     if shard is not None:
         mine = set(assign_shards([(p.rel, p.size_bytes) for p in plan], shard.num_nodes, shard.seed,
-                                 shard.splits)[shard.node_rank])
+                                 shard.splits, shard.group)[shard.node_rank])
         plan = [p for p in plan if p.rel in mine]
     return plan, False
 
@@ -311,6 +333,6 @@ def plan_convert(job: Copy, files: Optional[list[Path]],
             if p.rel in data or p.rel.split("/", 1)[0] not in splits or "/" not in p.rel]
     if shard is not None:
         mine = set(assign_shards([(p.rel, p.size_bytes) for p in plan], shard.num_nodes, shard.seed,
-                                 shard.splits)[shard.node_rank])
+                                 shard.splits, shard.group)[shard.node_rank])
         plan = [p for p in plan if p.rel in mine]
     return plan, False

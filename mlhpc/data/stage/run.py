@@ -51,6 +51,7 @@ from mlhpc.data.stage.plan import (
     plan_from_manifest,
     plan_node,
     shard_mode,
+    shard_samples,
     staging_dest,
 )
 
@@ -108,7 +109,10 @@ def stage(source: Path, dest: Path, runtime: "Runtime", options: Optional[StageO
             raise failure
         _stage_alone(job, plan, counts)
         rows = [row(runtime, job.host, job.dest, counts, time.perf_counter() - t0, offline)]
-    return result(job.source, job.dest, rows, None if shard is None else shard.to_dict(), to)
+    staged = result(job.source, job.dest, rows, None if shard is None else shard.to_dict(), to)
+    if files is None and to == "none" and not staged.offline:  # the plan is the manifest's files
+        staged = replace(staged, node_samples=shard_samples(job.source, shard))
+    return staged
 
 
 def _job(source: Path, dest: Path, opts: StageOptions) -> Copy:
@@ -225,23 +229,30 @@ def node_shard(config: "Config", runtime: "Runtime") -> Optional[Shard]:
     split folders are the ones the workload's data tools name (``find_splits``, e.g. OC20's
     ``train`` and ``val_id``) in ``data.path``, or in this node's copy when the source is gone;
     ``train`` and ``validation`` for a workload without ``find_splits``. A split folder the
-    shard does not name would be staged whole on every node and read once per node."""
-    if shard_mode(config, runtime) != "node":
-        return None
-    shard = Shard(runtime.node_rank, runtime.num_nodes, config.train.seed)
-    names = _split_names(config, runtime)
-    return shard if names is None else replace(shard, splits=names)
-
-
-def _split_names(config: "Config", runtime: "Runtime") -> Optional[tuple[str, ...]]:
-    """The split folders the workload's data tools name (``find_splits``) in ``data.path`` or
-    in this node's copy (`node_shard`); None where it declares no tools or no root answers
-    (`Shard`'s default splits then)."""
+    shard does not name would be staged whole on every node and read once per node. The files
+    the tools keep together (``file_group``) are dealt to one node together."""
     from mlhpc.errors import MlhpcError
     from mlhpc.workload import get as get_workload
 
+    if shard_mode(config, runtime) != "node":
+        return None
     try:
         tools = get_workload(config.workload).data_tools
+    except MlhpcError:
+        tools = None
+    shard = Shard(runtime.node_rank, runtime.num_nodes, config.train.seed,
+                  group=None if tools is None else tools.file_group)
+    names = _split_names(config, runtime, tools)
+    return shard if names is None else replace(shard, splits=names)
+
+
+def _split_names(config: "Config", runtime: "Runtime", tools: Any) -> Optional[tuple[str, ...]]:
+    """The split folders the workload's data ``tools`` name (``find_splits``) in ``data.path``
+    or in this node's copy (`node_shard`); None where it declares no tools or no root answers
+    (`Shard`'s default splits then)."""
+    from mlhpc.errors import MlhpcError
+
+    try:
         roots = [Path(config.data.path), staging_dest(config, runtime)]
     except MlhpcError:
         return None
@@ -316,7 +327,9 @@ def staged_copy_present(config: "Config", runtime: "Runtime") -> bool:
 
 def _state(job: Copy) -> dict[str, dict[str, Any]]:
     """What earlier stagings recorded at ``job.dest``: copies, or conversions to ``job``'s form."""
-    return read_state(job.dest, job.source) if job.convert is None else read_convert_state(job)
+    if job.convert is None:
+        return read_state(job.dest, job.source)
+    return read_convert_state(job.dest, job.source, job.convert.to)
 
 
 def _work_share(job: Copy, share: list[Planned], known: dict[str, dict[str, Any]],
