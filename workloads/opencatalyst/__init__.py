@@ -20,13 +20,7 @@ from .convert import DATA_TOOLS
 from .data import Oc20Dataset, find_split_dirs
 from .dimenet import ModelConfig as DimeNetConfig
 from .dimenet import build_model as build_dimenet
-from .optim import (
-    OptimizerConfig,
-    build_loss,
-    build_optimizer,
-    forces_mae_stats,
-    hyperparameters,
-)
+from .optim import OptimizerConfig, build_loss, build_optimizer, forces_mae_stats, hyperparameters
 from .output import NormalisedOutput
 from .synth import SynthConfig, synthesize
 

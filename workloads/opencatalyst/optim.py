@@ -28,6 +28,7 @@ from pydantic import Field
 from mlhpc.config import Section
 
 
+
 class OptimizerConfig(Section):
     """The ``optimizer`` section of an OC20 config: AdamW, its schedule and the loss.
 

@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
+from mlhpc.workload import NO_PROGRESS, SynthProgress
 from mlhpc.config import Section
 from mlhpc.data.pool import map_in_order
 from mlhpc.errors import DataError
-from mlhpc.workload import NO_PROGRESS, SynthProgress
 
 from . import lmdb_io
 
