@@ -22,7 +22,6 @@ from mlhpc import runtime
 from mlhpc.data.stage import StagingResult
 from mlhpc.errors import DataError, MlhpcError
 from mlhpc.run import checkpoint
-from mlhpc.run.checkpoint import Resume
 from mlhpc.run.mllog import ComplianceLog, constants
 from mlhpc.run.result import RunFiles, RunResult
 from mlhpc.runtime import Runtime, all_reduce
@@ -58,10 +57,11 @@ class RunInterrupted(MlhpcError):
         self.exit_status = 128 + self.signum
 
 
-def close_failed(resume: Resume | None, log: ComplianceLog, files: RunFiles | None,
+def close_failed(claimed: Path | None, log: ComplianceLog, files: RunFiles | None,
                  exc: BaseException) -> None:
     """An attempt failed with ``exc`` after its log was opened. Before ``run_start``: its log
-    moves to ``<out>/failed/result_N.log`` (a claim on ``resume`` is released) and a user error
+    moves to ``<out>/failed/result_N.log`` (the attempt's claim on a checkpoint, ``claimed``
+    from `mlhpc.run.checkpoint.claim`, is released) and a user error
     names it; after: ``run_stop`` (aborted, the reason) ends the log. Errors of the library's own
     (`MlhpcError`) get the new path in their one-line message; anything else keeps its type."""
     if log.first(constants.RUN_START) is not None:
@@ -70,9 +70,8 @@ def close_failed(resume: Resume | None, log: ComplianceLog, files: RunFiles | No
             log.end(constants.RUN_STOP, metadata={"status": constants.ABORTED,
                                                   "reason": f"{type(exc).__name__}: {reason}"})
         return
-    if resume is not None and files is not None and resume.claim.is_file() and \
-            checkpoint._read_claim(resume.claim).get("resumed_by") == files.log.name:
-        checkpoint.release(resume)
+    if claimed is not None:
+        checkpoint.release(claimed)
     if files is None:
         return
     log.close()

@@ -106,10 +106,13 @@ def _run_instance(job: Job, stop: Stop, lbs: int) -> RunResult:
     _preflight(job)
     log = ComplianceLog.create(Path(job.config.output.dir), job.rt)
     files = RunFiles.of_log(log.path) if log.path else None
+    claimed = None  # the checkpoint this attempt resumes, claimed by its log
     try:
+        if job.resume is not None and files is not None:
+            claimed = checkpoint.claim(job.resume, files.log)
         parts, outcome = _attempt(job, (log, files), stop, lbs)
     except BaseException as exc:
-        close_failed(job.resume, log, files, exc)
+        close_failed(claimed, log, files, exc)
         raise
     finally:
         log.close()
@@ -127,8 +130,6 @@ def _attempt(job: Job, written: tuple[ComplianceLog, RunFiles | None], stop: Sto
     """init_start .. run_stop: the records before the run, the parts, the timed loop.
     ``written``: the log and the run's files (None on ranks that write none)."""
     (log, files), config, rt = written, job.config, job.rt
-    if job.resume is not None and files is not None:
-        checkpoint.claim(job.resume, files.log)
     if rt.is_main:
         job.progress({"kind": "start", "result_file": str(log.path), "workload": job.workload.name,
                       "instance": rt.instance})
