@@ -5,7 +5,7 @@
       -> _ensure_source: embedded data made if missing (untimed, before the log) -> Job (frozen)
       -> _preflight: model and checkpoint fit (nothing reads the dataset) -> result_N.txt claimed,
          the log synchronised over the instance's ranks (`ComplianceLog.barrier`)
-      -> log_init: init_start, submission_*, cache_clear, seed, resume (`mlhpc.run.log`)
+      -> log_init: init_start, submission_*, cache_clear, seed, resume (`mlhpc.run.mllog`)
       -> _prepare: hyperparameters; staging (staging_start/stop) and build (the parts: the first
          read of the data checked against the model) before or after run_start, by
          ``data.staging.placement``
@@ -35,9 +35,8 @@ from mlhpc.run import checkpoint, outdir
 from mlhpc.run.assemble import Parts, build, stage
 from mlhpc.run.finish import finish
 from mlhpc.run.job import Job, ProgressFn
-from mlhpc.run.log import log_hyperparameters, log_init, log_samples, start_run
 from mlhpc.run.loop import train_loop
-from mlhpc.run.mllog import ComplianceLog
+from mlhpc.run.mllog import ComplianceLog, log_hyperparameters, log_init, log_samples, start_run
 from mlhpc.run.outcome import Outcome, RunInterrupted, Stop, agree, close_failed, sources_named
 from mlhpc.run.result import RunFiles, RunResult
 from mlhpc.runtime import Runtime
