@@ -382,3 +382,42 @@ def test_stage_prints_a_table_and_json_for_scripts(source: Path, tmp_path: Path,
     assert "files held" in table.output and "GB/s" in table.output
     as_json = CliRunner().invoke(main, [*args, "--format", "json"])
     assert as_json.exit_code == 0 and json.loads(as_json.output)["staged_files"] == 3
+
+
+def test_sigterm_during_synthesis_ends_the_run_at_once(tmp_path: Path, repo: Path) -> None:
+    """SIGTERM (a Slurm time limit) while `mlhpc run` synthesises its embedded data: the run
+    ends within seconds, exit 143 and one line, its synthesis workers gone, the half-made data
+    left in the hidden folder (never under data.path), not after the chunks in flight."""
+    import time
+
+    from mlhpc.data import embedded
+
+    data = tmp_path / "data"
+    proc = subprocess.Popen(
+        [os.sys.executable, "-m", "mlhpc", "run", str(repo / "configs" / "cosmoflow-mini.yaml"),
+         "--set", f"data.path={data}", "--set", f"output.dir={tmp_path / 'out'}",
+         "--set", "synth.cube_size=16", "--set", "synth.train_samples=64",
+         "--set", "synth.eval_samples=600"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        start_new_session=True)
+    try:
+        line, deadline = "", time.monotonic() + 120
+        while "writing" not in line and time.monotonic() < deadline:
+            line = proc.stdout.readline()  # the run's progress lines
+        assert "writing" in line, line
+        time.sleep(2.0)
+        proc.send_signal(signal.SIGTERM)  # the run's own pid, as Slurm signals the step
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "SIGTERM before run_start" in stderr.strip().splitlines()[-1] and "Traceback" not in stderr
+    assert not data.exists() and embedded.staging_folder(data).is_dir()
+    deadline = time.monotonic() + 10  # multiprocessing's resource tracker ends on its own
+    while time.monotonic() < deadline:
+        left = subprocess.run(["pgrep", "-a", "-g", str(proc.pid)], capture_output=True, text=True)
+        if not left.stdout.strip():
+            break
+        time.sleep(0.2)
+    assert left.stdout.strip() == "", f"processes left in the run's group: {left.stdout}"

@@ -17,6 +17,7 @@ node's CPUs cannot feed accelerators that consume int16 counts at GB/s.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import socket
@@ -32,6 +33,7 @@ from mlhpc.data.files import (
     check_no_links,
     common_mode,
     copy_mode,
+    disk_full,
     make_private_dir,
     output_mode,
     reason,
@@ -114,8 +116,9 @@ def _convert_one(writing: _Writing, rel: str, source: Path, out_dir: Path) -> di
                                          (writing.source, writing.what, writing.to), described)
     except OSError as exc:
         where = exc.filename or out_dir
-        raise DataError(f"{where}: cannot write output ({reason(exc)}; converting {source}); "
-                        "fix the cause and run the command again to resume") from None
+        short = exc.errno in (None, errno.EIO) and disk_full(out_dir)  # a short write, no errno
+        raise DataError(f"{where}: cannot write output ({'no space left on device' if short else reason(exc)}; "
+                        f"converting {source}); fix the cause and run the command again to resume") from None
 
 
 def _finished(writing: _Writing, jobs: list[tuple[str, Path, Path]]) -> dict[str, dict[str, Any]]:

@@ -422,9 +422,25 @@ def _holds_files(folder: Path) -> bool:
                                 for p in folder.iterdir())
 
 
+def _split_names(path: Path, workload: "Workload", state: str) -> tuple[str, ...]:
+    """The split folders of ``path`` as the workload's data tools name them (``find_splits``: a
+    dataset laid out as its reference lays it out, e.g. ``train/`` and ``val_id/``), or the
+    names it writes (`splits_of`) where the tools find none in data of mlhpc's own. Raises the
+    tools' DataError for a user's (``unmarked``) folder they cannot split."""
+    tools = workload.data_tools
+    if tools is not None and path.is_dir():
+        try:
+            return tuple(tools.find_splits(path))
+        except DataError:
+            if state == "unmarked":
+                raise
+    return splits_of(tools)
+
+
 def _require_splits(path: Path, workload: "Workload", state: str) -> None:
-    """Raises DataError when a split folder of ``path`` is missing or holds no data file."""
-    for split in splits_of(workload.data_tools):
+    """Raises DataError when a split folder of ``path`` (`_split_names`) is missing or holds no
+    data file."""
+    for split in _split_names(path, workload, state):
         folder = path / split
         if not folder.is_dir() or not _holds_files(folder):
             hint = ""

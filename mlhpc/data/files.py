@@ -205,6 +205,17 @@ def reason(exc: OSError) -> str:
     return causes.get(exc.errno, exc.strerror or str(exc))
 
 
+def disk_full(folder: Path | str, margin_bytes: int = 1 << 20) -> bool:
+    """Whether the file system holding ``folder`` has less than ``margin_bytes`` left for this
+    user: after a write that came up short without an errno, or with ``EIO`` (as some writers
+    report a full disk), the cause then is a full disk."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < margin_bytes
+
+
 def dest_error(path: Path, exc: OSError, src: Path | None = None) -> StagingError:
     """A StagingError naming ``path`` and the cause of ``exc`` (and the source being copied)."""
     what = f" (copying {src})" if src is not None else ""

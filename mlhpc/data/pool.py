@@ -77,7 +77,8 @@ def map_in_order(fn: Callable[[Any], Any], jobs: list[Any], workers: int, *,
     (`_ignore_interrupt`): Ctrl-C is the parent's to act on.
 
     This is the one process pool of workload code (synthesis, preparation), as `run_all` is of
-    the data layer's. Raises whatever ``fn`` raises first; jobs not yet started are cancelled.
+    the data layer's. Raises whatever ``fn`` raises first (in the jobs' order); leaving early
+    (that error, or an interruption) terminates the workers at once.
     """
     if workers <= 1 or len(jobs) < 2:
         if initializer is not None:
@@ -85,10 +86,9 @@ def map_in_order(fn: Callable[[Any], Any], jobs: list[Any], workers: int, *,
         yield from map(fn, jobs)
         return
     chunk = max(1, len(jobs) // (8 * workers))
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(start),
-                             initializer=_start_worker, initargs=(initializer, initargs)) as pool:
-        try:
-            yield from pool.map(fn, jobs, chunksize=chunk)
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
+    context = multiprocessing.get_context(start)
+    # multiprocessing's Pool, not concurrent.futures: leaving the block terminates the workers,
+    # so an interruption (Ctrl-C, or SIGTERM turned into an exception by the run) ends the
+    # command now instead of after the chunks in flight (minutes of synthesis).
+    with context.Pool(workers, initializer=_start_worker, initargs=(initializer, initargs)) as pool:
+        yield from pool.imap(fn, jobs, chunksize=chunk)

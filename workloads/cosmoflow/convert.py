@@ -27,7 +27,7 @@ from mlhpc.data.files import atomic_output
 from mlhpc.errors import DataError
 from mlhpc.workload import DataTools, FileCheck, last_files_to_validation
 
-from . import formats
+from . import formats, tfrecord_io
 
 CONVERT_TO = ("hdf5", "npy")
 
@@ -173,10 +173,17 @@ class CosmoFlowDataTools(DataTools):
         return formats.reader(fmt).list_files(Path(split_dir))
 
     def check_file(self, path: Path, fmt: str, full: bool) -> FileCheck:
-        """Metadata and labels (TFRecord: headers only, unless ``full``); ``full`` reads every
-        sample and checks counts >= 0 and finite labels. Raises DataError."""
+        """Metadata and labels (TFRecord: headers only, unless ``full``; a GZIP TFRecord's
+        stream inflated once, its GZIP CRC and every record header checked,
+        `tfrecord_io.count_gzip_frames`); ``full`` reads every sample and checks counts >= 0
+        and finite labels. Raises DataError."""
         reader = formats.reader(fmt)
         info = reader.inspect(path, full=full or fmt != "tfrecord")
+        if fmt == "tfrecord" and not full and tfrecord_io.is_gzip(path):
+            records = tfrecord_io.count_gzip_frames(path)
+            if records != info.n_samples:
+                raise DataError(f"{path}: {records} records in the GZIP stream, {info.n_samples} "
+                                "from its first record's size and its size trailer")
         size = path.stat().st_size + (formats.label_path(path).stat().st_size if fmt == "npy" else 0)
         if full:
             source = reader.open(path, info)

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import crc32c as _crc32c
 
+from mlhpc.data.inputs import open_input
 from mlhpc.errors import DataError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -41,6 +42,11 @@ _MASK_DELTA = 0xA282EAD8
 _HEADER = struct.Struct("<QI")  # length, masked CRC of the length
 _FOOTER = struct.Struct("<I")
 FRAME_OVERHEAD_BYTES = _HEADER.size + _FOOTER.size  # 16 bytes around each record's data
+#: The largest TFRecord file the streamed check reads (a CosmoFlow file holds one to a few
+#: 16 MiB samples).
+MAX_FILE_BYTES = 1 << 40
+#: Compressed bytes inflated at a time by the streamed check.
+_BLOCK_BYTES = 1 << 16
 
 
 def masked_crc(data: bytes | memoryview) -> int:
@@ -185,3 +191,95 @@ def count_frames(path: Path) -> int:
     except OSError as exc:
         raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     return n
+
+
+class _FrameWalk:
+    """Record framing walked over a byte stream fed in pieces: each header's length CRC
+    checked, data and footer skipped, records counted."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.records, self.offset, self.skip, self.head = path, 0, 0, 0, b""
+
+    def feed(self, piece: bytes) -> None:
+        at = 0
+        while at < len(piece):
+            if self.skip:
+                step = min(self.skip, len(piece) - at)
+                self.skip, at, self.offset = self.skip - step, at + step, self.offset + step
+                continue
+            take = min(_HEADER.size - len(self.head), len(piece) - at)
+            self.head, at, self.offset = self.head + piece[at:at + take], at + take, self.offset + take
+            if len(self.head) == _HEADER.size:
+                length, length_crc = _HEADER.unpack(self.head)
+                if masked_crc(self.head[:8]) != length_crc:
+                    raise DataError(f"{self.path}: record {self.records}: length CRC mismatch at byte "
+                                    f"{self.offset - _HEADER.size} of the inflated stream (corrupt)")
+                self.skip, self.head, self.records = length + _FOOTER.size, b"", self.records + 1
+
+    def finish(self) -> int:
+        if self.head or self.skip:
+            raise DataError(f"{self.path}: record {self.records - (1 if self.skip else 0)}: truncated "
+                            "(runs past the end of the inflated stream)")
+        return self.records
+
+
+def count_gzip_frames(path: Path) -> int:
+    """The number of records of a GZIP TFRecord file, its stream inflated once, `_BLOCK_BYTES`
+    of it at a time (output discarded): every GZIP member's CRC-32 and size trailer (RFC 1952)
+    verified by zlib, and every record's header read and its length CRC checked, the frames
+    ending exactly where the inflated data do (`count_frames`'s checks, inside the stream).
+    The records' data CRCs are the full check's (`records`).
+
+    Raises:
+        DataError: naming ``path``: refused by the one reader (a link out of its folder, not a
+            regular file), a corrupt or truncated stream, a GZIP CRC or size mismatch, bytes
+            after the last member, or the framing errors of `count_frames`.
+    """
+    walk = _FrameWalk(path)
+    fd = open_input(path, MAX_FILE_BYTES, Path(path).parent, "TFRecord file", DataError)
+    try:
+        for piece in _inflated(fd, path):
+            walk.feed(piece)
+    except OSError as exc:
+        raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    return walk.finish()
+
+
+def _inflated(fd: int, path: Path) -> Iterator[bytes]:
+    """The inflated bytes of every GZIP member read from ``fd``, one piece per `_BLOCK_BYTES`
+    read (at most 1032 times that: deflate's largest ratio). Raises DataError as
+    `count_gzip_frames`."""
+    inflater, block = zlib.decompressobj(wbits=31), b""
+    while True:
+        block = block or os.read(fd, _BLOCK_BYTES)
+        if not block:
+            raise DataError(f"{path}: truncated GZIP stream (ends before the end of its data); "
+                            "fetch or copy the file again")
+        try:
+            piece = inflater.decompress(block)
+        except zlib.error as exc:
+            raise DataError(f"{path}: corrupt GZIP stream ({exc})") from None
+        yield piece
+        block = b""
+        if inflater.eof:  # the member's CRC-32 and size matched; another member may follow
+            block = inflater.unused_data
+            while len(block) < 2:
+                more = os.read(fd, _BLOCK_BYTES)
+                if not more:
+                    break
+                block += more
+            if block[:2] != GZIP_MAGIC:
+                _only_padding(fd, block, path)
+                return
+            inflater = zlib.decompressobj(wbits=31)
+
+
+def _only_padding(fd: int, tail: bytes, path: Path) -> None:
+    """Raise DataError unless ``tail`` and the rest of ``fd`` are zero bytes (the padding gzip(1)
+    allows after the last member)."""
+    while tail:
+        if tail.strip(b"\0"):
+            raise DataError(f"{path}: bytes of garbage after the GZIP stream")
+        tail = os.read(fd, _BLOCK_BYTES)

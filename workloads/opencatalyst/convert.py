@@ -103,9 +103,12 @@ class Oc20DataTools(DataTools):
                      ) -> list[tuple[Path, int]]:
         """One trajectory as one ``*.lmdb`` file with its edges."""
         final = Path(out_dir) / (Path(path).stem + ".lmdb")
-        with atomic_output(final) as tmp:
-            written = extxyz_to_lmdb(Path(path), tmp.with_suffix(".lmdb"), get_edges=True)
-            tmp.with_suffix(".lmdb").replace(tmp)
+        try:
+            with atomic_output(final) as tmp:
+                written = extxyz_to_lmdb(Path(path), tmp.with_suffix(".lmdb"), get_edges=True)
+                tmp.with_suffix(".lmdb").replace(tmp)
+        except OSError as exc:  # named by the file asked for, not its temporary name
+            raise OSError(exc.errno, exc.strerror, str(final)) from None
         return [(final, written)]
 
 

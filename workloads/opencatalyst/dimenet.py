@@ -38,6 +38,8 @@ from torch import nn
 
 from mlhpc.config import Section
 
+from .images import check_images
+
 
 class ModelConfig(Section):
     """DimeNet++ hyperparameters (the reference ``model`` section of ``mlperf_hpc.yml`` and the
@@ -194,14 +196,18 @@ def radius_graph_pbc(pos: torch.Tensor, cell: torch.Tensor, natoms: torch.Tensor
     Returns:
         ``edge_index`` int64 (2, E) (row 0 neighbour j, row 1 centre i, batch-global atom
         indices, grouped by centre) and ``cell_offsets`` int64 (E, 3), the image of j.
+
+    Raises:
+        DataError: a structure's periodic images or distances exceed the bounds of
+            `images.check_images` (counted from its cell before any image is built).
     """
     edges, offsets, start = [], [], 0
     for b, n in enumerate(natoms.tolist()):
         c = cell[b].double()
         shift = torch.floor(pos[start:start + n].double() @ torch.linalg.inv(c))  # wrap into the cell
         p = pos[start:start + n].double() - shift @ c
-        recip = torch.linalg.norm(torch.linalg.inv(c).T, dim=1)
-        reach = torch.ceil(cutoff * recip).long().tolist()
+        reach = check_images(c.cpu().numpy(), np.ones(3, dtype=bool), n, cutoff,  # before building any
+                             f"structure {b} of the batch").tolist()
         axes = [torch.arange(-r, r + 1, dtype=torch.float64) for r in reach]
         grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
         delta = p[None, None, :, :] + (grid @ c)[:, None, None, :] - p[None, :, None, :]
