@@ -1,5 +1,10 @@
-"""How a run ends: its outcome, the signals that stop it, a failed attempt set aside, and the
-ranks' agreement on the outcome before any of them exits.
+"""How a run ends: its outcome, the signals that stop it, a failed attempt set aside, the side
+files written after run_stop (`finish`), and the ranks' agreement on the outcome before any of
+them exits.
+
+`finish` runs on the rank that holds the log: ``measured_N.json`` (what the log cannot hold),
+``summary_N.json`` read back from the log (`mlhpc.run.result`), ``config_N.yaml`` and
+``env_N.json``, then the run is recorded in the results store.
 
 `agree` is the last collective of a run (`mlhpc.run.train.run`): rank 0 has written every file of
 the set (result, measured, summary, config, env) before it enters, and every rank leaves it
@@ -16,15 +21,23 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from mlhpc import runtime
 from mlhpc.data.stage import StagingResult
 from mlhpc.errors import DataError, MlhpcError
 from mlhpc.run import checkpoint
 from mlhpc.run.mllog import ComplianceLog, constants
+from mlhpc.run import env as envinfo
+from mlhpc.run import perf
+from mlhpc.run import result as results
 from mlhpc.run.result import RunFiles, RunResult
+from mlhpc.run.step import compile_mode
 from mlhpc.runtime import Runtime, all_reduce
+
+if TYPE_CHECKING:  # pragma: no cover - typing only; the parts are built from this module's pieces
+    from mlhpc.run.assemble import Parts
+    from mlhpc.run.job import Job
 
 
 @dataclass
@@ -200,7 +213,7 @@ def exit_status(result: RunResult) -> int:
 def agree(result: RunResult, world: Runtime) -> RunResult:
     """Every rank of ``world`` leaves with the job's outcome: the highest exit status of any
     rank's (or instance's) run, and the signal that stopped any of them. Call it once rank 0
-    has written every file of its run (`mlhpc.run.finish.finish`): it is the run's last collective,
+    has written every file of its run (`finish`): it is the run's last collective,
     so no rank exits before the files are there.
 
     From here on a SIGTERM (what torchrun sends the other ranks when one exits non-zero, and
@@ -221,3 +234,85 @@ def agree(result: RunResult, world: Runtime) -> RunResult:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return result
+
+
+# ---- after run_stop: the run's side files ------------------------------------------------------
+
+def finish(job: "Job", files: RunFiles | None, parts: "Parts", outcome: Outcome) -> RunResult:
+    """Write the side file, then the summary read back from the log, the config and the env
+    (each once, exclusively: the set was claimed with the log), on the rank that holds the log
+    (``files``; None elsewhere). Returns this rank's `RunResult`."""
+    result = RunResult(outcome.status, outcome.reason, signal=outcome.signal)
+    if files is None:
+        return result
+    results.write_json(files.measured, measured(job, files, parts))
+    result.result_file = str(files.log)
+    result.summary = results.load(files.log)
+    results.write_json(files.summary, result.summary)
+    results.write_yaml(files.config, job.config.to_dict())
+    world = job.world
+    results.write_json(files.env, {**envinfo.collect(), "runtime": {
+        "launcher": world.launcher, "world_size": world.world_size, "num_nodes": world.num_nodes,
+        "local_world_size": world.local_world_size, "device": str(job.rt.device),
+        "instances": job.config.train.instances}})
+    from mlhpc.store import record_run  # the results store (MLHPC_STORE=none: off); a warning, never a raise
+    from mlhpc.store.engine import shown_url
+
+    run_id = record_run(files.log.parent, files.log, lambda m: job.progress({"kind": "warning", "message": m}))
+    if run_id is not None:
+        job.progress({"kind": "note", "message": f"recorded in the results store {shown_url()} as run "
+                      f"{run_id} (mlhpc results show {run_id}; MLHPC_STORE=none turns recording off)"})
+    return result
+
+
+def measured(job: "Job", files: RunFiles, parts: "Parts") -> dict[str, Any]:
+    """What the log cannot hold: the contents of ``measured_N.json``."""
+    config, rt, model = job.config, job.rt, parts.model
+    staged = parts.staged.to_dict() if parts.staged is not None else {}
+    samples = parts.train_samples + parts.eval_samples  # the job's, as staged_bytes
+    peak, peak_source = perf.device_peak(rt.device, parts.step.precision)
+    return {
+        "workload": job.workload.name, "target": target_of(job), "synthesis_s": job.synthesis_s,
+        "world_size": rt.world_size, "num_nodes": rt.num_nodes, "instance": rt.instance,
+        "staging": staged, "padded_samples_per_epoch": parts.padded_samples,
+        "departs_from_reference": departures(job, parts),
+        "resumed_from": str(job.resume.source) if job.resume else None,
+        "checkpoint": str(files.checkpoint) if files.checkpoint.exists() else None,
+        "perf": {
+            "forward_flops_per_sample": parts.flops.forward_flops,
+            "train_flops_per_sample": parts.flops.train_flops,
+            "peak_flop_per_s_per_rank": peak, "peak_source": peak_source,
+            "precision": parts.step.precision, "parameters": sum(p.numel() for p in model.parameters()),
+            "allreduce_bytes_per_step": perf.allreduce_bytes_per_step(model) if rt.distributed else 0,
+            "dataset_bytes_per_sample": staged["staged_bytes"] / samples if staged else None,
+            "data_path": {"num_workers": parts.train_loader.host.num_workers,
+                          "pin_memory": parts.train_loader.host.pin_memory,
+                          "memory_mapped": parts.train_ds.memory_mapped,
+                          "decode_on_device": parts.train_ds.decodes_on_device,
+                          "compile": compile_mode(config.train.compile)},
+            "model_settings": job.workload.model_settings(config.model)},
+    }
+
+
+def target_of(job: "Job") -> float:
+    target = job.config.train.target
+    return job.workload.metric.target if target is None else target
+
+
+def departures(job: "Job", parts: "Parts") -> list[str]:
+    """How this run departs from the reference: the workload's own list when it declares one,
+    else the model settings that differ from their defaults, sample counts and target."""
+    config, workload = job.config, job.workload
+    if workload.departures is not None:
+        return workload.departures(config)
+    reference = workload.model_settings(workload.model_config())
+    notes = [f"model.{key}={value} (reference {reference.get(key)})"
+             for key, value in workload.model_settings(config.model).items()
+             if reference.get(key) != value]
+    train_n, eval_n = parts.train_samples, parts.eval_samples
+    ref_train, ref_eval = workload.reference_samples
+    if ref_train and (train_n, eval_n) != (ref_train, ref_eval):
+        notes.append(f"samples {train_n}/{eval_n} (reference {ref_train}/{ref_eval})")
+    if config.train.target is not None and config.train.target != workload.metric.target:
+        notes.append(f"target {config.train.target} (reference {workload.metric.target})")
+    return notes

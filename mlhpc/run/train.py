@@ -11,7 +11,7 @@
          ``data.staging.placement``
       -> train_loop: epochs and evaluations until the target, then run_stop (`mlhpc.run.loop`)
       -> finish: measured_N.json, summary_N.json read back from the log, config_N.yaml,
-         env_N.json (`mlhpc.run.finish`)
+         env_N.json (`mlhpc.run.outcome`)
       -> agree: every rank leaves with the job's exit status (`mlhpc.run.outcome`)
 
 Data parallelism is DistributedDataParallel; which samples a rank reads is
@@ -33,11 +33,11 @@ from mlhpc.data.stage.copies import release
 from mlhpc.errors import ConfigError
 from mlhpc.run import checkpoint, outdir
 from mlhpc.run.assemble import Parts, build, stage
-from mlhpc.run.finish import finish
 from mlhpc.run.job import Job, ProgressFn
 from mlhpc.run.loop import train_loop
 from mlhpc.run.mllog import ComplianceLog, log_hyperparameters, log_init, log_samples, start_run
-from mlhpc.run.outcome import Outcome, RunInterrupted, Stop, agree, close_failed, sources_named
+from mlhpc.run.outcome import (Outcome, RunInterrupted, Stop, agree, close_failed, finish,
+                               sources_named)
 from mlhpc.run.result import RunFiles, RunResult
 from mlhpc.runtime import Runtime
 from mlhpc.workload import Workload
