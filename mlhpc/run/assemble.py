@@ -14,6 +14,8 @@ from __future__ import annotations
 import copy
 import math
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,6 @@ from mlhpc.errors import DataError
 from mlhpc.run import checkpoint, perf
 from mlhpc.run.job import Job
 from mlhpc.run.mllog import ComplianceLog, constants
-from mlhpc.run.outcome import staged_source
 from mlhpc.run.step import Step, precision, wrap_model
 from mlhpc.runtime import Runtime
 from mlhpc.workload import Workload, WorkloadDataset
@@ -231,6 +232,52 @@ def _shapes(x: Any) -> str:
     if isinstance(x, dict):
         return "{" + ", ".join(f"{k}: {_shapes(v)}" for k, v in x.items()) + "}"
     return type(x).__name__
+
+
+@contextmanager
+def sources_named(staged: staging.StagingResult | None) -> Iterator[None]:
+    """Within the block, a `DataError` naming a file of this node's staged copy names the
+    source file instead (`name_source`)."""
+    try:
+        yield
+    except DataError as exc:
+        name_source(staged, exc)
+        raise
+
+
+def name_source(staged: staging.StagingResult | None, exc: BaseException) -> None:
+    """Make a `DataError` that names a file of this node's staged copy (``staged.dest``) name
+    the file it was copied from instead, the copy in brackets, as `sample_name`
+    does: ``SOURCE/train/f.lmdb: key '3': ... [read from the staged copy DEST/train/f.lmdb]``.
+    The first path under the copy is mapped by its path relative to the copy; a path with no
+    such file in the source (a converted copy) is left as it is."""
+    if not isinstance(exc, DataError) or staged is None or not exc.args or \
+            "[read from the staged copy" in str(exc.args[0]):  # named already (`sample_name`)
+        return
+    dest, message = str(staged.dest).rstrip("/"), str(exc.args[0])
+    start = message.find(dest + "/")
+    if start < 0:
+        return
+    end = next((i for i in range(start, len(message)) if message[i] in ": \t"), len(message))
+    copy = message[start:end]
+    original = staged_source(copy, dest, staged.source)
+    if original is not None and original.is_file():
+        exc.args = (f"{message[:start]}{original}{message[end:]} [read from the staged copy {copy}]",
+                    *exc.args[1:])
+
+
+def staged_source(path: str | Path, dest: str | Path, source: str | Path) -> Path | None:
+    """The path in ``source`` that ``path``, under ``source``'s staged copy ``dest``, was copied
+    from (``source / path.relative_to(dest)``); None when ``path`` is not under ``dest`` or
+    ``dest`` is ``source`` itself (the data were read in place). Nothing is read but the two
+    folders' resolved names."""
+    try:
+        rel = Path(path).relative_to(dest)
+    except ValueError:
+        return None
+    if Path(dest).resolve() == Path(source).resolve():
+        return None
+    return Path(source) / rel
 
 
 def seed_everything(seed: int) -> None:

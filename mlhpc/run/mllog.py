@@ -12,8 +12,8 @@ Keys come from `mlperf_logging.mllog.constants` where a constant exists; the HPC
 are named once, here.
 
 The records a run writes around its timed part are here too: init_start and the submission keys
-(`log_init`), the hyperparameters (`log_hyperparameters`), the sample counts (`log_samples`), and
-init_stop .. run_start (`start_run`); the loop writes the rest (`mlhpc.run.loop`).
+(`log_init`), the hyperparameters (`log_hyperparameters`) and the sample counts (`log_samples`);
+`mlhpc.run.train` writes init_stop .. run_start, the loop the rest (`mlhpc.run.loop`).
 """
 
 from __future__ import annotations
@@ -26,18 +26,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable
+from typing import IO, Any, Callable
 
 from mlperf_logging.mllog import constants
 from mlperf_logging.mllog.mllog import MLLogger
 
-from mlhpc import rules, runtime
+from mlhpc import runtime
+from mlhpc.run.job import Job
 from mlhpc.runtime import Runtime
 
-if TYPE_CHECKING:  # pragma: no cover - typing only; these modules write through this one
-    from mlhpc.run.assemble import Parts
-    from mlhpc.run.job import Job
-    from mlhpc.run.outcome import Stop
 
 # HPC keys with no constant in mlperf_logging.mllog.constants.
 EVAL_ERROR = "eval_error"
@@ -189,7 +186,7 @@ __all__ = ["ComplianceLog", "Event", "open_next_result", "slot_taken", "RUN_FILE
 
 # ---- the records around the timed run ---------------------------------------------------------
 
-def log_init(job: "Job", log: ComplianceLog) -> None:
+def log_init(job: Job, log: ComplianceLog) -> None:
     """init_start and the keys logged before staging."""
     rt, sub = job.rt, job.config.submission
     log.barrier()
@@ -216,7 +213,7 @@ def log_init(job: "Job", log: ComplianceLog) -> None:
                   metadata={"resumed": True})
 
 
-def log_hyperparameters(job: "Job", log: ComplianceLog) -> None:
+def log_hyperparameters(job: Job, log: ComplianceLog) -> None:
     """The hyperparameters (nothing that reads the data)."""
     tcfg = job.config.train
     log.event(constants.GLOBAL_BATCH_SIZE, tcfg.global_batch_size)
@@ -225,28 +222,10 @@ def log_hyperparameters(job: "Job", log: ComplianceLog) -> None:
         log.event(key, value)
 
 
-def log_samples(log: ComplianceLog, parts: "Parts") -> None:
+def log_samples(log: ComplianceLog, train_samples: int, eval_samples: int,
+                padded_samples: int = 0) -> None:
     """``train_samples`` and ``eval_samples``: the job's counts (after a sharded stage every
-    node's share summed, never one node's); the padding, if any, as metadata."""
-    meta = {"padded_samples_per_epoch": parts.padded_samples} if parts.padded_samples else None
-    log.event(constants.TRAIN_SAMPLES, parts.train_samples, metadata=meta)
-    log.event(constants.EVAL_SAMPLES, parts.eval_samples)
-
-
-def start_run(job: "Job", log: ComplianceLog, stop: "Stop") -> None:
-    """init_stop (with a warning when staging sat in an initialisation longer than the rules
-    allow, `mlhpc.rules.init_limit_warning`), then run_start; from then on a signal stops the
-    run with a checkpoint (`Stop.start_timed`)."""
-    stop.check()  # a signal during initialisation: the attempt is set aside
-    log.barrier()
-    log.end(constants.INIT_STOP)
-    began, ended = log.first(constants.INIT_START), log.first(constants.INIT_STOP)
-    if began is not None and ended is not None and job.rt.is_main:
-        warning = rules.init_limit_warning((ended.time_ms - began.time_ms) / 1e3,
-                                             job.config.submission.division,
-                                             job.config.data.staging.placement)
-        if warning:
-            job.progress({"kind": "warning", "message": warning})
-    log.barrier()
-    stop.start_timed()
-    log.start(constants.RUN_START)
+    node's share summed, never one node's); the padding per epoch, if any, as metadata."""
+    meta = {"padded_samples_per_epoch": padded_samples} if padded_samples else None
+    log.event(constants.TRAIN_SAMPLES, train_samples, metadata=meta)
+    log.event(constants.EVAL_SAMPLES, eval_samples)

@@ -18,26 +18,23 @@ import itertools
 import os
 import signal
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any
 
 from mlhpc import runtime
-from mlhpc.data.stage import StagingResult
-from mlhpc.errors import DataError, MlhpcError
+from mlhpc.errors import MlhpcError
 from mlhpc.run import checkpoint
+from mlhpc.run.assemble import Parts
 from mlhpc.run.mllog import ComplianceLog, constants
 from mlhpc.run import env as envinfo
 from mlhpc.run import perf
 from mlhpc.run import result as results
 from mlhpc.run.result import RunFiles, RunResult
+from mlhpc.run.job import Job
 from mlhpc.run.step import compile_mode
 from mlhpc.runtime import Runtime, all_reduce
 
-if TYPE_CHECKING:  # pragma: no cover - typing only; the parts are built from this module's pieces
-    from mlhpc.run.assemble import Parts
-    from mlhpc.run.job import Job
 
 
 @dataclass
@@ -91,52 +88,6 @@ def close_failed(claimed: Path | None, log: ComplianceLog, files: RunFiles | Non
     moved = set_aside(files)
     if moved is not None and isinstance(exc, MlhpcError) and exc.args:
         exc.args = (f"{exc.args[0]} (this attempt's log moved to {moved})", *exc.args[1:])
-
-
-@contextmanager
-def sources_named(staged: StagingResult | None) -> Iterator[None]:
-    """Within the block, a `DataError` naming a file of this node's staged copy names the
-    source file instead (`name_source`)."""
-    try:
-        yield
-    except DataError as exc:
-        name_source(staged, exc)
-        raise
-
-
-def name_source(staged: StagingResult | None, exc: BaseException) -> None:
-    """Make a `DataError` that names a file of this node's staged copy (``staged.dest``) name
-    the file it was copied from instead, the copy in brackets, as `mlhpc.run.assemble.sample_name`
-    does: ``SOURCE/train/f.lmdb: key '3': ... [read from the staged copy DEST/train/f.lmdb]``.
-    The first path under the copy is mapped by its path relative to the copy; a path with no
-    such file in the source (a converted copy) is left as it is."""
-    if not isinstance(exc, DataError) or staged is None or not exc.args or \
-            "[read from the staged copy" in str(exc.args[0]):  # named already (`sample_name`)
-        return
-    dest, message = str(staged.dest).rstrip("/"), str(exc.args[0])
-    start = message.find(dest + "/")
-    if start < 0:
-        return
-    end = next((i for i in range(start, len(message)) if message[i] in ": \t"), len(message))
-    copy = message[start:end]
-    original = staged_source(copy, dest, staged.source)
-    if original is not None and original.is_file():
-        exc.args = (f"{message[:start]}{original}{message[end:]} [read from the staged copy {copy}]",
-                    *exc.args[1:])
-
-
-def staged_source(path: str | Path, dest: str | Path, source: str | Path) -> Path | None:
-    """The path in ``source`` that ``path``, under ``source``'s staged copy ``dest``, was copied
-    from (``source / path.relative_to(dest)``); None when ``path`` is not under ``dest`` or
-    ``dest`` is ``source`` itself (the data were read in place). Nothing is read but the two
-    folders' resolved names."""
-    try:
-        rel = Path(path).relative_to(dest)
-    except ValueError:
-        return None
-    if Path(dest).resolve() == Path(source).resolve():
-        return None
-    return Path(source) / rel
 
 
 def set_aside(files: RunFiles) -> Path | None:
@@ -238,7 +189,7 @@ def agree(result: RunResult, world: Runtime) -> RunResult:
 
 # ---- after run_stop: the run's side files ------------------------------------------------------
 
-def finish(job: "Job", files: RunFiles | None, parts: "Parts", outcome: Outcome) -> RunResult:
+def finish(job: Job, files: RunFiles | None, parts: Parts, outcome: Outcome) -> RunResult:
     """Write the side file, then the summary read back from the log, the config and the env
     (each once, exclusively: the set was claimed with the log), on the rank that holds the log
     (``files``; None elsewhere). Returns this rank's `RunResult`."""
@@ -265,7 +216,7 @@ def finish(job: "Job", files: RunFiles | None, parts: "Parts", outcome: Outcome)
     return result
 
 
-def measured(job: "Job", files: RunFiles, parts: "Parts") -> dict[str, Any]:
+def measured(job: Job, files: RunFiles, parts: Parts) -> dict[str, Any]:
     """What the log cannot hold: the contents of ``measured_N.json``."""
     config, rt, model = job.config, job.rt, parts.model
     staged = parts.staged.to_dict() if parts.staged is not None else {}
@@ -294,12 +245,12 @@ def measured(job: "Job", files: RunFiles, parts: "Parts") -> dict[str, Any]:
     }
 
 
-def target_of(job: "Job") -> float:
+def target_of(job: Job) -> float:
     target = job.config.train.target
     return job.workload.metric.target if target is None else target
 
 
-def departures(job: "Job", parts: "Parts") -> list[str]:
+def departures(job: Job, parts: Parts) -> list[str]:
     """How this run departs from the reference: the workload's own list when it declares one,
     else the model settings that differ from their defaults, sample counts and target."""
     config, workload = job.config, job.workload

@@ -7,8 +7,8 @@
          the log synchronised over the instance's ranks (`ComplianceLog.barrier`)
       -> log_init: init_start, submission_*, cache_clear, seed, resume (`mlhpc.run.mllog`)
       -> _prepare: hyperparameters; staging (staging_start/stop) and build (the parts: the first
-         read of the data checked against the model) before or after run_start, by
-         ``data.staging.placement``
+         read of the data checked against the model) before or after init_stop .. run_start
+         (`start_run`), by ``data.staging.placement``
       -> train_loop: epochs and evaluations until the target, then run_stop (`mlhpc.run.loop`)
       -> finish: measured_N.json, summary_N.json read back from the log, config_N.yaml,
          env_N.json (`mlhpc.run.outcome`)
@@ -25,19 +25,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mlhpc import power, runtime
+from mlhpc import power, rules, runtime
 from mlhpc.config import Config
 from mlhpc.data import embedded
 from mlhpc.data import stage as staging
 from mlhpc.data.stage.copies import release
 from mlhpc.errors import ConfigError
 from mlhpc.run import checkpoint, outdir
-from mlhpc.run.assemble import Parts, build, stage
+from mlhpc.run.assemble import Parts, build, sources_named, stage
 from mlhpc.run.job import Job, ProgressFn
 from mlhpc.run.loop import train_loop
-from mlhpc.run.mllog import ComplianceLog, log_hyperparameters, log_init, log_samples, start_run
-from mlhpc.run.outcome import (Outcome, RunInterrupted, Stop, agree, close_failed, finish,
-                               sources_named)
+from mlhpc.run.mllog import ComplianceLog, constants, log_hyperparameters, log_init, log_samples
+from mlhpc.run.outcome import Outcome, RunInterrupted, Stop, agree, close_failed, finish
 from mlhpc.run.result import RunFiles, RunResult
 from mlhpc.runtime import Runtime
 from mlhpc.workload import Workload
@@ -155,10 +154,29 @@ def _prepare(job: Job, log: ComplianceLog, stop: Stop, lbs: int) -> Parts:
     staged = stage(job, log)
     with sources_named(staged):  # an error naming the staged copy names the source file
         parts = build(job, staged, lbs)
-    log_samples(log, parts)
+    log_samples(log, parts.train_samples, parts.eval_samples, parts.padded_samples)
     if not in_run:
         start_run(job, log, stop)
     return parts
+
+
+def start_run(job: Job, log: ComplianceLog, stop: Stop) -> None:
+    """init_stop (with a warning when staging sat in an initialisation longer than the rules
+    allow, `mlhpc.rules.init_limit_warning`), then run_start; from then on a signal stops the
+    run with a checkpoint (`Stop.start_timed`)."""
+    stop.check()  # a signal during initialisation: the attempt is set aside
+    log.barrier()
+    log.end(constants.INIT_STOP)
+    began, ended = log.first(constants.INIT_START), log.first(constants.INIT_STOP)
+    if began is not None and ended is not None and job.rt.is_main:
+        warning = rules.init_limit_warning((ended.time_ms - began.time_ms) / 1e3,
+                                             job.config.submission.division,
+                                             job.config.data.staging.placement)
+        if warning:
+            job.progress({"kind": "warning", "message": warning})
+    log.barrier()
+    stop.start_timed()
+    log.start(constants.RUN_START)
 
 
 def _where(config: Config) -> dict[str, Any]:
