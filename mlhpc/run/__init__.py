@@ -6,6 +6,7 @@ values, around a `Job` built once (`job`). The other modules are its parts, shar
 (the timed loop), `step` (the one training step), `evaluate` (the quality metric over ranks),
 `mllog` (the log: its writer and the records around the timed run), `checkpoint` (save,
 restore, resume), `outcome` (how a run ends: signals, a failed attempt set aside, the side files
-after run_stop, the ranks' agreement), `result` (a run's files; its result read back from its
-log), `outdir`, `env` and `perf` (the results folder, what a run ran on, FLOPs and peaks).
+after run_stop, the ranks' agreement), `result` (a run's files: the results folder checked, the
+side files written once, the result read back from the log), `env` and `perf` (what a run ran
+on, FLOPs and peaks).
 """

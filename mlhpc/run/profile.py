@@ -23,7 +23,8 @@ import torch
 from torch.profiler import ProfilerActivity, record_function
 
 from mlhpc import runtime
-from mlhpc.run import outdir, perf
+from mlhpc.run import perf
+from mlhpc.run.result import check_output_dir
 
 from mlhpc.run import assemble
 from mlhpc.data.files import atomic_output
@@ -84,7 +85,7 @@ def profile(config: Config, steps: int = 5, warmup: int = 2, trace_path: Path | 
     trace = Path(trace_path) if trace_path is not None else default_trace(config)
     if trace.is_dir():
         raise OutputError(f"--trace {trace}: is a folder; give a file name")
-    outdir.check_output_dir(trace.parent if str(trace.parent) else Path("."),
+    check_output_dir(trace.parent if str(trace.parent) else Path("."),
                             key="--trace folder" if trace_path is not None else "output.dir")
     with runtime.started(config.train.device, threads=config.train.threads) as (rt, _):
         return _profile(config, rt, steps, warmup, trace, top)

@@ -31,13 +31,13 @@ from mlhpc.data import embedded
 from mlhpc.data import stage as staging
 from mlhpc.data.stage.copies import release
 from mlhpc.errors import ConfigError
-from mlhpc.run import checkpoint, outdir
+from mlhpc.run import checkpoint
 from mlhpc.run.assemble import Parts, build, sources_named, stage
 from mlhpc.run.job import Job, ProgressFn
 from mlhpc.run.loop import train_loop
 from mlhpc.run.mllog import ComplianceLog, constants, log_hyperparameters, log_init, log_samples
 from mlhpc.run.outcome import Outcome, RunInterrupted, Stop, agree, close_failed, finish
-from mlhpc.run.result import RunFiles, RunResult
+from mlhpc.run.result import RunFiles, RunResult, check_output_dir
 from mlhpc.runtime import Runtime
 from mlhpc.workload import Workload
 from mlhpc.workload import get as get_workload
@@ -68,7 +68,7 @@ def run(config: Config | None, *, on_progress: ProgressFn | None = None,
     if resume_dir is not None:
         config, resume = checkpoint.load_resume(Path(resume_dir))
     assert config is not None
-    outdir.check_output_dir(config.output.dir)  # before anything is written (OutputError)
+    check_output_dir(config.output.dir)  # before anything is written (OutputError)
     workload = get_workload(config.workload)
     tcfg = config.train
     progress = on_progress or (lambda event: None)
@@ -192,7 +192,7 @@ def _preflight(job: Job) -> None:
     """What can be checked before the log is opened without touching the dataset: the model the
     config builds can be constructed, and a checkpoint being resumed fits that model and its
     optimizer (names, shapes). The config (ranges, seeds) and the output folder were checked
-    before (`mlhpc.config`, `mlhpc.run.outdir`). Whether the data fit the model is checked after
+    before (`mlhpc.config`, `mlhpc.run.result`). Whether the data fit the model is checked after
     ``init_start`` (`check_sample`): MLPerf's training rules (training_rules.adoc, "Run Results")
     say "The clock must start before any part of the system touches the dataset", and the log is
     where that start is shown.
