@@ -22,7 +22,7 @@ from side_by_side_core import LoadWatch, Measured, Skipped, calibrate, interleav
 def loader_work(parts: Any) -> Callable[[], int]:
     """One epoch of the training loader; returns the samples it gave."""
     def work() -> int:
-        return sum(parts.train_ds.batch_len(x) for x, _ in parts.train_loader)
+        return sum(parts.train_ds.batch_len(x) for x, _ in parts.train_loader.host)
     return work
 
 
@@ -119,7 +119,7 @@ def data_comparisons(workload: str, parts: Any, repeats: int, min_s: float,
     raw = calibrate(RAW_READERS[workload](parts.train_ds, order), min_s)
     main = interleave("data", "samples/s", (mlhpc, raw), repeats, load)
     main.goal = 0.8
-    main.sides = {"mlhpc": f"the training loader (num_workers={parts.train_loader.num_workers}, "
+    main.sides = {"mlhpc": f"the training loader (num_workers={parts.train_loader.host.num_workers}, "
                            f"batch {parts.local_batch_size}, the run's shuffled order), one epoch",
                   "reference": f"raw read of the same samples in the same order: {RAW_WORDS[workload]}"}
     main.extra.update(samples_per_epoch=len(order))

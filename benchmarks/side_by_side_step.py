@@ -19,7 +19,6 @@ from side_by_side_core import LoadWatch, Measured, Skipped, calibrate, interleav
 from throughput import one_batch
 
 from mlhpc import config as cfg
-from mlhpc.data import loader
 from mlhpc.run.step import train_step
 
 
@@ -50,8 +49,7 @@ def prepare(config: cfg.Config, device: str, max_batches: int) -> Prepared:
     job, parts, _, _ = one_batch(config, config.train.global_batch_size, "fp32", device)
     dataset = parts.train_ds
     batches = []
-    for batch in parts.train_loader:
-        x, y = loader.to_device(batch, job.rt.device, dataset.device_transform)
+    for x, y in parts.train_loader:  # on the device, decoded
         batches.append((x, y, dataset.batch_len(x)))
         if len(batches) == max_batches:
             break

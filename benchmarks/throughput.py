@@ -41,7 +41,6 @@ from mlhpc import config as cfg  # noqa: E402
 from mlhpc import runtime  # noqa: E402
 from mlhpc.run import perf  # noqa: E402
 from mlhpc.run import assemble  # noqa: E402
-from mlhpc.data import loader  # noqa: E402
 from mlhpc.errors import MlhpcError  # noqa: E402
 from mlhpc.run.step import compile_mode, train_step  # noqa: E402
 from mlhpc.data.embedded import ensure_data  # noqa: E402
@@ -70,8 +69,7 @@ def one_batch(config: cfg.Config, batch_size: int, precision: str,
     if len(parts.train_ds) < batch_size:
         raise DataError(f"{config.data.path}: {len(parts.train_ds)} training samples, fewer than "
                         f"the batch of {batch_size}")
-    x, y = loader.to_device(next(iter(parts.train_loader)), rt.device,
-                            parts.train_ds.device_transform)
+    x, y = next(iter(parts.train_loader))  # on the device, decoded
     return job, parts, x, y
 
 

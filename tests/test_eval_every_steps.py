@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
+from mlhpc.data.loader import DeviceLoader
 from mlhpc.run import loop
 
 
@@ -23,20 +24,22 @@ class _Indices(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, index: int) -> int:
-        return index
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        return index, index
 
     @staticmethod
-    def collate_fn(items: list[int]) -> list[int]:
-        return list(items)
+    def collate_fn(items: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+        return [x for x, _ in items], [y for _, y in items]
 
 
 def _parts(n: int, batch: int) -> SimpleNamespace:
     dataset = _Indices(n)
     sampler = DistributedSampler(range(n), num_replicas=1, rank=0, shuffle=True, seed=7)
     return SimpleNamespace(train_ds=dataset, train_sampler=sampler, local_batch_size=batch,
-                           train_loader=DataLoader(dataset, batch_size=batch, sampler=sampler,
-                                                   collate_fn=dataset.collate_fn),
+                           train_loader=DeviceLoader(DataLoader(dataset, batch_size=batch,
+                                                                sampler=sampler,
+                                                                collate_fn=dataset.collate_fn),
+                                                     "cpu", lambda x: x),
                            step=SimpleNamespace(device=torch.device("cpu")))
 
 
@@ -49,7 +52,7 @@ def _config(every: int | None, accumulation: int = 1) -> SimpleNamespace:
 
 def _block(parts, epoch: int, skip: int, config) -> tuple[list[list[int]], int]:
     batches, micro_steps = loop._epoch_batches(parts, epoch, skip, config)
-    return [list(b) for b in batches], micro_steps
+    return [list(x) for x, _ in batches], micro_steps
 
 
 def test_blocks_read_on_through_passes_each_pass_reading_every_sample_once():

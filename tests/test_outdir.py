@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mlhpc.run import outdir
+from mlhpc.run import result as outdir  # the output folder's check and writer live with the run's files
 from mlhpc.errors import MlhpcError, OutputError
 
 

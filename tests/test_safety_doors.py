@@ -95,7 +95,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         "line by line as the run goes (a rename at the end would hide a crashed run's log)",
     ("mlhpc/run/outcome.py", "os.link"): "sets a failed log aside with a hard link that never replaces "
         "a file (exclusive), then removes the original name",
-    ("mlhpc/run/outdir.py", "os.open"): "the writability probe: created O_CREAT|O_EXCL, written, removed",
+    ("mlhpc/run/result.py", "os.open"): "the writability probe: created O_CREAT|O_EXCL, written, removed",
     ("mlhpc/power/sampler.py", "os.open"): "the power log grows while the run goes: created "
         "O_EXCL|O_NOFOLLOW under part_path (the one temporary name), published by _publish",
     ("mlhpc/power/sampler.py", "os.link"): "publishes the power log with a hard link, which never "

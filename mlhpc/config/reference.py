@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from mlhpc.run import outdir
+from mlhpc.run.result import write_text_atomic
 from mlhpc.config import Config
 
 #: Name suffix -> unit, longest first (units live in names, docs/architecture.md).
@@ -193,4 +193,4 @@ def write(path: Path) -> None:
     Raises:
         OutputError: ``path`` cannot be written.
     """
-    outdir.write_text_atomic(path, render())
+    write_text_atomic(path, render())

@@ -13,17 +13,20 @@ their hooks through this module, and only those:
 - ``batch_len(x) -> int``: the number of samples in a batch input that is not a plain tensor
   (a graph batch is a dict of tensors whose first dimensions count atoms and edges).
 
-Batches may be tensors or mappings / tuples of tensors (`move`). `channels_first` and
-`PerChannel` are the pieces the workloads' decoders share.
+Batches may be tensors or mappings / tuples of tensors (`move`). A run's loaders are
+`DeviceLoader`s: each batch arrives on the training device already decoded, so the loop, the
+evaluation and the step never move or decode one. `channels_first` and `PerChannel` are the pieces
+the workloads' decoders share.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from mlhpc.workload import WorkloadDataset
@@ -72,10 +75,66 @@ def to_device(batch: tuple[Any, Any], device: torch.device,
     return transform(move(x, device)), move(y, device)
 
 
-def first_batch(dataset: "WorkloadDataset") -> tuple[Any, Any]:
-    """A batch of the dataset's first sample, collated as its loader collates. Reads the
-    dataset."""
-    return dataset.collate_fn([dataset[0]])
+def first_batch(dataset: "WorkloadDataset", device: torch.device | str = "cpu") -> tuple[Any, Any]:
+    """A batch of the dataset's first sample, collated as its loader collates, on ``device``
+    and decoded (``device_transform``) as a `DeviceLoader` gives it. Reads the dataset."""
+    return to_device(dataset.collate_fn([dataset[0]]), torch.device(device), dataset.device_transform)
+
+
+class DeviceLoader:
+    """A `DataLoader`'s batches on the training device: each batch ``(x, y)`` drawn from ``host``
+    is moved to ``device`` (asynchronous copies from pinned memory, `move`) and its input decoded
+    by ``transform`` (the dataset's ``device_transform``) as it is drawn.
+
+    Attributes:
+        host: the DataLoader (sampler, batch size, workers, pinned memory).
+        device: the training device.
+        transform: ``x -> x`` on the device.
+    """
+
+    def __init__(self, host: DataLoader, device: torch.device | str,
+                 transform: Callable[[Any], Any]) -> None:
+        self.host, self.device, self.transform = host, torch.device(device), transform
+
+    def __len__(self) -> int:
+        return len(self.host)
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        return (to_device(batch, self.device, self.transform) for batch in self.host)
+
+    def resumed(self, skip: int) -> "DeviceLoader":
+        """The sampler's current pass after its first ``skip`` batches (a resume inside a pass):
+        a loader of the same dataset, batch size and workers over the indices left."""
+        host = self.host
+        rest = _SkipSampler(host.sampler, skip * int(host.batch_size or 1))
+        return DeviceLoader(make_loader(host.dataset, int(host.batch_size or 1), sampler=rest,  # type: ignore[arg-type]
+                                        drop_last=host.drop_last, num_workers=host.num_workers,
+                                        device=self.device), self.device, self.transform)
+
+
+def device_loader(dataset: "WorkloadDataset", batch_size: int, *, device: torch.device | str,
+                  **options: Any) -> DeviceLoader:
+    """`make_loader` over ``dataset`` whose batches arrive on ``device`` decoded by the
+    dataset's ``device_transform`` (`DeviceLoader`).
+
+    Raises:
+        TypeError: as `make_loader`.
+    """
+    host = make_loader(dataset, batch_size, device=device, **options)
+    return DeviceLoader(host, device, dataset.device_transform)
+
+
+class _SkipSampler(Sampler[int]):
+    """The indices of ``base`` for this pass after the first ``skip``."""
+
+    def __init__(self, base: Any, skip: int) -> None:
+        self.base, self.skip = base, skip
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(iter(self.base), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(0, len(self.base) - self.skip)
 
 
 def channels_first(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

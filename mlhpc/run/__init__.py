@@ -4,8 +4,9 @@
 values, around a `Job` built once (`job`). The other modules are its parts, shared with
 ``mlhpc profile`` (`profile`) and the benchmarks: `assemble` (staging and the parts), `loop`
 (the timed loop), `step` (the one training step), `evaluate` (the quality metric over ranks),
-`log` and `mllog` (the log's records and its writer), `checkpoint` (save, restore, resume),
-`outcome` (signals, a failed attempt set aside, the ranks' agreement), `finish` and `result` (the
-side files; a run's result read back from its log), `outdir`, `env` and `perf` (the results
-folder, what a run ran on, FLOPs and peaks).
+`mllog` (the log: its writer and the records around the timed run), `checkpoint` (save,
+restore, resume), `outcome` (how a run ends: signals, a failed attempt set aside, the side files
+after run_stop, the ranks' agreement), `result` (a run's files: the results folder checked, the
+side files written once, the result read back from the log), `env` and `perf` (what a run ran
+on, FLOPs and peaks).
 """

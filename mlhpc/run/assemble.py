@@ -14,13 +14,15 @@ from __future__ import annotations
 import copy
 import math
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import Sampler
 
 from mlhpc.config import Config
 from mlhpc.data import loader
@@ -30,7 +32,6 @@ from mlhpc.errors import DataError
 from mlhpc.run import checkpoint, perf
 from mlhpc.run.job import Job
 from mlhpc.run.mllog import ComplianceLog, constants
-from mlhpc.run.outcome import staged_source
 from mlhpc.run.step import Step, precision, wrap_model
 from mlhpc.runtime import Runtime
 from mlhpc.workload import Workload, WorkloadDataset
@@ -45,8 +46,8 @@ class Parts:
     train_ds: WorkloadDataset
     eval_ds: WorkloadDataset
     train_sampler: Any
-    train_loader: DataLoader
-    eval_loader: DataLoader
+    train_loader: loader.DeviceLoader  # batches on the device, decoded
+    eval_loader: loader.DeviceLoader
     local_batch_size: int
     staged: staging.StagingResult | None
     flops: perf.FlopCount
@@ -139,13 +140,13 @@ def build(job: Job, staged: staging.StagingResult | None, lbs: int, *,
         raise DataError(f"{data_dir}: no training or validation samples found")
     seed_everything(job.seed)
     model = workload.build_model(config.model)
-    flops = check_sample(job, model, train_ds, workload.build_loss(config), data_dir)
-    model = model.to(rt.device)
     sampler = build_train_sampler(train_ds, rt, config, staged)
     options = dict(num_workers=config.data.num_workers, device=rt.device)
-    train_loader = loader.make_loader(train_ds, lbs, sampler=sampler, **options)
-    eval_loader = loader.make_loader(
+    train_loader = loader.device_loader(train_ds, lbs, sampler=sampler, **options)
+    eval_loader = loader.device_loader(
         eval_ds, lbs, sampler=sampling.eval_sampler(len(eval_ds), rt, sharded(staged)), **options)
+    flops = check_sample(job, model, train_ds, data_dir)  # the first read of the data
+    model = model.to(rt.device)
     steps_per_epoch = math.ceil(len(train_loader) / config.train.gradient_accumulation_steps)
     optimizer, scheduler = workload.build_optimizer(model, config, steps_per_epoch)
     step = Step(wrap_model(model, rt, config.train.compile), workload.build_loss(config), optimizer,
@@ -171,14 +172,15 @@ def scratch_copy(job: Job, model: torch.nn.Module) -> tuple[torch.nn.Module, Any
     return scratch, optimizer
 
 
-def check_sample(job: Job, model: torch.nn.Module, train_ds: WorkloadDataset, loss_fn: Any,
-                  data_dir: Path) -> perf.FlopCount:
-    """The first training sample fits the model (shape, dtype: one forward and backward on the
-    meta device); returns the FLOPs per sample of a training step counted on it
+def check_sample(job: Job, model: torch.nn.Module, train_ds: WorkloadDataset, data_dir: Path
+                 ) -> perf.FlopCount:
+    """The first training sample, read and decoded on the CPU as the loader gives it
+    (`mlhpc.data.loader.first_batch`), fits the model (shape, dtype: one forward and backward on
+    the meta device); returns the FLOPs per sample of a training step counted on it
     (`count_flops`).
 
-    This is the first read of a sample, so it runs after ``init_start`` and never before the
-    clock may start. MLPerf's training rules (training_rules.adoc, "Run Results"): "The clock
+    This is the first read of a sample, so it runs after ``init_start`` and never before
+    the clock may start. MLPerf's training rules (training_rules.adoc, "Run Results"): "The clock
     must start before any part of the system touches the dataset or when the maximum model
     initialization time is exceeded." MLPerf HPC v3.0 lets data staging, and so this read,
     sit inside the logged initialisation (``init_start`` .. ``init_stop``, within its limit):
@@ -193,14 +195,15 @@ def check_sample(job: Job, model: torch.nn.Module, train_ds: WorkloadDataset, lo
             its shape and dtype, and the model settings.
     """
     try:
-        return count_flops(model, train_ds, loss_fn)
+        first = loader.first_batch(train_ds)
+        return count_flops(model, first, job.workload.build_loss(job.config), train_ds)
     except DataError:
         raise
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
-        first = " ".join(str(exc).split())[:200]
+        said = " ".join(str(exc).split())[:200]
         raise DataError(f"{sample_name(train_ds, 0, data_dir, job.config)}: a training sample of "
                         f"{_shapes(train_ds[0][0])} does not fit the model of the config's model "
-                        f"section ({model_settings(job)}): {first}") from None
+                        f"section ({model_settings(job)}): {said}") from None
 
 
 def sample_name(dataset: WorkloadDataset, index: int, data_dir: Path, config: Config) -> str:
@@ -231,14 +234,61 @@ def _shapes(x: Any) -> str:
     return type(x).__name__
 
 
+@contextmanager
+def sources_named(staged: staging.StagingResult | None) -> Iterator[None]:
+    """Within the block, a `DataError` naming a file of this node's staged copy names the
+    source file instead (`name_source`)."""
+    try:
+        yield
+    except DataError as exc:
+        name_source(staged, exc)
+        raise
+
+
+def name_source(staged: staging.StagingResult | None, exc: BaseException) -> None:
+    """Make a `DataError` that names a file of this node's staged copy (``staged.dest``) name
+    the file it was copied from instead, the copy in brackets, as `sample_name`
+    does: ``SOURCE/train/f.lmdb: key '3': ... [read from the staged copy DEST/train/f.lmdb]``.
+    The first path under the copy is mapped by its path relative to the copy; a path with no
+    such file in the source (a converted copy) is left as it is."""
+    if not isinstance(exc, DataError) or staged is None or not exc.args or \
+            "[read from the staged copy" in str(exc.args[0]):  # named already (`sample_name`)
+        return
+    dest, message = str(staged.dest).rstrip("/"), str(exc.args[0])
+    start = message.find(dest + "/")
+    if start < 0:
+        return
+    end = next((i for i in range(start, len(message)) if message[i] in ": \t"), len(message))
+    copy = message[start:end]
+    original = staged_source(copy, dest, staged.source)
+    if original is not None and original.is_file():
+        exc.args = (f"{message[:start]}{original}{message[end:]} [read from the staged copy {copy}]",
+                    *exc.args[1:])
+
+
+def staged_source(path: str | Path, dest: str | Path, source: str | Path) -> Path | None:
+    """The path in ``source`` that ``path``, under ``source``'s staged copy ``dest``, was copied
+    from (``source / path.relative_to(dest)``); None when ``path`` is not under ``dest`` or
+    ``dest`` is ``source`` itself (the data were read in place). Nothing is read but the two
+    folders' resolved names."""
+    try:
+        rel = Path(path).relative_to(dest)
+    except ValueError:
+        return None
+    if Path(dest).resolve() == Path(source).resolve():
+        return None
+    return Path(source) / rel
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
 
 
-def count_flops(model: torch.nn.Module, dataset: WorkloadDataset, loss_fn: Any) -> perf.FlopCount:
-    """FLOPs per sample of one training step, counted on a meta-device copy (no compute)."""
-    x, y = loader.to_device(loader.first_batch(dataset), torch.device("cpu"),
-                            dataset.device_transform)
+def count_flops(model: torch.nn.Module, first: tuple[Any, Any], loss_fn: Any,
+                dataset: WorkloadDataset) -> perf.FlopCount:
+    """FLOPs per sample of one training step on the batch ``first`` (on the CPU, decoded),
+    counted on a meta-device copy (no compute)."""
+    x, y = first
     return perf.count_flops_on_meta(model, x, loss_fn, y, dataset.batch_len(x))

@@ -287,12 +287,17 @@ def load_resume(target: Path) -> tuple[Config, Resume]:
     return config, Resume(state, path, path.parent, earlier_s)
 
 
-def claim(resume: Resume, log: Path) -> None:
+def claim(resume: Resume, log: Path) -> Path:
     """Mark ``resume``'s checkpoint as resumed by ``log`` (``resumed_N.json``, created
-    exclusively: of two resumes of one checkpoint, one wins).
+    exclusively: of two resumes of one checkpoint, one wins). Returns the claim this attempt
+    holds (`release` gives it up).
+
+    A claim present when ``--resume`` was given is refused by `select`, naming the log that
+    made it; one found here was made since, by a resume started at the same moment, which may
+    not have written its record yet, so it is not read.
 
     Raises:
-        ConfigError: the checkpoint was resumed already (names the log that did).
+        ConfigError: the checkpoint was claimed by another resume meanwhile.
         OutputError: the claim cannot be written.
     """
     record = {"checkpoint": resume.source.name, "resumed_by": log.name,
@@ -300,15 +305,16 @@ def claim(resume: Resume, log: Path) -> None:
     try:
         fd = os.open(resume.claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
-        by = _read_claim(resume.claim).get("resumed_by", "another run")
-        raise ConfigError(f"--resume {resume.source}: already resumed by {by} "
-                          f"({resume.claim.name})") from None
+        raise ConfigError(f"--resume {resume.source}: already resumed by another run started "
+                          f"meanwhile ({resume.claim.name})") from None
     except OSError as exc:
         raise OutputError(f"{resume.claim}: cannot write ({exc.strerror or exc})") from None
     with os.fdopen(fd, "w") as handle:
         handle.write(json.dumps(record) + "\n")
+    return resume.claim
 
 
-def release(resume: Resume) -> None:
-    """Undo `claim` (the resuming attempt failed before run_start: the checkpoint stays open)."""
-    resume.claim.unlink(missing_ok=True)
+def release(claimed: Path) -> None:
+    """Undo `claim` (the resuming attempt failed before run_start: the checkpoint stays open);
+    ``claimed``: what `claim` returned."""
+    claimed.unlink(missing_ok=True)

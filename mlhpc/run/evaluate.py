@@ -11,18 +11,17 @@ from typing import Iterable
 
 import torch
 
-from mlhpc.data import loader
 from mlhpc.runtime import Runtime, all_reduce
 from mlhpc.workload import QualityMetric
 
 __all__ = ["evaluate"]
 
 
-def evaluate(model: torch.nn.Module, batches: Iterable, decode, metric: QualityMetric,
-             rt: Runtime, autocast) -> float:
+def evaluate(model: torch.nn.Module, batches: Iterable, metric: QualityMetric, rt: Runtime,
+             autocast) -> float:
     """The metric (``sum / count`` over every rank's batches) of ``model`` in eval mode.
 
-    ``batches`` yields ``(x, y)`` on the host; ``decode`` is the dataset's device transform;
+    ``batches`` yields ``(x, y)`` on the device, decoded (`mlhpc.data.loader.DeviceLoader`);
     ``autocast`` the step's precision context (`mlhpc.run.step.autocast`). Returns a float (NaN-free
     unless the model's outputs are).
     """
@@ -30,8 +29,7 @@ def evaluate(model: torch.nn.Module, batches: Iterable, decode, metric: QualityM
     total = torch.zeros((), dtype=torch.float64, device=rt.device)
     count = torch.zeros((), dtype=torch.float64, device=rt.device)
     with torch.no_grad(), autocast:
-        for batch in batches:
-            x, y = loader.to_device(batch, rt.device, decode)
+        for x, y in batches:
             s, n = metric.batch_stats(model(x), y)
             total += s
             count += n

@@ -19,11 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Sampler
 
 from mlhpc import rules, runtime
 from mlhpc.config import Config
-from mlhpc.data import loader
 from mlhpc.run import checkpoint
 from mlhpc.run.assemble import Parts
 from mlhpc.run.evaluate import evaluate
@@ -112,8 +110,7 @@ def _train_epoch(loop: Loop, epoch: int, skip: int) -> Epoch:
     parts.step.model.train()
     loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
     samples, stopped = 0, None
-    for step, batch in enumerate(batches, start=skip):
-        x, y = loader.to_device(batch, rt.device, parts.train_ds.device_transform)
+    for step, (x, y) in enumerate(batches, start=skip):  # on the device, decoded
         last_micro = (step + 1) % tcfg.gradient_accumulation_steps == 0 or step + 1 == micro_steps
         loss = train_step(parts.step, x, y, last_micro)
         n = parts.train_ds.batch_len(x)
@@ -161,8 +158,7 @@ def _evaluate_epoch(loop: Loop, epoch: int) -> tuple[float, float]:
     log.start(constants.EVAL_START, metadata=logged)
     t0 = time.perf_counter()
     parts.step.model.eval()
-    value = evaluate(parts.model, parts.eval_loader, parts.eval_ds.device_transform, metric,
-                     job.rt, autocast(parts.step.precision, job.rt.device))
+    value = evaluate(parts.model, parts.eval_loader, metric, job.rt, autocast(parts.step.precision, job.rt.device))
     log.barrier()
     eval_s = time.perf_counter() - t0
     log.end(constants.EVAL_STOP, metadata=logged)
@@ -210,13 +206,13 @@ def _epoch_batches(parts: Parts, epoch: int, skip: int, config: Config) -> tuple
         parts.train_sampler.set_epoch(epoch - 1)
         if skip == 0:
             return parts.train_loader, len(parts.train_loader)
-        return _resumed(parts, skip, config), len(parts.train_loader)
+        return parts.train_loader.resumed(skip), len(parts.train_loader)
     micro_steps = every * config.train.gradient_accumulation_steps
     start = (epoch - 1) * micro_steps + skip
-    return itertools.islice(_passes(parts, start, config), micro_steps - skip), micro_steps
+    return itertools.islice(_passes(parts, start), micro_steps - skip), micro_steps
 
 
-def _passes(parts: Parts, start: int, config: Config) -> Iterator[Any]:
+def _passes(parts: Parts, start: int) -> Iterator[Any]:
     """Endless training batches from micro-step ``start`` of the run: pass after pass, pass p
     shuffled as epoch p of the sampler."""
     per_pass = len(parts.train_loader)
@@ -225,14 +221,7 @@ def _passes(parts: Parts, start: int, config: Config) -> Iterator[Any]:
     for number in itertools.count(start // per_pass):
         parts.train_sampler.set_epoch(number)
         offset = start % per_pass if number == start // per_pass else 0
-        yield from (_resumed(parts, offset, config) if offset else parts.train_loader)
-
-
-def _resumed(parts: Parts, skip: int, config: Config) -> DataLoader:
-    """The sampler's current pass after its first ``skip`` micro-steps."""
-    return loader.make_loader(parts.train_ds, parts.local_batch_size,
-                              sampler=_SkipSampler(parts.train_sampler, skip * parts.local_batch_size),
-                              num_workers=config.data.num_workers, device=parts.step.device)
+        yield from (parts.train_loader.resumed(offset) if offset else parts.train_loader)
 
 
 def _save_checkpoint(loop: Loop, next_epoch: int, steps_done: int) -> None:
@@ -242,15 +231,3 @@ def _save_checkpoint(loop: Loop, next_epoch: int, steps_done: int) -> None:
                                    loop.files.log.name, loop.clock.elapsed_s())
         checkpoint.save(loop.files.checkpoint, state)
 
-
-class _SkipSampler(Sampler[int]):
-    """The indices of ``base`` for this epoch after the first ``skip`` (resume inside an epoch)."""
-
-    def __init__(self, base: Sampler[int], skip: int):
-        self.base, self.skip = base, skip
-
-    def __iter__(self) -> Iterator[int]:
-        return itertools.islice(iter(self.base), self.skip, None)
-
-    def __len__(self) -> int:
-        return max(0, len(self.base) - self.skip)  # type: ignore[arg-type]

@@ -1,5 +1,10 @@
-"""How a run ends: its outcome, the signals that stop it, a failed attempt set aside, and the
-ranks' agreement on the outcome before any of them exits.
+"""How a run ends: its outcome, the signals that stop it, a failed attempt set aside, the side
+files written after run_stop (`finish`), and the ranks' agreement on the outcome before any of
+them exits.
+
+`finish` runs on the rank that holds the log: ``measured_N.json`` (what the log cannot hold),
+``summary_N.json`` read back from the log (`mlhpc.run.result`), ``config_N.yaml`` and
+``env_N.json``, then the run is recorded in the results store.
 
 `agree` is the last collective of a run (`mlhpc.run.train.run`): rank 0 has written every file of
 the set (result, measured, summary, config, env) before it enters, and every rank leaves it
@@ -13,19 +18,23 @@ import itertools
 import os
 import signal
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from mlhpc import runtime
-from mlhpc.data.stage import StagingResult
-from mlhpc.errors import DataError, MlhpcError
+from mlhpc.errors import MlhpcError
 from mlhpc.run import checkpoint
-from mlhpc.run.checkpoint import Resume
+from mlhpc.run.assemble import Parts
 from mlhpc.run.mllog import ComplianceLog, constants
+from mlhpc.run import env as envinfo
+from mlhpc.run import perf
+from mlhpc.run import result as results
 from mlhpc.run.result import RunFiles, RunResult
+from mlhpc.run.job import Job
+from mlhpc.run.step import compile_mode
 from mlhpc.runtime import Runtime, all_reduce
+
 
 
 @dataclass
@@ -58,10 +67,11 @@ class RunInterrupted(MlhpcError):
         self.exit_status = 128 + self.signum
 
 
-def close_failed(resume: Resume | None, log: ComplianceLog, files: RunFiles | None,
+def close_failed(claimed: Path | None, log: ComplianceLog, files: RunFiles | None,
                  exc: BaseException) -> None:
     """An attempt failed with ``exc`` after its log was opened. Before ``run_start``: its log
-    moves to ``<out>/failed/result_N.log`` (a claim on ``resume`` is released) and a user error
+    moves to ``<out>/failed/result_N.log`` (the attempt's claim on a checkpoint, ``claimed``
+    from `mlhpc.run.checkpoint.claim`, is released) and a user error
     names it; after: ``run_stop`` (aborted, the reason) ends the log. Errors of the library's own
     (`MlhpcError`) get the new path in their one-line message; anything else keeps its type."""
     if log.first(constants.RUN_START) is not None:
@@ -70,61 +80,14 @@ def close_failed(resume: Resume | None, log: ComplianceLog, files: RunFiles | No
             log.end(constants.RUN_STOP, metadata={"status": constants.ABORTED,
                                                   "reason": f"{type(exc).__name__}: {reason}"})
         return
-    if resume is not None and files is not None and resume.claim.is_file() and \
-            checkpoint._read_claim(resume.claim).get("resumed_by") == files.log.name:
-        checkpoint.release(resume)
+    if claimed is not None:
+        checkpoint.release(claimed)
     if files is None:
         return
     log.close()
     moved = set_aside(files)
     if moved is not None and isinstance(exc, MlhpcError) and exc.args:
         exc.args = (f"{exc.args[0]} (this attempt's log moved to {moved})", *exc.args[1:])
-
-
-@contextmanager
-def sources_named(staged: StagingResult | None) -> Iterator[None]:
-    """Within the block, a `DataError` naming a file of this node's staged copy names the
-    source file instead (`name_source`)."""
-    try:
-        yield
-    except DataError as exc:
-        name_source(staged, exc)
-        raise
-
-
-def name_source(staged: StagingResult | None, exc: BaseException) -> None:
-    """Make a `DataError` that names a file of this node's staged copy (``staged.dest``) name
-    the file it was copied from instead, the copy in brackets, as `mlhpc.run.assemble.sample_name`
-    does: ``SOURCE/train/f.lmdb: key '3': ... [read from the staged copy DEST/train/f.lmdb]``.
-    The first path under the copy is mapped by its path relative to the copy; a path with no
-    such file in the source (a converted copy) is left as it is."""
-    if not isinstance(exc, DataError) or staged is None or not exc.args or \
-            "[read from the staged copy" in str(exc.args[0]):  # named already (`sample_name`)
-        return
-    dest, message = str(staged.dest).rstrip("/"), str(exc.args[0])
-    start = message.find(dest + "/")
-    if start < 0:
-        return
-    end = next((i for i in range(start, len(message)) if message[i] in ": \t"), len(message))
-    copy = message[start:end]
-    original = staged_source(copy, dest, staged.source)
-    if original is not None and original.is_file():
-        exc.args = (f"{message[:start]}{original}{message[end:]} [read from the staged copy {copy}]",
-                    *exc.args[1:])
-
-
-def staged_source(path: str | Path, dest: str | Path, source: str | Path) -> Path | None:
-    """The path in ``source`` that ``path``, under ``source``'s staged copy ``dest``, was copied
-    from (``source / path.relative_to(dest)``); None when ``path`` is not under ``dest`` or
-    ``dest`` is ``source`` itself (the data were read in place). Nothing is read but the two
-    folders' resolved names."""
-    try:
-        rel = Path(path).relative_to(dest)
-    except ValueError:
-        return None
-    if Path(dest).resolve() == Path(source).resolve():
-        return None
-    return Path(source) / rel
 
 
 def set_aside(files: RunFiles) -> Path | None:
@@ -201,7 +164,7 @@ def exit_status(result: RunResult) -> int:
 def agree(result: RunResult, world: Runtime) -> RunResult:
     """Every rank of ``world`` leaves with the job's outcome: the highest exit status of any
     rank's (or instance's) run, and the signal that stopped any of them. Call it once rank 0
-    has written every file of its run (`mlhpc.run.finish.finish`): it is the run's last collective,
+    has written every file of its run (`finish`): it is the run's last collective,
     so no rank exits before the files are there.
 
     From here on a SIGTERM (what torchrun sends the other ranks when one exits non-zero, and
@@ -222,3 +185,85 @@ def agree(result: RunResult, world: Runtime) -> RunResult:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return result
+
+
+# ---- after run_stop: the run's side files ------------------------------------------------------
+
+def finish(job: Job, files: RunFiles | None, parts: Parts, outcome: Outcome) -> RunResult:
+    """Write the side file, then the summary read back from the log, the config and the env
+    (each once, exclusively: the set was claimed with the log), on the rank that holds the log
+    (``files``; None elsewhere). Returns this rank's `RunResult`."""
+    result = RunResult(outcome.status, outcome.reason, signal=outcome.signal)
+    if files is None:
+        return result
+    results.write_json(files.measured, measured(job, files, parts))
+    result.result_file = str(files.log)
+    result.summary = results.load(files.log)
+    results.write_json(files.summary, result.summary)
+    results.write_yaml(files.config, job.config.to_dict())
+    world = job.world
+    results.write_json(files.env, {**envinfo.collect(), "runtime": {
+        "launcher": world.launcher, "world_size": world.world_size, "num_nodes": world.num_nodes,
+        "local_world_size": world.local_world_size, "device": str(job.rt.device),
+        "instances": job.config.train.instances}})
+    from mlhpc.store import record_run  # the results store (MLHPC_STORE=none: off); a warning, never a raise
+    from mlhpc.store.engine import shown_url
+
+    run_id = record_run(files.log.parent, files.log, lambda m: job.progress({"kind": "warning", "message": m}))
+    if run_id is not None:
+        job.progress({"kind": "note", "message": f"recorded in the results store {shown_url()} as run "
+                      f"{run_id} (mlhpc results show {run_id}; MLHPC_STORE=none turns recording off)"})
+    return result
+
+
+def measured(job: Job, files: RunFiles, parts: Parts) -> dict[str, Any]:
+    """What the log cannot hold: the contents of ``measured_N.json``."""
+    config, rt, model = job.config, job.rt, parts.model
+    staged = parts.staged.to_dict() if parts.staged is not None else {}
+    samples = parts.train_samples + parts.eval_samples  # the job's, as staged_bytes
+    peak, peak_source = perf.device_peak(rt.device, parts.step.precision)
+    return {
+        "workload": job.workload.name, "target": target_of(job), "synthesis_s": job.synthesis_s,
+        "world_size": rt.world_size, "num_nodes": rt.num_nodes, "instance": rt.instance,
+        "staging": staged, "padded_samples_per_epoch": parts.padded_samples,
+        "departs_from_reference": departures(job, parts),
+        "resumed_from": str(job.resume.source) if job.resume else None,
+        "checkpoint": str(files.checkpoint) if files.checkpoint.exists() else None,
+        "perf": {
+            "forward_flops_per_sample": parts.flops.forward_flops,
+            "train_flops_per_sample": parts.flops.train_flops,
+            "peak_flop_per_s_per_rank": peak, "peak_source": peak_source,
+            "precision": parts.step.precision, "parameters": sum(p.numel() for p in model.parameters()),
+            "allreduce_bytes_per_step": perf.allreduce_bytes_per_step(model) if rt.distributed else 0,
+            "dataset_bytes_per_sample": staged["staged_bytes"] / samples if staged else None,
+            "data_path": {"num_workers": parts.train_loader.host.num_workers,
+                          "pin_memory": parts.train_loader.host.pin_memory,
+                          "memory_mapped": parts.train_ds.memory_mapped,
+                          "decode_on_device": parts.train_ds.decodes_on_device,
+                          "compile": compile_mode(config.train.compile)},
+            "model_settings": job.workload.model_settings(config.model)},
+    }
+
+
+def target_of(job: Job) -> float:
+    target = job.config.train.target
+    return job.workload.metric.target if target is None else target
+
+
+def departures(job: Job, parts: Parts) -> list[str]:
+    """How this run departs from the reference: the workload's own list when it declares one,
+    else the model settings that differ from their defaults, sample counts and target."""
+    config, workload = job.config, job.workload
+    if workload.departures is not None:
+        return workload.departures(config)
+    reference = workload.model_settings(workload.model_config())
+    notes = [f"model.{key}={value} (reference {reference.get(key)})"
+             for key, value in workload.model_settings(config.model).items()
+             if reference.get(key) != value]
+    train_n, eval_n = parts.train_samples, parts.eval_samples
+    ref_train, ref_eval = workload.reference_samples
+    if ref_train and (train_n, eval_n) != (ref_train, ref_eval):
+        notes.append(f"samples {train_n}/{eval_n} (reference {ref_train}/{ref_eval})")
+    if config.train.target is not None and config.train.target != workload.metric.target:
+        notes.append(f"target {config.train.target} (reference {workload.metric.target})")
+    return notes

@@ -17,21 +17,20 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch.profiler import ProfilerActivity, record_function
-from torch.utils.data import DataLoader
 
 from mlhpc import runtime
-from mlhpc.run import outdir, perf
+from mlhpc.run import perf
+from mlhpc.run.result import check_output_dir
 
 from mlhpc.run import assemble
 from mlhpc.data.files import atomic_output
 from mlhpc.config import Config
 from mlhpc.errors import ConfigError, OutputError
 from mlhpc.data.embedded import ensure_data
-from mlhpc.data.loader import to_device
 from mlhpc.runtime import Runtime
 from mlhpc.run.step import Step, compile_mode, train_step
 from mlhpc.run.train import local_batch_size
@@ -86,7 +85,7 @@ def profile(config: Config, steps: int = 5, warmup: int = 2, trace_path: Path | 
     trace = Path(trace_path) if trace_path is not None else default_trace(config)
     if trace.is_dir():
         raise OutputError(f"--trace {trace}: is a folder; give a file name")
-    outdir.check_output_dir(trace.parent if str(trace.parent) else Path("."),
+    check_output_dir(trace.parent if str(trace.parent) else Path("."),
                             key="--trace folder" if trace_path is not None else "output.dir")
     with runtime.started(config.train.device, threads=config.train.threads) as (rt, _):
         return _profile(config, rt, steps, warmup, trace, top)
@@ -105,8 +104,7 @@ def _profile(config: Config, rt: Runtime, steps: int, warmup: int, trace_path: P
     lbs = local_batch_size(config, rt)
     parts = assemble.build(job, None, lbs)  # the run's parts: model, loaders, optimizer, step
     step, loader = parts.step, parts.train_loader
-    decode = parts.train_ds.device_transform
-    x0, y0 = to_device(next(iter(loader)), rt.device, decode)
+    x0, y0 = next(iter(loader))  # on the device, decoded
     scratch, scratch_opt = assemble.scratch_copy(job, parts.model)
     memory = perf.memory_breakdown(scratch, scratch_opt, x0, step.loss_fn, y0)
 
@@ -114,12 +112,12 @@ def _profile(config: Config, rt: Runtime, steps: int, warmup: int, trace_path: P
     step.model.train()
     batches = _cycle(loader)
     for _ in range(warmup):
-        timer.step(step, batches, decode, timed=False)
+        timer.step(step, batches, timed=False)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if rt.device.type == "cuda" else [])
     with torch.profiler.profile(activities=activities, record_shapes=False) as prof:
         wall0 = time.perf_counter()
         for _ in range(steps):
-            timer.step(step, batches, decode, timed=True)
+            timer.step(step, batches, timed=True)
         wall = time.perf_counter() - wall0
     trace = _write_trace(prof, Path(trace_path))
     return ProfileResult(
@@ -164,10 +162,10 @@ class _PhaseTimer:
         if self.timed:
             self.seconds[name] += time.perf_counter() - t0
 
-    def step(self, step: Step, batches: Iterator, decode: Any, timed: bool) -> None:
+    def step(self, step: Step, batches: Iterator, timed: bool) -> None:
         self.timed = timed
         with self.phase("data"):
-            x, y = to_device(next(batches), step.device, decode)
+            x, y = next(batches)  # drawn, moved and decoded
         train_step(step, x, y, last_micro=True, phase=self.phase)
 
 
@@ -188,6 +186,6 @@ def _operators(prof: Any, steps: int, device: torch.device, top: int) -> list[di
     return rows[:top]
 
 
-def _cycle(loader: DataLoader) -> Iterator:
+def _cycle(loader: Iterable) -> Iterator:
     while True:
         yield from loader

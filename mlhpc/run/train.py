@@ -5,13 +5,13 @@
       -> _ensure_source: embedded data made if missing (untimed, before the log) -> Job (frozen)
       -> _preflight: model and checkpoint fit (nothing reads the dataset) -> result_N.txt claimed,
          the log synchronised over the instance's ranks (`ComplianceLog.barrier`)
-      -> log_init: init_start, submission_*, cache_clear, seed, resume (`mlhpc.run.log`)
+      -> log_init: init_start, submission_*, cache_clear, seed, resume (`mlhpc.run.mllog`)
       -> _prepare: hyperparameters; staging (staging_start/stop) and build (the parts: the first
-         read of the data checked against the model) before or after run_start, by
-         ``data.staging.placement``
+         read of the data checked against the model) before or after init_stop .. run_start
+         (`start_run`), by ``data.staging.placement``
       -> train_loop: epochs and evaluations until the target, then run_stop (`mlhpc.run.loop`)
       -> finish: measured_N.json, summary_N.json read back from the log, config_N.yaml,
-         env_N.json (`mlhpc.run.finish`)
+         env_N.json (`mlhpc.run.outcome`)
       -> agree: every rank leaves with the job's exit status (`mlhpc.run.outcome`)
 
 Data parallelism is DistributedDataParallel; which samples a rank reads is
@@ -25,21 +25,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mlhpc import power, runtime
+from mlhpc import power, rules, runtime
 from mlhpc.config import Config
 from mlhpc.data import embedded
 from mlhpc.data import stage as staging
 from mlhpc.data.stage.copies import release
 from mlhpc.errors import ConfigError
-from mlhpc.run import checkpoint, outdir
-from mlhpc.run.assemble import Parts, build, stage
-from mlhpc.run.finish import finish
+from mlhpc.run import checkpoint
+from mlhpc.run.assemble import Parts, build, sources_named, stage
 from mlhpc.run.job import Job, ProgressFn
-from mlhpc.run.log import log_hyperparameters, log_init, log_samples, start_run
 from mlhpc.run.loop import train_loop
-from mlhpc.run.mllog import ComplianceLog
-from mlhpc.run.outcome import Outcome, RunInterrupted, Stop, agree, close_failed, sources_named
-from mlhpc.run.result import RunFiles, RunResult
+from mlhpc.run.mllog import ComplianceLog, constants, log_hyperparameters, log_init, log_samples
+from mlhpc.run.outcome import Outcome, RunInterrupted, Stop, agree, close_failed, finish
+from mlhpc.run.result import RunFiles, RunResult, check_output_dir
 from mlhpc.runtime import Runtime
 from mlhpc.workload import Workload
 from mlhpc.workload import get as get_workload
@@ -70,7 +68,7 @@ def run(config: Config | None, *, on_progress: ProgressFn | None = None,
     if resume_dir is not None:
         config, resume = checkpoint.load_resume(Path(resume_dir))
     assert config is not None
-    outdir.check_output_dir(config.output.dir)  # before anything is written (OutputError)
+    check_output_dir(config.output.dir)  # before anything is written (OutputError)
     workload = get_workload(config.workload)
     tcfg = config.train
     progress = on_progress or (lambda event: None)
@@ -106,10 +104,13 @@ def _run_instance(job: Job, stop: Stop, lbs: int) -> RunResult:
     _preflight(job)
     log = ComplianceLog.create(Path(job.config.output.dir), job.rt)
     files = RunFiles.of_log(log.path) if log.path else None
+    claimed = None  # the checkpoint this attempt resumes, claimed by its log
     try:
+        if job.resume is not None and files is not None:
+            claimed = checkpoint.claim(job.resume, files.log)
         parts, outcome = _attempt(job, (log, files), stop, lbs)
     except BaseException as exc:
-        close_failed(job.resume, log, files, exc)
+        close_failed(claimed, log, files, exc)
         raise
     finally:
         log.close()
@@ -127,8 +128,6 @@ def _attempt(job: Job, written: tuple[ComplianceLog, RunFiles | None], stop: Sto
     """init_start .. run_stop: the records before the run, the parts, the timed loop.
     ``written``: the log and the run's files (None on ranks that write none)."""
     (log, files), config, rt = written, job.config, job.rt
-    if job.resume is not None and files is not None:
-        checkpoint.claim(job.resume, files.log)
     if rt.is_main:
         job.progress({"kind": "start", "result_file": str(log.path), "workload": job.workload.name,
                       "instance": rt.instance})
@@ -155,10 +154,29 @@ def _prepare(job: Job, log: ComplianceLog, stop: Stop, lbs: int) -> Parts:
     staged = stage(job, log)
     with sources_named(staged):  # an error naming the staged copy names the source file
         parts = build(job, staged, lbs)
-    log_samples(log, parts)
+    log_samples(log, parts.train_samples, parts.eval_samples, parts.padded_samples)
     if not in_run:
         start_run(job, log, stop)
     return parts
+
+
+def start_run(job: Job, log: ComplianceLog, stop: Stop) -> None:
+    """init_stop (with a warning when staging sat in an initialisation longer than the rules
+    allow, `mlhpc.rules.init_limit_warning`), then run_start; from then on a signal stops the
+    run with a checkpoint (`Stop.start_timed`)."""
+    stop.check()  # a signal during initialisation: the attempt is set aside
+    log.barrier()
+    log.end(constants.INIT_STOP)
+    began, ended = log.first(constants.INIT_START), log.first(constants.INIT_STOP)
+    if began is not None and ended is not None and job.rt.is_main:
+        warning = rules.init_limit_warning((ended.time_ms - began.time_ms) / 1e3,
+                                             job.config.submission.division,
+                                             job.config.data.staging.placement)
+        if warning:
+            job.progress({"kind": "warning", "message": warning})
+    log.barrier()
+    stop.start_timed()
+    log.start(constants.RUN_START)
 
 
 def _where(config: Config) -> dict[str, Any]:
@@ -174,7 +192,7 @@ def _preflight(job: Job) -> None:
     """What can be checked before the log is opened without touching the dataset: the model the
     config builds can be constructed, and a checkpoint being resumed fits that model and its
     optimizer (names, shapes). The config (ranges, seeds) and the output folder were checked
-    before (`mlhpc.config`, `mlhpc.run.outdir`). Whether the data fit the model is checked after
+    before (`mlhpc.config`, `mlhpc.run.result`). Whether the data fit the model is checked after
     ``init_start`` (`check_sample`): MLPerf's training rules (training_rules.adoc, "Run Results")
     say "The clock must start before any part of the system touches the dataset", and the log is
     where that start is shown.
