@@ -27,7 +27,7 @@ from mlhpc.data.files import atomic_output
 from mlhpc.errors import DataError
 from mlhpc.workload import DataTools, FileCheck, last_files_to_validation
 
-from . import formats, tfrecord_io
+from . import formats, readers, tfrecord_io
 
 CONVERT_TO = ("hdf5", "npy")
 
@@ -170,14 +170,14 @@ class CosmoFlowDataTools(DataTools):
         return formats.detect_format(split_dir)
 
     def list_files(self, split_dir: Path, fmt: str) -> list[Path]:
-        return formats.reader(fmt).list_files(Path(split_dir))
+        return readers.reader(fmt).list_files(Path(split_dir))
 
     def check_file(self, path: Path, fmt: str, full: bool) -> FileCheck:
         """Metadata and labels (TFRecord: headers only, unless ``full``; a GZIP TFRecord's
         stream inflated once, its GZIP CRC and every record header checked,
         `tfrecord_io.count_gzip_frames`); ``full`` reads every sample and checks counts >= 0
         and finite labels. Raises DataError."""
-        reader = formats.reader(fmt)
+        reader = readers.reader(fmt)
         info = reader.inspect(path, full=full or fmt != "tfrecord")
         if fmt == "tfrecord" and not full and tfrecord_io.is_gzip(path):
             records = tfrecord_io.count_gzip_frames(path)
@@ -199,7 +199,7 @@ class CosmoFlowDataTools(DataTools):
         (npy, contiguous HDF5) are copied by the kernel as they are, without passing through
         Python; TFRecord and chunked HDF5 are decoded (counts checked >= 0) and written.
         Raises DataError."""
-        reader = formats.reader(fmt)
+        reader = readers.reader(fmt)
         info = reader.inspect(path, full=False)  # TFRecord: headers only, decoded once by open
         if info.offset is not None and fmt in ("npy", "hdf5"):  # counts lie contiguous on disk
             targets = info.targets if info.targets is not None else reader.inspect(path, True).targets

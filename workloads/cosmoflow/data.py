@@ -35,7 +35,7 @@ from mlhpc.workload import SampleLocation, WorkloadDataset
 from mlhpc.errors import DataError
 from mlhpc.data.loader import PerChannel, channels_first
 
-from . import formats
+from . import formats, readers
 from .formats import FileInfo, Source, _short
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -58,7 +58,7 @@ def find_files(folder: Path, fmt: str = "hdf5") -> list[Path]:
         what = "is not a folder" if folder.exists() else "does not exist"
         raise DataError(f"{folder}: dataset folder {what}; expected CosmoFlow samples (run "
                         f"synthesis or fix data.path)")
-    files = formats.reader(fmt).list_files(folder)
+    files = readers.reader(fmt).list_files(folder)
     if not files:
         if fmt == "hdf5":
             raise DataError(f"{folder}: no HDF5 files (*.h5, *.hdf5) in the dataset folder")
@@ -121,7 +121,7 @@ class CosmoFlowDataset(WorkloadDataset):
         if not files:
             raise DataError(f"{folder}: no {fmt} sample files in the dataset folder (an empty split)")
         self.format = fmt
-        self._reader = formats.reader(fmt)
+        self._reader = readers.reader(fmt)
         used: list[Path] = []
         starts: list[int] = []
         infos: list[FileInfo] = []
@@ -448,4 +448,4 @@ def raw_universes(folder: Path) -> None:
     ``full`` of 512^3 cells) instead of train/ and validation/ sample folders."""
     candidates = sorted(p for p in Path(folder).iterdir() if p.name.endswith(formats.HDF5_SUFFIXES))
     if candidates:
-        formats.reader("hdf5").inspect(candidates[0])  # raises the message naming the command
+        readers.reader("hdf5").inspect(candidates[0])  # raises the message naming the command

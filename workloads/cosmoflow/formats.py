@@ -399,14 +399,6 @@ class NpyFormat:
         return Source(_map(path, info.offset or 0, shape), info.targets)
 
 
-def reader(name: str) -> Any:
-    """A new reader object for format ``name`` (one of `FORMATS`; TFRecord's lives in
-    `tfrecord_format`, which builds on this module)."""
-    from .tfrecord_format import TFRecordFormat
-
-    return {"hdf5": Hdf5Format, "tfrecord": TFRecordFormat, "npy": NpyFormat}[name]()
-
-
 def detect_format(folder: Path) -> str:
     """The form of a split folder's samples, from its file names.
 
