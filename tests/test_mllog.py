@@ -1,6 +1,8 @@
 import json
 import threading
 
+import pytest
+
 from mlhpc.runtime import Runtime
 from mlhpc.run.mllog import ComplianceLog, open_next_result
 
@@ -48,3 +50,31 @@ def test_non_main_rank_writes_nothing(tmp_path):
     log.event("seed", 1)
     assert log.path is None and list(tmp_path.iterdir()) == []
     assert log.first("seed").value == 1
+
+
+def test_a_record_that_cannot_be_written_is_raised_not_printed_by_logging(capsys):
+    """The run's signal handler can interrupt a write (SIGTERM during init raises there), and a
+    disk can fill: either way the exception reaches the caller, and logging prints no
+    "--- Logging error ---" traceback of its own with the record lost."""
+    import io
+    import logging
+
+    from mlhpc.run.mllog import _FlushingHandler
+
+    class Interrupted(Exception):
+        pass
+
+    class Stream(io.StringIO):
+        def write(self, text):
+            raise Interrupted("SIGTERM before run_start")
+
+    logger = logging.getLogger("mlhpc-test-unwritable")
+    logger.propagate = False
+    handler = _FlushingHandler(Stream())
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(Interrupted):
+            logger.warning("a record")
+    finally:
+        logger.removeHandler(handler)
+    assert "Logging error" not in capsys.readouterr().err

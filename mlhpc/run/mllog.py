@@ -77,6 +77,12 @@ def open_next_result(out_dir: Path) -> tuple[Path, IO[str]]:
 
 
 class _FlushingHandler(logging.StreamHandler):
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        """A record that cannot be written is the run's error, never a traceback printed by
+        logging with the line lost: the exception being handled (a full disk, or the run's
+        signal handler interrupting the write) goes on to the caller."""
+        raise  # noqa: PLE0704 (called by logging inside its except block)
+
     def emit(self, record: logging.LogRecord) -> None:
         super().emit(record)
         self.flush()
