@@ -91,24 +91,38 @@ def open_input(path: Path | str, cap_bytes: int, root: Path | str | None = None,
     return fd
 
 
-def read_input(path: Path | str, cap_bytes: int, root: Path | str | None = None,
-               what: str = "file", error: type[MlhpcError] = InputRefused) -> bytes:
-    """The bytes of ``path`` read through `open_input` (same arguments and errors), at most
-    ``cap_bytes`` of them: a file that grew past the cap while read is refused too."""
+def input_chunks(path: Path | str, cap_bytes: int, root: Path | str | None = None,
+                 what: str = "file", error: type[MlhpcError] = InputRefused,
+                 chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """The bytes of ``path`` read through `open_input` (same arguments and errors), in pieces of
+    at most ``chunk_bytes``, at most ``cap_bytes`` in all: for a reader that hashes or inflates
+    as it goes rather than holding the file. The file is closed when the iteration ends or is
+    abandoned.
+
+    Raises:
+        error: as `open_input`; a file that grew past the cap while read, or a read that fails
+            (one line naming ``path``).
+    """
     fd = open_input(path, cap_bytes, root, what, error)
     try:
-        chunks, total = [], 0
-        while chunk := os.read(fd, min(1 << 20, cap_bytes + 1 - total) or 1):
-            chunks.append(chunk)
+        total = 0
+        while chunk := os.read(fd, min(chunk_bytes, cap_bytes + 1 - total) or 1):
             total += len(chunk)
             if total > cap_bytes:
                 raise error(f"{path}: {what} grew past the {cap_bytes} bytes a {what} may hold "
                             "while read; refused")
+            yield chunk
     except OSError as exc:
         raise error(f"{path}: cannot read {what} ({reason(exc)})") from None
     finally:
         os.close(fd)
-    return b"".join(chunks)
+
+
+def read_input(path: Path | str, cap_bytes: int, root: Path | str | None = None,
+               what: str = "file", error: type[MlhpcError] = InputRefused) -> bytes:
+    """The bytes of ``path`` read through `open_input` (same arguments and errors), at most
+    ``cap_bytes`` of them: a file that grew past the cap while read is refused too."""
+    return b"".join(input_chunks(path, cap_bytes, root, what, error))
 
 
 def read_text_input(path: Path | str, cap_bytes: int = SIDE_FILE_BYTES,

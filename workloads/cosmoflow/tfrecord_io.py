@@ -34,7 +34,7 @@ from pathlib import Path
 
 import crc32c as _crc32c
 
-from mlhpc.data.inputs import open_input
+from mlhpc.data.inputs import input_chunks
 from mlhpc.errors import DataError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -236,24 +236,23 @@ def count_gzip_frames(path: Path) -> int:
             after the last member, or the framing errors of `count_frames`.
     """
     walk = _FrameWalk(path)
-    fd = open_input(path, MAX_FILE_BYTES, Path(path).parent, "TFRecord file", DataError)
+    blocks = input_chunks(path, MAX_FILE_BYTES, Path(path).parent, "TFRecord file", DataError,
+                          chunk_bytes=_BLOCK_BYTES)
     try:
-        for piece in _inflated(fd, path):
+        for piece in _inflated(blocks, path):
             walk.feed(piece)
-    except OSError as exc:
-        raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     finally:
-        os.close(fd)
+        blocks.close()
     return walk.finish()
 
 
-def _inflated(fd: int, path: Path) -> Iterator[bytes]:
-    """The inflated bytes of every GZIP member read from ``fd``, one piece per `_BLOCK_BYTES`
-    read (at most 1032 times that: deflate's largest ratio). Raises DataError as
-    `count_gzip_frames`."""
+def _inflated(blocks: Iterator[bytes], path: Path) -> Iterator[bytes]:
+    """The inflated bytes of every GZIP member read from ``blocks`` (the file's bytes, at most
+    `_BLOCK_BYTES` a piece), one piece per block (at most 1032 times it: deflate's largest
+    ratio). Raises DataError as `count_gzip_frames`."""
     inflater, block = zlib.decompressobj(wbits=31), b""
     while True:
-        block = block or os.read(fd, _BLOCK_BYTES)
+        block = block or next(blocks, b"")
         if not block:
             raise DataError(f"{path}: truncated GZIP stream (ends before the end of its data); "
                             "fetch or copy the file again")
@@ -266,20 +265,20 @@ def _inflated(fd: int, path: Path) -> Iterator[bytes]:
         if inflater.eof:  # the member's CRC-32 and size matched; another member may follow
             block = inflater.unused_data
             while len(block) < 2:
-                more = os.read(fd, _BLOCK_BYTES)
+                more = next(blocks, b"")
                 if not more:
                     break
                 block += more
             if block[:2] != GZIP_MAGIC:
-                _only_padding(fd, block, path)
+                _only_padding(blocks, block, path)
                 return
             inflater = zlib.decompressobj(wbits=31)
 
 
-def _only_padding(fd: int, tail: bytes, path: Path) -> None:
-    """Raise DataError unless ``tail`` and the rest of ``fd`` are zero bytes (the padding gzip(1)
-    allows after the last member)."""
+def _only_padding(blocks: Iterator[bytes], tail: bytes, path: Path) -> None:
+    """Raise DataError unless ``tail`` and the rest of ``blocks`` are zero bytes (the padding
+    gzip(1) allows after the last member)."""
     while tail:
         if tail.strip(b"\0"):
             raise DataError(f"{path}: bytes of garbage after the GZIP stream")
-        tail = os.read(fd, _BLOCK_BYTES)
+        tail = next(blocks, b"")

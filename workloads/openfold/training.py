@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import pickle
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 from pydantic import Field, create_model
 
 from mlhpc.config import Section
-from mlhpc.data.inputs import open_input
+from mlhpc.data.inputs import input_chunks
 from mlhpc.errors import ConfigError
 
 from .keys import LOSS_KEYS, MODEL_KEYS
@@ -205,17 +204,11 @@ def build_loss(config: Any) -> Callable[[dict, dict], torch.Tensor]:
 
 
 def checkpoint_sha256(path: Path) -> str:
-    """Hex sha256 of a file, read through `mlhpc.data.inputs.open_input` (a regular file, not a
+    """Hex sha256 of a file, read through `mlhpc.data.inputs.input_chunks` (a regular file, not a
     link out of place). Raises ConfigError when it cannot be read (naming it)."""
     digest = hashlib.sha256()
-    fd = open_input(path, CHECKPOINT_BYTES, what="initial checkpoint", error=ConfigError)
-    try:
-        while chunk := os.read(fd, 1 << 20):
-            digest.update(chunk)
-    except OSError as exc:
-        raise ConfigError(f"{path}: model.init_checkpoint cannot be read ({exc.strerror or exc})") from None
-    finally:
-        os.close(fd)
+    for chunk in input_chunks(path, CHECKPOINT_BYTES, what="initial checkpoint", error=ConfigError):
+        digest.update(chunk)
     return digest.hexdigest()
 
 
