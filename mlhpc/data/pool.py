@@ -1,23 +1,30 @@
-"""The one parallel driver of the data layer: a function over many jobs, in threads or processes.
+"""The parallel drivers of mlhpc's data work: a function over many jobs, in threads or processes.
 
-Conversion and checking are CPU-bound in Python (inflate, decode, validate): they run in
-processes (``kind="process"``, forked so the workload's tools need not pickle). Staging copies
-are I/O-bound and hash with a library that releases the GIL: they run in threads
-(``kind="thread"``). Either way results come back in completion order, and the first failure
-cancels what has not started and is raised.
+`run_all` drives the data layer. Conversion and checking are CPU-bound in Python (inflate,
+decode, validate): they run in processes (``kind="process"``, forked). Staging copies are
+I/O-bound and hash with a library that releases the GIL: they run in threads (``kind="thread"``).
+Results come back in completion order; the first failure cancels what has not started, lets the
+jobs in flight finish (each writes through the one writer and cleans up after itself) and is
+raised.
+
+`map_in_order` drives workload code (synthesis): results in the jobs' order, and leaving early
+terminates the workers at once, since a synthesis chunk can run for minutes and its half-made
+files lie in a hidden folder the next attempt clears.
+
+Either way workers ignore SIGINT: Ctrl-C is the parent's to act on.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import signal
+from collections.abc import Callable, Iterator
 from concurrent.futures import (
     Executor,
     ProcessPoolExecutor,
     ThreadPoolExecutor,
     as_completed,
 )
-from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 PoolKind = Literal["thread", "process"]

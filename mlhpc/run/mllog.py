@@ -77,7 +77,7 @@ def open_next_result(out_dir: Path) -> tuple[Path, IO[str]]:
 
 
 class _FlushingHandler(logging.StreamHandler):
-    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+    def handleError(self, record: logging.LogRecord) -> None:
         """A record that cannot be written is the run's error, never a traceback printed by
         logging with the line lost: the exception being handled (a full disk, or the run's
         signal handler interrupting the write) goes on to the caller."""
