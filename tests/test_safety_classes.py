@@ -236,7 +236,7 @@ def test_the_one_writer_refuses_a_folder_others_may_write_and_never_writes_throu
 
 
 def test_a_planted_power_link_is_not_written_through(tmp_path):
-    from mlhpc.power import _claim_folder
+    from mlhpc.power.sampler import _claim_folder
 
     out = tmp_path / "out"
     out.mkdir()

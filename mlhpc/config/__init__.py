@@ -34,7 +34,7 @@ from mlhpc.config.yamlfile import UniqueKeyLoader, parse_override, set_path
 from mlhpc.config.yamlfile import show as _show
 from mlhpc.errors import ConfigError
 from mlhpc.hints import did_you_mean, existing_file, section_model
-from mlhpc.power import PowerConfig
+from mlhpc.power.config import PowerConfig
 from mlhpc.workload import get as get_workload
 
 #: Every integer a config holds fits a signed 64-bit integer (torch's int64, a C ``long long``).

@@ -25,12 +25,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mlhpc import power, rules, runtime
+from mlhpc import rules, runtime
 from mlhpc.config import Config
 from mlhpc.data import embedded
 from mlhpc.data import stage as staging
 from mlhpc.data.stage.copies import release
 from mlhpc.errors import ConfigError
+from mlhpc.power.sampler import sampling
 from mlhpc.run import checkpoint
 from mlhpc.run.assemble import Parts, build, sources_named, stage
 from mlhpc.run.job import Job, ProgressFn
@@ -133,7 +134,7 @@ def _attempt(job: Job, written: tuple[ComplianceLog, RunFiles | None], stop: Sto
                       "instance": rt.instance})
     log_init(job, log)
     parts = _prepare(job, log, stop, lbs)
-    with sources_named(parts.staged), power.sampling(  # run_start .. run_stop
+    with sources_named(parts.staged), sampling(  # run_start .. run_stop
             config.power, rt, log.path, Path(config.output.dir),
             notify=lambda m: job.progress({"kind": "warning", "message": m})):
         return parts, train_loop(job, log, parts, stop, files)
