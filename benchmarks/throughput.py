@@ -7,8 +7,8 @@ is decoded once and kept on the device; the timed loop calls `mlhpc.run.step.tra
 and ``model.channels_last`` switch); ``--precision bf16``
 runs it under bf16 autocast on any device. This is the compute ceiling the data path has to keep fed
 (`benchmarks/run.py` measures the data path). FLOPs per sample are counted with
-torch.utils.flop_counter.FlopCounterMode (`mlhpc.run.perf.count_flops_on_meta`); the peak comes from
-`mlhpc.run.perf.device_peak` (a data-sheet entry for known GPUs, else a measured matrix product; the
+torch.utils.flop_counter.FlopCounterMode (`mlhpc.run.step.count_flops_on_meta`); the peak comes from
+`mlhpc.run.step.device_peak` (a data-sheet entry for known GPUs, else a measured matrix product; the
 source is printed with it).
 
 Usage (the reference CosmoFlow in bf16 on a GPU, 64 synthetic cubes of 128^3 x 4):
@@ -39,10 +39,9 @@ sys.path.insert(0, str(REPO))
 from mlhpc import workload as workloads  # noqa: E402
 from mlhpc import config as cfg  # noqa: E402
 from mlhpc import runtime  # noqa: E402
-from mlhpc.run import perf  # noqa: E402
 from mlhpc.run import assemble  # noqa: E402
 from mlhpc.errors import MlhpcError  # noqa: E402
-from mlhpc.run.step import compile_mode, train_step  # noqa: E402
+from mlhpc.run.step import compile_mode, device_peak, train_step  # noqa: E402
 from mlhpc.data.embedded import ensure_data  # noqa: E402
 
 
@@ -109,7 +108,7 @@ def measure(config: cfg.Config, batch_size: int, steps: int, warmup: int, precis
 
     samples_per_s = steps * batch_size / timed_s
     achieved = flops.train_flops * samples_per_s
-    peak, peak_source = perf.device_peak(rt.device, precision)
+    peak, peak_source = device_peak(rt.device, precision)
     return {
         "workload": workload.name, "device": (torch.cuda.get_device_name(rt.device) if cuda
                                               else f"cpu ({torch.get_num_threads()} threads)"),

@@ -65,10 +65,6 @@ REFLECTION: dict[str, str] = {
         "field",
     "mlhpc/data/files.py::hasattr(_buffers, 'pair')": "a thread-local copy buffer made on first "
         "use in each thread",
-    "mlhpc/power/__init__.py::getattr(rt, 'distributed', False)": "the harness's own Runtime "
-        "(or a stand-in of a tool that samples power outside a run)",
-    "mlhpc/power/__init__.py::getattr(rt, 'instances_per_node', 1)": "the harness's own Runtime "
-        "(or a stand-in of a tool that samples power outside a run)",
     "mlhpc/run/mllog.py::getattr(self._mllogger, kind)": "mlperf_logging's logger: start, end or "
         "event by name",
     "mlhpc/run/profile.py::getattr(e, device_attr, 0)": "torch.profiler's event, whose device time "

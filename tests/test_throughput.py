@@ -11,7 +11,6 @@ import torch
 
 from mlhpc import workload as workloads
 from mlhpc import config as cfg
-from mlhpc.run import perf
 from mlhpc.run import step, train
 from mlhpc.errors import ConfigError
 from test_run_e2e import TINY, tiny_data  # noqa: F401 (fixture)
@@ -36,7 +35,7 @@ def test_throughput_reports_counted_flops_and_mfu(tmp_path, repo, tiny_data):
     config = cfg.load(repo / "configs" / "cosmoflow-mini.yaml", _overrides(tiny_data))
     wl = workloads.get("cosmoflow")
     model = wl.build_model(config.model).to("meta")
-    counted = perf.count_flops(model, torch.empty(1, 4, 16, 16, 16, device="meta"),
+    counted = step.count_flops(model, torch.empty(1, 4, 16, 16, 16, device="meta"),
                                wl.build_loss(config), torch.empty(1, 4, device="meta"))
     assert result["train_flops_per_sample"] == counted.train_flops
     assert result["achieved_flop_per_s"] == pytest.approx(

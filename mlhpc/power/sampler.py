@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from mlperf_logging.mllog import constants
 
@@ -31,6 +31,9 @@ from mlhpc.data.files import reason
 from mlhpc.power.config import POWER_DIR, PowerConfig
 from mlhpc.power.sources import COUNTER, NodeMeter, Source, SourceError, close_nvml, find_nvml, find_rapl
 from mlhpc.report.plausible import implausible
+
+if TYPE_CHECKING:
+    from mlhpc.runtime import Runtime
 
 Clock = Callable[[], float]  # seconds since the Unix epoch, the run's log clock (time.time)
 
@@ -201,10 +204,10 @@ def no_counter_reason(config: PowerConfig, problems: list[str]) -> str:
     return "; ".join([*nvml, *rapl, "node meter: none configured (power.node_meter_command)"])
 
 
-def _result_name(log_path: Path | None, rt: Any) -> str | None:
+def _result_name(log_path: Path | None, rt: Runtime) -> str | None:
     """``result_N`` of the run: from rank 0's log, broadcast to every rank of the instance."""
     name = Path(log_path).stem if log_path is not None else None
-    if getattr(rt, "distributed", False):
+    if rt.distributed:
         import torch.distributed as dist
 
         box = [name]
@@ -214,17 +217,17 @@ def _result_name(log_path: Path | None, rt: Any) -> str | None:
     return name
 
 
-def samples_node(rt: Any) -> bool:
+def samples_node(rt: Runtime) -> bool:
     """Whether this rank samples its node for its run: the node's local rank 0, and, in
     throughput mode with instances smaller than a node (`mlhpc.runtime.split_instances`), each
     instance's rank 0 too, so that every instance's ``result_N`` has the node's file. The node's
     power cannot be split between instances that share it by measurement: each such file holds
     the whole node's readings over that instance's run (``instances_on_node`` in its metadata)."""
-    return rt.local_rank == 0 or (getattr(rt, "instances_per_node", 1) > 1 and rt.rank == 0)
+    return rt.local_rank == 0 or (rt.instances_per_node > 1 and rt.rank == 0)
 
 
 @contextlib.contextmanager
-def sampling(config: PowerConfig, rt: Any, log_path: Path | None, out_dir: Path,
+def sampling(config: PowerConfig, rt: Runtime, log_path: Path | None, out_dir: Path,
              clock: Clock = time.time, notify: Callable[[str], None] | None = None) -> Iterator[Sampler | None]:
     """Sample this node's power for the ``with`` block (the timed run: enter just after
     ``run_start``, leave after ``run_stop``); every rank of the run enters it.
@@ -259,7 +262,7 @@ def sampling(config: PowerConfig, rt: Any, log_path: Path | None, out_dir: Path,
             close_nvml(nvml)
 
 
-def _start(config: PowerConfig, rt: Any, name: str, out_dir: Path, clock: Clock,
+def _start(config: PowerConfig, rt: Runtime, name: str, out_dir: Path, clock: Clock,
            say: Callable[[str], None]) -> tuple[Sampler | None, Any]:
     from mlhpc.data.files import part_path
 
@@ -273,7 +276,7 @@ def _start(config: PowerConfig, rt: Any, name: str, out_dir: Path, clock: Clock,
     final = node_file(out_dir, name, rt.node_rank)
     meta = {"node": rt.node_rank, "sources": [f"{s.name} ({s.kind})" for s in sources],
             "not_read": problems}
-    shared = getattr(rt, "instances_per_node", 1)
+    shared = rt.instances_per_node
     if shared > 1:
         meta["instances_on_node"] = shared
         if rt.local_rank == 0:

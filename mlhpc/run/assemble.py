@@ -29,10 +29,10 @@ from mlhpc.data import loader
 from mlhpc.data import sampler as sampling
 from mlhpc.data import stage as staging
 from mlhpc.errors import DataError
-from mlhpc.run import checkpoint, perf
+from mlhpc.run import checkpoint
 from mlhpc.run.job import Job
 from mlhpc.run.mllog import ComplianceLog, constants
-from mlhpc.run.step import Step, precision, wrap_model
+from mlhpc.run.step import FlopCount, Step, count_flops_on_meta, precision, wrap_model
 from mlhpc.runtime import Runtime
 from mlhpc.workload import Workload, WorkloadDataset
 
@@ -50,7 +50,7 @@ class Parts:
     eval_loader: loader.DeviceLoader
     local_batch_size: int
     staged: staging.StagingResult | None
-    flops: perf.FlopCount
+    flops: FlopCount
     history: list[tuple[int, float]] = field(default_factory=list)
     train_samples: int = 0  # the job's training-set size (every node's share summed), as logged
     eval_samples: int = 0  # the job's validation-set size, as logged
@@ -165,7 +165,7 @@ def build(job: Job, staged: staging.StagingResult | None, lbs: int, *,
 
 def scratch_copy(job: Job, model: torch.nn.Module) -> tuple[torch.nn.Module, Any]:
     """A throw-away deep copy of ``model`` and an optimizer of the config's for it (one step per
-    epoch), for measurements that take a real optimizer step (`mlhpc.run.perf.memory_breakdown`)
+    epoch), for measurements that take a real optimizer step (`mlhpc.run.step.memory_breakdown`)
     without touching the run's weights or optimizer state."""
     scratch = copy.deepcopy(model)
     optimizer, _ = job.workload.build_optimizer(scratch, job.config, 1)
@@ -173,7 +173,7 @@ def scratch_copy(job: Job, model: torch.nn.Module) -> tuple[torch.nn.Module, Any
 
 
 def check_sample(job: Job, model: torch.nn.Module, train_ds: WorkloadDataset, data_dir: Path
-                 ) -> perf.FlopCount:
+                 ) -> FlopCount:
     """The first training sample, read and decoded on the CPU as the loader gives it
     (`mlhpc.data.loader.first_batch`), fits the model (shape, dtype: one forward and backward on
     the meta device); returns the FLOPs per sample of a training step counted on it
@@ -287,8 +287,8 @@ def seed_everything(seed: int) -> None:
 
 
 def count_flops(model: torch.nn.Module, first: tuple[Any, Any], loss_fn: Any,
-                dataset: WorkloadDataset) -> perf.FlopCount:
+                dataset: WorkloadDataset) -> FlopCount:
     """FLOPs per sample of one training step on the batch ``first`` (on the CPU, decoded),
     counted on a meta-device copy (no compute)."""
     x, y = first
-    return perf.count_flops_on_meta(model, x, loss_fn, y, dataset.batch_len(x))
+    return count_flops_on_meta(model, x, loss_fn, y, dataset.batch_len(x))

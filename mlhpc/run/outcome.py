@@ -28,11 +28,10 @@ from mlhpc.run import checkpoint
 from mlhpc.run.assemble import Parts
 from mlhpc.run.mllog import ComplianceLog, constants
 from mlhpc.run import env as envinfo
-from mlhpc.run import perf
 from mlhpc.run import result as results
 from mlhpc.run.result import RunFiles, RunResult
 from mlhpc.run.job import Job
-from mlhpc.run.step import compile_mode
+from mlhpc.run.step import allreduce_bytes_per_step, compile_mode, device_peak
 from mlhpc.runtime import Runtime, all_reduce
 
 
@@ -221,7 +220,7 @@ def measured(job: Job, files: RunFiles, parts: Parts) -> dict[str, Any]:
     config, rt, model = job.config, job.rt, parts.model
     staged = parts.staged.to_dict() if parts.staged is not None else {}
     samples = parts.train_samples + parts.eval_samples  # the job's, as staged_bytes
-    peak, peak_source = perf.device_peak(rt.device, parts.step.precision)
+    peak, peak_source = device_peak(rt.device, parts.step.precision)
     return {
         "workload": job.workload.name, "target": target_of(job), "synthesis_s": job.synthesis_s,
         "world_size": rt.world_size, "num_nodes": rt.num_nodes, "instance": rt.instance,
@@ -234,7 +233,7 @@ def measured(job: Job, files: RunFiles, parts: Parts) -> dict[str, Any]:
             "train_flops_per_sample": parts.flops.train_flops,
             "peak_flop_per_s_per_rank": peak, "peak_source": peak_source,
             "precision": parts.step.precision, "parameters": sum(p.numel() for p in model.parameters()),
-            "allreduce_bytes_per_step": perf.allreduce_bytes_per_step(model) if rt.distributed else 0,
+            "allreduce_bytes_per_step": allreduce_bytes_per_step(model) if rt.distributed else 0,
             "dataset_bytes_per_sample": staged["staged_bytes"] / samples if staged else None,
             "data_path": {"num_workers": parts.train_loader.host.num_workers,
                           "pin_memory": parts.train_loader.host.pin_memory,

@@ -6,7 +6,7 @@ a process group: ``torchrun --nproc-per-node 1`` gives a one-rank group), under 
 ``train.amp`` is on a CUDA device. Reports time per operator type and per phase of a step (data,
 forward, backward, optimizer; DDP's communication shows up in the operator table as
 ``gloo``/``nccl`` kernels), the memory breakdown (parameters, gradients, optimizer state,
-activations saved for backward; `mlhpc.run.perf`), and writes a Chrome trace that chrome://tracing
+activations saved for backward; `mlhpc.run.step`), and writes a Chrome trace that chrome://tracing
 and Perfetto open (by default ``<output.dir>/profile/<workload>-trace.json``, `default_trace`).
 The model, loaders, optimizer and step are those of a run: `mlhpc.run.assemble.build` makes them.
 """
@@ -23,7 +23,6 @@ import torch
 from torch.profiler import ProfilerActivity, record_function
 
 from mlhpc import runtime
-from mlhpc.run import perf
 from mlhpc.run.result import check_output_dir
 
 from mlhpc.run import assemble
@@ -32,7 +31,7 @@ from mlhpc.config import Config
 from mlhpc.errors import ConfigError, OutputError
 from mlhpc.data.embedded import ensure_data
 from mlhpc.runtime import Runtime
-from mlhpc.run.step import Step, compile_mode, train_step
+from mlhpc.run.step import Step, compile_mode, memory_breakdown, train_step
 from mlhpc.run.train import local_batch_size
 from mlhpc.workload import get as get_workload
 
@@ -106,7 +105,7 @@ def _profile(config: Config, rt: Runtime, steps: int, warmup: int, trace_path: P
     step, loader = parts.step, parts.train_loader
     x0, y0 = next(iter(loader))  # on the device, decoded
     scratch, scratch_opt = assemble.scratch_copy(job, parts.model)
-    memory = perf.memory_breakdown(scratch, scratch_opt, x0, step.loss_fn, y0)
+    memory = memory_breakdown(scratch, scratch_opt, x0, step.loss_fn, y0)
 
     timer = _PhaseTimer(rt.device)
     step.model.train()
