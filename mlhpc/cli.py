@@ -150,7 +150,7 @@ def stage_command(config_path: Path | None, overrides: tuple[str, ...], fmt: str
     if config_path is None:
         raise ConfigError("stage: give a CONFIG file (or --list / --clean)")
     from mlhpc import config as cfg
-    from mlhpc.run.train import stage_only
+    from mlhpc.run.assemble import stage_only
 
     result, reports = stage_only(cfg.load(config_path, overrides))
     if not reports:

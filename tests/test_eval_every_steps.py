@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from mlhpc.data.loader import DeviceLoader
-from mlhpc.run import loop
+from mlhpc.run import train
 
 
 class _Indices(torch.utils.data.Dataset):
@@ -51,7 +51,7 @@ def _config(every: int | None, accumulation: int = 1) -> SimpleNamespace:
 
 
 def _block(parts, epoch: int, skip: int, config) -> tuple[list[list[int]], int]:
-    batches, micro_steps = loop._epoch_batches(parts, epoch, skip, config)
+    batches, micro_steps = train._epoch_batches(parts, epoch, skip, config)
     return [list(x) for x, _ in batches], micro_steps
 
 
@@ -91,4 +91,4 @@ def test_unset_an_epoch_is_one_pass():
 def test_epoch_num_counts_samples_where_the_rules_do(name, every, expected):
     job = SimpleNamespace(workload=SimpleNamespace(name=name), config=_config(every))
     state = SimpleNamespace(job=job, parts=_parts(10, 4))
-    assert [loop._epoch_num(state, epoch) for epoch in (1, 2)] == expected
+    assert [train._epoch_num(state, epoch) for epoch in (1, 2)] == expected

@@ -13,7 +13,7 @@ are named once, here.
 
 The records a run writes around its timed part are here too: init_start and the submission keys
 (`log_init`), the hyperparameters (`log_hyperparameters`) and the sample counts (`log_samples`);
-`mlhpc.run.train` writes init_stop .. run_start, the loop the rest (`mlhpc.run.loop`).
+`mlhpc.run.train` writes init_stop .. run_start and, in its loop, the rest.
 """
 
 from __future__ import annotations
