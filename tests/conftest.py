@@ -66,6 +66,10 @@ def snapshot(places: list[Path]) -> dict[str, tuple]:
 
 
 def pytest_configure(config) -> None:
+    if hasattr(config, "workerinput"):
+        # a pytest-xdist worker: the controlling session has pointed every default into its
+        # folder already, and the worker inherited that environment; it makes no folder of its own
+        return
     places = user_defaults()
     _session["places"], _session["before"] = places, snapshot(places)
     root = Path(tempfile.mkdtemp(prefix="mlhpc-tests-"))
@@ -127,6 +131,31 @@ def mlhpc_cmd() -> list[str]:
     return [sys.executable, "-m", "mlhpc"]
 
 
+#: Tests that share something costly run in one pytest-xdist worker, one after another: the
+#: Slurm cluster (one per machine), the PostgreSQL server, and the scoring of the published
+#: rounds (test_report.py's session fixture, about 40 s, and the README's `mlhpc report`, which
+#: then finds the compliance verdicts of the same logs in the session's cache). Everything else
+#: is spread over the workers test by test (``--dist loadgroup`` in pyproject.toml).
+SERIAL_GROUPS = {"slurm": lambda item: item.get_closest_marker("slurm") is not None,
+                 "postgres": lambda item: "postgres_url" in getattr(item, "fixturenames", ()),
+                 "published-scores": lambda item: item.path.name == "test_report.py" or item.name == (
+                     "test_the_report_command_the_readme_gives_works")}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        for group, member in SERIAL_GROUPS.items():
+            if member(item):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+
+
+def _worker_index() -> int:
+    """0 outside pytest-xdist, else N of the worker ``gwN``."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
+
+
 @pytest.fixture(autouse=True)
 def _few_threads(monkeypatch):
     # Two cores on CI: keep subprocesses from oversubscribing.
@@ -134,3 +163,7 @@ def _few_threads(monkeypatch):
     # Runs made by tests are not recorded in the user's results store (tests that test the
     # store set their own MLHPC_STORE).
     monkeypatch.setenv("MLHPC_STORE", "none")
+    # Parallel workers each start multi-rank runs: each worker gets its own rendezvous ports
+    # (mlhpc's default is 29511; a run's instances take the ports after it).
+    if _worker_index() and "MASTER_PORT" not in os.environ:
+        monkeypatch.setenv("MASTER_PORT", str(29511 + 1000 * _worker_index()))

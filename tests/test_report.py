@@ -23,7 +23,7 @@ DATA = Path(__file__).parent / "data" / "report"
 MINI_RUNS = DATA / "cosmoflow-mini-runs"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # about 40 s: built once, kept while other modules run between
 def round_reports(mlperf_results) -> dict[str, object]:
     return {name: build_report([mlperf_results / name]) for name in ("hpc_results_v1.0", "hpc_results_v3.0")}
 
@@ -299,6 +299,8 @@ def test_run_tables_show_a_resumed_runs_total_time_labelled_unscored(tmp_path):
 
 def test_cli_renders_the_table_once(monkeypatch):
     import importlib
+
+    monkeypatch.setenv("COLUMNS", "100")  # the width of a pipe, whatever the runner's stdout is
 
     render_module = importlib.import_module("mlhpc.report.render")  # the package's `render` is the function
     calls = []

@@ -58,8 +58,10 @@ DECODED_CACHE_BYTES = 256 * 2**20  # decoded TFRecord files kept per process
 
 
 def _short(exc: BaseException) -> str:
+    """The first line of ``exc``, at most 240 characters: a longer one keeps its start and its end
+    (where a reason that names a deep path says what is wrong), the middle elided."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text[:160]
+    return text if len(text) <= 240 else f"{text[:80]} ... {text[-155:]}"
 
 
 def _identity(path: Path) -> tuple[int, int, int]:
