@@ -6,13 +6,11 @@ the linear power spectrum, the density or the particles' displacements, the coun
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    from .synth import SynthConfig
+from .synth_config import SynthConfig
 
 SPLITS = ("train", "validation")
 _INT16_MAX = np.iinfo(np.int16).max
