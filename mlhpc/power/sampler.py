@@ -1,6 +1,11 @@
 """One node's power readings during the timed run, written as MLPerf power logs.
 
-A background thread reads every source each ``interval_s`` on a fixed schedule (no drift) and
+`sampling` is what a run enters around its timed loop: on each node's sampling rank it finds the
+node's sources (`find_sources`: the node meter alone, else NVML GPUs and RAPL zones), claims the
+run's ``power/`` folder without following a link, and drives one `Sampler`; where nothing can be
+read it says so once and writes nothing.
+
+A `Sampler`'s background thread reads every source each ``interval_s`` on a fixed schedule (no drift) and
 appends one ``power_reading`` line per tick to a temporary file; `Sampler.stop` takes a last
 reading, writes ``power_measurement_stop``, and only then gives the file its final name
 ``power/result_N/node_K.txt`` (never over an existing file). A crash leaves the temporary file
