@@ -85,7 +85,7 @@ def test_permission_denied_is_one_line(tmp_path, monkeypatch):
     real = os.open
 
     def denied(path, *args, **kwargs):
-        if ".mlhpc-probe-" in str(path):
+        if ".mlhpc-probe." in str(path):
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
         return real(path, *args, **kwargs)
 

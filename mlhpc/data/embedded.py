@@ -6,8 +6,9 @@ be trained or evaluated on:
 
 1. synthesis writes into a hidden sibling folder ``.<name>.mlhpc-synth`` (same file system), with
    an intent record ``.mlhpc-intent.json`` (workload, seed, synth settings) written first;
-2. leftover partial files (``.*.part``, ``.*.tmp-<pid>``: the per-file temporaries of the
-   workloads' writers) are removed before it resumes, so they are never staged or read;
+2. what unfinished writers left (files and folders under the project's one temporary name,
+   `mlhpc.data.files.part_path`; a workload writes its split folders through `splits_written`)
+   is removed before it resumes, so it is never staged or read;
 3. when ``synthesize`` returns, the folder's manifest (`mlhpc.data.manifest`, kind ``"synth"``,
    the one completion record of every folder mlhpc writes) is written last, holding the
    workload, seed, synth settings and every file with its size and checksum; then the folder is
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from mlhpc.config import SEED_MAX
 from mlhpc.data import manifest
-from mlhpc.data.files import check_private_dir, checksum, is_part_file, write_text_atomic
+from mlhpc.data.files import check_private_dir, checksum, is_part_file, part_path, write_text_atomic
 from mlhpc.data.formats import splits_of
 from mlhpc.data.inputs import read_text_input
 from mlhpc.data.manifest import require_complete
@@ -88,7 +89,53 @@ def inventory(path: Path) -> dict[str, dict[str, int]]:
 
 
 def _partial_files(path: Path) -> list[Path]:
-    return [p for p in Path(path).rglob(".*") if p.is_file() and is_part_file(p.name)]
+    """What unfinished writers left under ``path``: files and folders with the project's one
+    temporary name (`mlhpc.data.files.part_path`), outermost first (a link is listed, never
+    followed)."""
+    found = [p for p in Path(path).rglob(".*") if is_part_file(p.name)
+             and (p.is_symlink() or p.is_file() or p.is_dir())]
+    return sorted(found, key=lambda p: len(p.parts))
+
+
+def _remove_partial(path: Path) -> None:
+    """Delete what `_partial_files` finds under ``path`` (a folder with everything in it)."""
+    for leftover in _partial_files(path):
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
+
+
+@contextmanager
+def splits_written(out_dir: Path, splits: list[str]) -> Iterator[dict[str, Path]]:
+    """Split folders written complete or absent, for a workload's ``synthesize``: yields
+    ``{split: folder to write it in}``, each ``part_path(out_dir/split)`` (its bytes count under
+    ``out_dir`` while written). A block that ends normally has every split renamed into place,
+    all or none; otherwise the temporaries, any split renamed and an ``out_dir`` made here are
+    removed. What a killed writer left, the next synthesis removes (`_partial_files`).
+
+    Raises:
+        OSError: a rename failed (nothing of the splits is left in place).
+    """
+    out_dir = Path(out_dir)
+    made = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    temporary = {split: part_path(out_dir / split) for split in splits}
+    moved: list[str] = []
+    try:
+        yield temporary
+        for split in splits:
+            os.rename(temporary[split], out_dir / split)
+            moved.append(split)
+    except BaseException:
+        for split in moved:
+            shutil.rmtree(out_dir / split, ignore_errors=True)
+        raise
+    finally:
+        for folder in temporary.values():
+            shutil.rmtree(folder, ignore_errors=True)
+        if made and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()  # absent again after a failure, as it was
 
 
 def synth_manifest(path: Path) -> dict[str, Any] | None:
@@ -192,7 +239,7 @@ def _remove(path: Path) -> None:
     """Delete a folder mlhpc wrote: renamed aside first, so no half-deleted dataset is seen."""
     if not path.exists():
         return
-    aside = path.parent / f".{path.name}.mlhpc-stale-{os.getpid()}"
+    aside = part_path(path)  # a removal cut short is cleaned like any unfinished writer's
     os.rename(path, aside)
     shutil.rmtree(aside)
 
@@ -283,8 +330,7 @@ def _synthesize_into_place(path: Path, workload: "Workload", synth: Any, seed: i
         pass
     check_private_dir(tmp, DataError, "synthesis staging")  # made by us, even in a race
     _write_json(tmp / INTENT, wanted)
-    for leftover in _partial_files(tmp):
-        leftover.unlink()
+    _remove_partial(tmp)
     try:
         with SynthWatch(tmp, path, on_progress) as watch:
             watch.run(workload.synthesize, synth, seed)
@@ -293,8 +339,7 @@ def _synthesize_into_place(path: Path, workload: "Workload", synth: Any, seed: i
             (tmp / INTENT).unlink(missing_ok=True)
             os.rename(tmp, path)
         raise
-    for leftover in _partial_files(tmp):
-        leftover.unlink()
+    _remove_partial(tmp)
     (tmp / INTENT).unlink()
     manifest.write(tmp, KIND, _entries(tmp), **wanted)
     os.chmod(tmp, 0o777 & ~_umask())

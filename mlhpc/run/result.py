@@ -40,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from mlhpc.data.files import part_path
 from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import LogFormatError, OutputError
 from mlhpc.report.runs import read_summary
@@ -83,7 +84,7 @@ def check_output_dir(path: Path | str, key: str = "output.dir",
     if path.exists() and not path.is_dir():
         raise OutputError(f"{key} {path}: is a file, not a folder")
     created: list[Path] = []
-    probe = path / f".mlhpc-probe-{os.getpid()}"
+    probe = part_path(path / "mlhpc-probe")  # the one temporary name: a killed probe is known as one
     try:
         missing = [p for p in (path, *path.parents) if not p.exists()]
         for folder in reversed(missing):

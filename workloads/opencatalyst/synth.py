@@ -32,8 +32,6 @@ harness's data commands use. Bytes are identical for a seed.
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +40,7 @@ from pydantic import Field
 
 from mlhpc.workload import NO_PROGRESS, SynthProgress
 from mlhpc.config import Section
+from mlhpc.data.embedded import splits_written
 from mlhpc.data.pool import map_in_order
 from mlhpc.errors import DataError
 
@@ -204,9 +203,8 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int,
     """Write the embedded OC20 mini dataset under ``out_dir`` (layout in the module docstring).
 
     Complete or absent: the split folders that ``out_dir`` lacks (split folders already there
-    are kept as they are) are written into a hidden folder inside ``out_dir``, so that the bytes
-    written count under ``out_dir`` while they are written (the harness's progress reads them
-    there), and renamed into place once all are written. ``progress``
+    are kept as they are) are written under temporary names inside ``out_dir`` and renamed into
+    place once all are written (`mlhpc.data.embedded.splits_written`). ``progress``
     (`mlhpc.workload.SynthProgress`) hears ``plan(samples)`` (the size depends on the structures
     drawn) before the bases are relaxed and ``done(1)`` after each structure.
 
@@ -218,27 +216,16 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int,
     missing = [s for s in _SPLITS if not (out_dir / s).is_dir()]
     if not missing:
         return
-    tmp, made = out_dir / f".oc20-synth-{os.getpid()}", not out_dir.exists()
     counts = {s: cfg.train_samples if s == TRAIN_DIR else cfg.validation_samples for s in missing}
     progress.plan(sum(counts.values()))
-    moved: list[str] = []
     try:
-        bases = _map(_base_job, [(cfg, key) for key in base_keys(cfg)], cfg.workers)
-        for split in missing:
-            count = counts[split]
-            records = _map(_sample_job, [(split, i) for i in range(count)], cfg.workers,
-                           init=(cfg, bases, seed),
-                           done=progress.done)
-            _write_split(tmp / split, records, min(cfg.files_per_split, count))
-        for split in missing:  # every split written: then all renamed into place
-            os.rename(tmp / split, out_dir / split)
-            moved.append(split)
+        with splits_written(out_dir, missing) as folders:
+            bases = _map(_base_job, [(cfg, key) for key in base_keys(cfg)], cfg.workers)
+            for split in missing:
+                count = counts[split]
+                records = _map(_sample_job, [(split, i) for i in range(count)], cfg.workers,
+                               init=(cfg, bases, seed), done=progress.done)
+                _write_split(folders[split], records, min(cfg.files_per_split, count))
     except OSError as exc:
-        for split in moved:  # all the missing splits or none
-            shutil.rmtree(out_dir / split, ignore_errors=True)
         raise DataError(f"{exc.filename or out_dir}: cannot write the OC20 synthetic dataset "
                         f"({exc.strerror or exc})") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if made and out_dir.is_dir() and not any(out_dir.iterdir()):
-            out_dir.rmdir()  # absent again after a failure, as it was

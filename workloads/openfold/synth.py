@@ -32,8 +32,6 @@ synthetic_hits.a3m``, splits ``train`` and ``validation``; bytes identical for a
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +40,7 @@ from pydantic import Field
 
 from mlhpc.config import Section
 from mlhpc.data.files import atomic_output
+from mlhpc.data.embedded import splits_written
 from mlhpc.data.pool import map_in_order
 from mlhpc.errors import DataError
 from mlhpc.workload import NO_PROGRESS, SynthProgress
@@ -229,8 +228,9 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int,
                progress: SynthProgress = NO_PROGRESS) -> None:
     """Write the embedded OpenFold mini dataset under ``out_dir`` (module docstring).
 
-    Complete or absent, per split: each split folder that ``out_dir`` lacks is written into a
-    hidden folder inside ``out_dir`` and renamed into place (splits already there are kept).
+    Complete or absent: the split folders that ``out_dir`` lacks are written under temporary
+    names inside ``out_dir`` and renamed into place once all are written (splits already there
+    are kept; `mlhpc.data.embedded.splits_written`).
     ``progress`` (`mlhpc.workload.SynthProgress`) hears ``plan(chains)`` then ``done(1)`` per
     chain.
 
@@ -246,21 +246,16 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int,
         return
     counts = {"train": cfg.train_chains, "validation": cfg.validation_chains}
     progress.plan(sum(counts[s] for s in missing))
-    tmp, made = out_dir / f".openfold-synth-{os.getpid()}", not out_dir.exists()
     _JOB.update(cfg=cfg, seed=seed)
     try:
-        for split in missing:
-            for chain in _map([(split, i) for i in range(counts[split])], cfg.workers):
-                _write_chain(tmp / split, chain)
-                progress.done(1)
-            os.rename(tmp / split, out_dir / split)
+        with splits_written(out_dir, missing) as folders:
+            for split in missing:
+                for chain in _map([(split, i) for i in range(counts[split])], cfg.workers):
+                    _write_chain(folders[split], chain)
+                    progress.done(1)
     except OSError as exc:
         raise DataError(f"{exc.filename or out_dir}: cannot write the OpenFold synthetic dataset "
                         f"({exc.strerror or exc})") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if made and out_dir.is_dir() and not any(out_dir.iterdir()):
-            out_dir.rmdir()  # absent again after a failure, as it was
 
 
 def _map(jobs: list[tuple[str, int]], workers: int):
