@@ -149,8 +149,7 @@ def build(job: Job, staged: staging.StagingResult | None, lbs: int, *,
         eval_ds, lbs, sampler=sampling.eval_sampler(len(eval_ds), rt, sharded(staged)), **options)
     flops = check_sample(job, model, train_ds, data_dir)  # the first read of the data
     model = model.to(rt.device)
-    steps_per_epoch = math.ceil(len(train_loader) / config.train.gradient_accumulation_steps)
-    optimizer, scheduler = workload.build_optimizer(model, config, steps_per_epoch)
+    optimizer, scheduler = workload.build_optimizer(model, config, steps_per_pass(train_loader, config))
     step = Step(wrap_model(model, rt, config.train.compile), workload.build_loss(config), optimizer,
                 scheduler, precision_name or precision(config.train.amp, rt.device), rt.device,
                 config.train.gradient_accumulation_steps)
@@ -163,6 +162,13 @@ def build(job: Job, staged: staging.StagingResult | None, lbs: int, *,
         checkpoint.restore(job.resume.state, model, optimizer, scheduler)
         parts.history = list(job.resume.state.history)
     return parts
+
+
+def steps_per_pass(train_loader: loader.DeviceLoader, config: Config) -> int:
+    """Optimizer steps in one pass over this rank's training batches: its micro-steps over
+    ``train.gradient_accumulation_steps``, a short last group counted whole. The schedule's
+    epoch (`Workload.build_optimizer`) and the loop's ``epoch_num`` both count with it."""
+    return math.ceil(len(train_loader) / config.train.gradient_accumulation_steps)
 
 
 def scratch_copy(job: Job, model: torch.nn.Module) -> tuple[torch.nn.Module, Any]:

@@ -46,7 +46,7 @@ from mlhpc.data.stage.copies import release
 from mlhpc.errors import ConfigError
 from mlhpc.power.sampler import sampling
 from mlhpc.run import checkpoint
-from mlhpc.run.assemble import Parts, build, ensure_source, sources_named, stage
+from mlhpc.run.assemble import Parts, build, ensure_source, sources_named, stage, steps_per_pass
 from mlhpc.run.evaluate import evaluate
 from mlhpc.run.job import Job, ProgressFn
 from mlhpc.run.mllog import ComplianceLog, constants, log_hyperparameters, log_init, log_samples
@@ -372,7 +372,7 @@ def _epoch_num(loop: Loop, epoch: int) -> int:
     if loop.job.workload.name not in rules.ruleset().sample_counted_epochs:
         return epoch
     tcfg = loop.job.config.train
-    steps = tcfg.eval_every_steps or math.ceil(len(loop.parts.train_loader) / tcfg.gradient_accumulation_steps)
+    steps = tcfg.eval_every_steps or steps_per_pass(loop.parts.train_loader, loop.job.config)
     return epoch * steps * tcfg.global_batch_size
 
 
