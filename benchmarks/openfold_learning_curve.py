@@ -11,6 +11,11 @@ Usage:
 
     python benchmarks/openfold_learning_curve.py configs/openfold-mini.yaml DATA --steps 800 --every 100
     python benchmarks/openfold_learning_curve.py configs/openfold-mini.yaml DATA --overfit 8 --steps 200 --every 50
+    python benchmarks/openfold_learning_curve.py configs/openfold-mini.yaml DATA --steps 3000 --save init.pt
+
+``--save PATH`` writes, after each evaluation, the weight average just scored as an `AlphaFold`
+state dict under ``"model"``: what ``model.init_checkpoint`` reads, so a partly trained starting
+point (the reference's own remedy for a long climb) can be made from the embedded data.
 
 DATA is a folder holding train/ and validation/ (`mlhpc data synth openfold --out DATA --config
 CONFIG`). One JSON line per evaluation: step, epoch, last loss, mean lDDT-Ca, mean seconds per
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,6 +35,7 @@ from pathlib import Path
 import torch
 
 from mlhpc.config import load
+from mlhpc.data.files import part_path
 from mlhpc_workloads import openfold
 from mlhpc_workloads.openfold.data import OpenFoldDataset
 from mlhpc_workloads.openfold.lddt import lddt_ca_stats
@@ -45,6 +52,16 @@ def _evaluate(model: torch.nn.Module, loader: torch.utils.data.DataLoader) -> fl
     return total / count
 
 
+def _save_average(model: torch.nn.Module, path: Path) -> None:
+    """The weight average (`AveragedAlphaFold.average`) in place of the trained weights, with
+    the network's buffers, as ``{"model": state dict}``; written under the project's temporary
+    name, then renamed over ``path``."""
+    state = {**model.net.state_dict(), **{name: value.clone() for name, value in model.average.items()}}
+    part = part_path(path)
+    torch.save({"model": state}, part)
+    os.replace(part, path)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", type=Path)
@@ -54,6 +71,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--overfit", type=int, default=0, help="train and score on K training chains")
     parser.add_argument("--set", action="append", default=[], help="config override, e.g. optimizer.lr=3e-3")
+    parser.add_argument("--save", type=Path, help="after each evaluation, the weight average as a "
+                        "model.init_checkpoint file")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = load(args.config, tuple(args.set))
@@ -87,6 +106,8 @@ def main() -> int:
                                   "lddt_ca": round(value, 4), "step_s": round(train_s / step, 3),
                                   "eval_s": round(time.perf_counter() - t0, 1),
                                   "wall_s": round(time.perf_counter() - started)}), flush=True)
+                if args.save:
+                    _save_average(model, args.save)
             if step >= args.steps:
                 return 0
     return 0
