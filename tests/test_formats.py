@@ -24,6 +24,9 @@ TRAIN, VALID = w.samples(6, seed=1), w.samples(3, seed=2)
 
 
 def _config(**data) -> SimpleNamespace:
+    """A config whose ``data`` section holds ``data``. Tests give ``path=`` the folder they read:
+    a relative default (``data``) would be looked up in the folder pytest runs in, where a user's
+    own ``data/`` (the README's main job makes one) would make it look like a staged copy's source."""
     return SimpleNamespace(data=DataConfig(**data))
 
 
@@ -43,7 +46,7 @@ def test_masked_crc_matches_the_independent_one():
 
 @pytest.mark.parametrize("form", FORMS)
 def test_every_form_reads_the_same_tensors(roots, form):
-    train, valid = build_datasets(_config(), None, roots[form])
+    train, valid = build_datasets(_config(path=roots[form]), None, roots[form])
     assert train.format == form.split("-")[0]
     assert (len(train), len(valid), train.cube_size) == (6, 3, 8)
     x, y = _all(train)
@@ -59,7 +62,7 @@ def test_every_form_reads_the_same_tensors(roots, form):
 def test_several_examples_per_tfrecord_file_and_sample_limits(tmp_path):
     root = w.write_dataset(tmp_path, "tfrecord", TRAIN, VALID, per_file=3)
     assert len(list((root / "train").iterdir())) == 2
-    train, valid = build_datasets(_config(train_samples=5, eval_samples=2), None, root)
+    train, valid = build_datasets(_config(train_samples=5, eval_samples=2, path=root), None, root)
     assert (len(train), len(valid)) == (5, 2)
     x, y = _all(train)
     assert torch.equal(x, torch.from_numpy(np.stack([s[0] for s in TRAIN[:5]])))
@@ -67,7 +70,7 @@ def test_several_examples_per_tfrecord_file_and_sample_limits(tmp_path):
 
 
 def test_format_override_and_mixed_folders(roots, tmp_path):
-    train, _ = build_datasets(_config(), None, roots["npy"])
+    train, _ = build_datasets(_config(path=roots["npy"]), None, roots["npy"])
     assert train.format == "npy"
     with pytest.raises(DataError, match="no hdf5 sample files|no HDF5 files"):
         build_datasets(SimpleNamespace(data=SimpleNamespace(format="hdf5", train_samples=None,
@@ -90,7 +93,7 @@ def _tf_dataset(tmp_path: Path, body: bytes, gz: bool = True) -> Path:
 
 
 def _read_everything(root: Path) -> None:
-    train, valid = build_datasets(_config(), None, root)
+    train, valid = build_datasets(_config(path=root), None, root)
     _all(train), _all(valid)
 
 
@@ -187,13 +190,13 @@ def test_empty_split_and_nan_hdf5_labels(tmp_path):
     for p in (root / "validation").iterdir():
         p.unlink()
     with pytest.raises(DataError, match=r"validation: no CosmoFlow sample files"):
-        build_datasets(_config(), None, root)
+        build_datasets(_config(path=root), None, root)
     h5 = w.write_dataset(tmp_path / "h", "hdf5", TRAIN[:2], VALID[:1])
     bad = sorted((h5 / "train").iterdir())[0]
     with h5py.File(bad, "r+") as f:
         f["unitPar"][2] = np.inf
     with pytest.raises(DataError, match=rf"{bad.name}: sample 0: target .*not finite"):
-        build_datasets(_config(), None, h5)
+        build_datasets(_config(path=h5), None, h5)
 
 
 def test_raw_universe_names_data_prepare(tmp_path):
@@ -203,18 +206,18 @@ def test_raw_universe_names_data_prepare(tmp_path):
         f.create_dataset("full", shape=(512, 512, 512, 4), dtype=np.int16, chunks=(64, 64, 64, 4))
         f.create_dataset("unitPar", data=np.zeros(4, np.float32))
     with pytest.raises(DataError, match=r"a10000668\.hdf5: a raw 512\^3 universe.*mlhpc data prepare"):
-        build_datasets(_config(), None, raw)
+        build_datasets(_config(path=raw), None, raw)
     root = tmp_path / "root"
     (root / "train").mkdir(parents=True)
     (root / "validation").mkdir()
     (raw / "univ_ics_2019-03_a10000668.hdf5").rename(root / "train" / "u.hdf5")
     w.write_hdf5(root / "validation" / "v.h5", *VALID[0])
     with pytest.raises(DataError, match=r"u\.hdf5: a raw 512\^3 universe.*mlhpc data prepare"):
-        build_datasets(_config(), None, root)
+        build_datasets(_config(path=root), None, root)
 
 
 def test_tfrecord_file_read_once_per_epoch(roots, monkeypatch):
-    train, _ = build_datasets(_config(), None, roots["tfrecord"])
+    train, _ = build_datasets(_config(path=roots["tfrecord"]), None, roots["tfrecord"])
     reads: list[Path] = []
     real = tfrecord_io.read_file
     monkeypatch.setattr(tfrecord_io, "read_file", lambda p: reads.append(p) or real(p))

@@ -77,7 +77,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("mlhpc/data/embedded.py", "os.open"): "opens the dataset's parent folder read-only to flock it; "
         "no file is read or written through it",
     ("mlhpc/data/embedded.py", "os.rename"): "moves a folder mlhpc synthesised aside, within its "
-        "parent, before deleting it (rename never follows a link)",
+        "parent, before deleting it, and a workload's split folders from their part_path names "
+        "into place (splits_written; rename never follows a link)",
     ("mlhpc/data/manifest.py", "os.open"): "appends to the conversion journal with O_NOFOLLOW in a "
         "destination made private by make_private_dir",
     ("mlhpc/data/stage/copies.py", "os.open"): "the readers' lock file of a staged copy, created "
@@ -124,10 +125,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "without readahead, after the file's kind and size were checked",
     ("workloads/opencatalyst/lmdb_io.py", "os.replace"): "the LMDB writer makes its file under "
         "part_path (the one temporary name) and renames it into place",
-    ("workloads/opencatalyst/synth.py", "os.rename"): "moves synthesised split folders from mlhpc's "
-        "own private temporary folder into place (rename never follows a link)",
-    ("workloads/openfold/synth.py", "os.rename"): "moves synthesised split folders from mlhpc's "
-        "own private temporary folder into place (rename never follows a link)",
 }
 
 
