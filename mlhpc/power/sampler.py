@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from mlperf_logging.mllog import constants
 
-from mlhpc.data.files import reason
+from mlhpc.data.files import check_output_folder, open_dir, open_root, part_path, reason
 from mlhpc.power.config import POWER_DIR, PowerConfig
 from mlhpc.power.sources import COUNTER, NodeMeter, Source, SourceError, close_nvml, find_nvml, find_rapl
 from mlhpc.report.plausible import implausible
@@ -269,8 +269,6 @@ def sampling(config: PowerConfig, rt: Runtime, log_path: Path | None, out_dir: P
 
 def _start(config: PowerConfig, rt: Runtime, name: str, out_dir: Path, clock: Clock,
            say: Callable[[str], None]) -> tuple[Sampler | None, Any]:
-    from mlhpc.data.files import part_path
-
     sources, problems, nvml = find_sources(config)
     if not sources:
         say(f"power: no power counter on node {rt.node_rank} ({no_counter_reason(config, problems)}): "
@@ -308,8 +306,6 @@ def _claim_folder(out_dir: Path, parts: tuple[str, ...]) -> None:
     """Create ``out_dir/power`` (``0700`` where missing) without following a link: a planted
     ``power`` link is refused (OSError ELOOP), never written through. ``power/result_N`` itself
     was claimed with the run's log (`mlhpc.run.mllog.RUN_FILES`) and is made by the publisher."""
-    from mlhpc.data.files import check_output_folder, open_dir, open_root
-
     root = open_root(out_dir)
     try:
         check_output_folder(root, out_dir)
