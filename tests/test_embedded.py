@@ -1,4 +1,4 @@
-"""Embedded data are complete (marked last, counts checked on use) or synthesised again; an
+"""Embedded data are complete (marked last, counts checked on use) or refused, never deleted; an
 interrupted ``mlhpc data synth`` is never trained or evaluated on (issue 15, item 3)."""
 
 from __future__ import annotations
@@ -66,7 +66,10 @@ def test_synthesised_folder_is_marked_and_checked(tmp_path):
     assert embedded.ensure_data(config_for(path, workers=2), cosmo, ONE_RANK) == 0.0
 
 
-def test_changed_marked_folder_is_synthesised_again_or_refused(tmp_path):
+def test_changed_marked_folder_is_refused_and_never_deleted(tmp_path):
+    """Synthesised data that no longer match their manifest (a lost file, a truncated one, a
+    file the user left there) are refused with one line naming the first difference, with
+    synthesis on or off, and every byte left as it was."""
     path = tmp_path / "data"
     cosmo = get("cosmoflow")
     embedded.ensure_data(config_for(path), cosmo, ONE_RANK)
@@ -75,10 +78,18 @@ def test_changed_marked_folder_is_synthesised_again_or_refused(tmp_path):
     with open(path / "validation" / sorted(before)[0], "r+b") as f:  # and a truncated one
         f.truncate(100)
     assert embedded.describe(path) == "changed"
-    with pytest.raises(DataError, match="files differ from the manifest of the synthesis.*validation holds 5 files"):
-        embedded.ensure_data(config_for(path, synthesize=False), cosmo, ONE_RANK)
-    assert embedded.ensure_data(config_for(path), cosmo, ONE_RANK) > 0
-    assert {n: (path / "validation" / n).read_bytes() for n in files(path, "validation")} == before
+    after = {n: (path / "validation" / n).read_bytes() for n in files(path, "validation")}
+    for synthesize in (False, True):
+        with pytest.raises(DataError, match="files differ from the manifest of the synthesis.*validation "
+                                            "holds 5 files.*mlhpc never deletes them"):
+            embedded.ensure_data(config_for(path, synthesize=synthesize), cosmo, ONE_RANK)
+        assert {n: (path / "validation" / n).read_bytes() for n in files(path, "validation")} == after
+    fresh = tmp_path / "fresh"
+    embedded.ensure_data(config_for(fresh), cosmo, ONE_RANK)
+    (fresh / "notes.txt").write_text("mine")
+    with pytest.raises(DataError, match="notes.txt was not written by the synthesis"):
+        embedded.synthesize(fresh, cosmo, config_for(fresh).synth, 0)
+    assert (fresh / "notes.txt").read_text() == "mine" and embedded.describe(fresh) == "changed"
 
 
 def test_unmarked_data_are_used_as_they_are(tmp_path):
@@ -102,10 +113,10 @@ def test_missing_data_without_synthesis_is_refused(tmp_path):
         embedded.ensure_data(config_for(tmp_path / "empty", synthesize=False), get("cosmoflow"), ONE_RANK)
 
 
-def test_leftover_partial_files_are_removed_and_the_folder_completed(tmp_path):
-    """A folder a writer killed in place left: temporaries under the project's one name rule
-    (`mlhpc.data.files.part_path`, which the workloads' writers use) beside complete files. It is
-    completed; the partial files are gone."""
+def test_a_folder_a_writer_left_in_place_is_refused_not_adopted(tmp_path):
+    """A folder without a synthesis manifest that holds data and temporaries of an unfinished
+    writer is not mlhpc's to complete (its data could be anyone's): refused with one line,
+    synthesis on or off, every file kept."""
     path = tmp_path / "data"
     cosmo = get("cosmoflow")
     cosmo.synthesize(path, config_for(path).synth, 0)  # the workload's writer alone: no marker
@@ -113,14 +124,13 @@ def test_leftover_partial_files_are_removed_and_the_folder_completed(tmp_path):
     for name in names[3:]:
         (path / "validation" / name).unlink()
     part_path(path / "validation" / names[3]).write_bytes(b"half")
-    part_path(path / "train" / "data-2100-01-01-00-0.h5").write_bytes(b"half")
     assert embedded.describe(path) == "interrupted"
+    kept = sorted(all_names(path))
     with pytest.raises(DataError, match="interrupted synthesis"):
         embedded.ensure_data(config_for(path, synthesize=False), cosmo, ONE_RANK)
-    assert embedded.ensure_data(config_for(path), cosmo, ONE_RANK) > 0
-    assert files(path, "validation") == names
-    assert not [n for n in all_names(path) if is_part_file(n)]
-    assert embedded.describe(path) == "complete"
+    with pytest.raises(DataError, match="holds files that are not a synthesis of mlhpc; it is never rewritten"):
+        embedded.ensure_data(config_for(path), cosmo, ONE_RANK)
+    assert sorted(all_names(path)) == kept
 
 
 def test_bad_seed_is_refused_before_anything_is_written(tmp_path):
@@ -213,26 +223,6 @@ def test_a_folder_of_raw_data_is_named_and_never_synthesised_over(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raw"]
 
 
-def test_a_folder_an_older_mlhpc_marked_is_made_afresh(tmp_path):
-    """Before the manifest was the one completion record, synthesised data carried a second file
-    (`embedded.OLDER_MARKER`). Such a folder is incomplete: refused when synthesis is off,
-    otherwise synthesised afresh (its files are not trusted) and closed with a manifest."""
-    path = tmp_path / "data"
-    cosmo = get("cosmoflow")
-    embedded.ensure_data(config_for(path), cosmo, ONE_RANK)
-    good = {n: (path / "train" / n).read_bytes() for n in files(path, "train")}
-    (path / manifest.MANIFEST_NAME).unlink()
-    (path / embedded.OLDER_MARKER).write_text(json.dumps({"format": 1, "seed": 0}))
-    (path / "train" / sorted(good)[0]).write_bytes(b"changed after the old marker")
-    assert embedded.describe(path) == "older"
-    with pytest.raises(DataError, match="synthesised by an older mlhpc"):
-        embedded.ensure_data(config_for(path, synthesize=False), cosmo, ONE_RANK)
-    assert embedded.ensure_data(config_for(path), cosmo, ONE_RANK) > 0
-    assert embedded.describe(path) == "complete"
-    assert not (path / embedded.OLDER_MARKER).exists()
-    assert {n: (path / "train" / n).read_bytes() for n in files(path, "train")} == good
-
-
 def test_a_synthesis_folder_another_user_could_write_is_refused(tmp_path):
     """The hidden folder a synthesis resumes from is used only when it is the user's own and
     writable by nobody else: a folder of that name made beforehand by someone who can write
@@ -243,7 +233,7 @@ def test_a_synthesis_folder_another_user_could_write_is_refused(tmp_path):
     hidden = embedded.staging_folder(out)
     hidden.mkdir()
     hidden.chmod(0o777)
-    with pytest.raises(DataError, match="writable by nobody else"):
+    with pytest.raises(DataError, match=r"is not mlhpc's \(not a private folder of yours\)"):
         embedded.ensure_data(config_for(out, **synth), get("cosmoflow"), ONE_RANK)
     assert not out.exists() and oct(hidden.stat().st_mode & 0o777) == "0o777"
     hidden.rmdir()
@@ -274,16 +264,20 @@ def test_split_folders_are_written_all_or_none_under_the_one_temporary_name(tmp_
 
 
 def test_a_split_folder_a_killed_writer_left_is_removed_and_the_data_completed(tmp_path):
-    """A workload's writer killed inside `splits_written` leaves a part-named split folder
-    (SIGKILL runs no cleanup). The folder counts as interrupted, the next synthesis removes it,
-    and it never ends up in the dataset."""
+    """A workload's writer killed inside `splits_written` leaves a part-named split folder in
+    the hidden folder mlhpc claimed for the synthesis (SIGKILL runs no cleanup). The data count
+    as interrupted, the next synthesis removes the leftover (mlhpc's own, inside its claimed
+    folder), and it never ends up in the dataset."""
+    from mlhpc.data.claims import make_claimed_dir
+
     path = tmp_path / "data"
     cosmo = get("cosmoflow")
-    cosmo.synthesize(path, config_for(path).synth, 0)
-    left = part_path(path / "validation")
+    hidden = make_claimed_dir(embedded.staging_folder(path), embedded.SYNTH_KIND)
+    (hidden / embedded.INTENT).write_text(json.dumps(embedded._settings("cosmoflow", config_for(path).synth, 0)))
+    left = part_path(hidden / "validation")
     left.mkdir()
     (left / "univ_000000.h5").write_bytes(b"half")
     assert embedded.describe(path) == "interrupted"
     assert embedded.ensure_data(config_for(path), cosmo, ONE_RANK) > 0
     assert not [n for n in all_names(path) if is_part_file(n)]
-    assert embedded.describe(path) == "complete"
+    assert embedded.describe(path) == "complete" and not hidden.exists()

@@ -16,16 +16,18 @@ from test_run_e2e import tiny_args, tiny_data  # noqa: F401 (fixture)
 from mlhpc.cli import main
 from mlhpc.data.stage.collective import StagingResult
 from mlhpc.data.stage.copies import find_copies, release, remove_copy
-from mlhpc.data.stage.dest import MARKER_NAME
+from mlhpc.data.claims import write_claim
+from mlhpc.data.stage.dest import COPY_KIND
 from mlhpc.errors import StagingError
 
 
 def _copy(path: Path, sizes: list[int]) -> Path:
+    """A staged copy as staging leaves it: claimed, its files listed in the claim."""
     path.mkdir(parents=True, mode=0o700)
-    (path / MARKER_NAME).write_bytes(b"")
     for i, size in enumerate(sizes):
         (path / "train" / f"f{i}.bin").parent.mkdir(exist_ok=True)
         (path / "train" / f"f{i}.bin").write_bytes(b"x" * size)
+    write_claim(path, COPY_KIND, [f"train/f{i}.bin" for i in range(len(sizes))])
     return path
 
 
@@ -52,11 +54,15 @@ def test_find_lists_only_marked_real_folders_with_sizes(node):
 
 
 def test_clean_removes_them_and_nothing_through_a_link(node):
+    """A link staging did not make is something its claim does not list: that copy is left
+    whole, said in one line, and the other removed."""
     result = CliRunner().invoke(main, ["stage", "--clean", "--in", str(node["root"])])
     assert result.exit_code == 0, result.output
-    assert f"removed: {node['a']}  0.0 MB, 3 files" in result.output
-    assert result.output.strip().endswith("2 staged copies, 0.0 MB removed")
-    assert not node["a"].exists() and not node["b"].exists()
+    assert f"removed: {node['b']}  0.0 MB, 1 files" in result.output
+    assert result.output.strip().endswith("1 staged copy, 0.0 MB removed")
+    assert f"{node['a'] / 'train' / 'out-link'}: not made by mlhpc in this staged copy; nothing removed" \
+        in result.stderr
+    assert (node["a"] / "train" / "f0.bin").exists() and not node["b"].exists()
     assert node["outside"].read_text() == "keep me"
     assert (node["root"] / "someone-elses-data" / "x.h5").exists() and (node["root"] / "mlhpc-link").is_symlink()
     with pytest.raises(StagingError, match="not a staged copy of yours"):
@@ -65,7 +71,7 @@ def test_clean_removes_them_and_nothing_through_a_link(node):
 
 def test_list_names_path_size_and_refuses_a_config(node):
     out = CliRunner().invoke(main, ["stage", "--list", "--in", str(node["root"])])
-    assert out.exit_code == 0 and f"staged copy: {node['b']}  0.0 MB, 2 files" in out.output
+    assert out.exit_code == 0 and f"staged copy: {node['b']}  0.0 MB, 1 files" in out.output
     assert node["a"].exists()  # listing removes nothing
     bad = CliRunner().invoke(main, ["stage", "configs/cosmoflow-mini.yaml", "--list"])
     assert bad.exit_code == 2 and "give no CONFIG" in bad.output

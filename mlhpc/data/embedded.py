@@ -4,24 +4,25 @@ A workload's ``synthesize(out_dir, synth_config, seed, progress)`` writes its of
 module wraps it so that an interrupted synthesis (SIGKILL, a full disk, a node failure) can never
 be trained or evaluated on:
 
-1. synthesis writes into a hidden sibling folder ``.<name>.mlhpc-synth`` (same file system), with
-   an intent record ``.mlhpc-intent.json`` (workload, seed, synth settings) written first;
+1. synthesis writes into a hidden sibling folder ``.<name>.mlhpc-synth`` (same file system),
+   made new and private by mlhpc and claimed whole at once (`mlhpc.data.claims`, kind
+   `SYNTH_KIND`), with an intent record ``.mlhpc-intent.json`` (workload, seed, synth settings)
+   written first; a hidden folder of that name without a valid claim is never used or removed;
 2. what unfinished writers left (files and folders under the project's one temporary name,
    `mlhpc.data.files.part_path`; a workload writes its split folders through `splits_written`)
    is removed before it resumes, so it is never staged or read;
 3. when ``synthesize`` returns, the folder's manifest (`mlhpc.data.manifest`, kind ``"synth"``,
    the one completion record of every folder mlhpc writes) is written last, holding the
-   workload, seed, synth settings and every file with its size and checksum; then the folder is
-   renamed into place (one atomic ``rename``).
+   workload, seed, synth settings and every file with its size and checksum; its claim is
+   released (a finished dataset is the user's: mlhpc never deletes it) and the folder renamed
+   into place (one atomic ``rename``; an empty folder of that name is replaced).
 
 On use, a folder with a synthesis manifest is checked against it (file and byte counts per
-split, and the synth settings against the config's): a disagreement means mlhpc's own data were
-changed or truncated, and they are synthesised again (or refused when
-``data.synthesize_if_missing`` is false). A folder without one that holds data -- a real
-dataset, a user's own files -- is used as it is and never rewritten; one that holds the partial
-files of an interrupted mlhpc writer is completed. A folder an older mlhpc marked complete with a
-second file (`OLDER_MARKER`) instead of a manifest is incomplete: synthesised afresh when
-synthesis is allowed, refused otherwise.
+split, and the synth settings against the config's): a disagreement (the data changed, were
+truncated, or the user left files in it) is refused with one line naming the first difference;
+the folder is never deleted or rewritten (move it away, and the next run synthesises afresh). A
+folder without one that holds data -- a real dataset, a user's own files -- is used as it is and
+never rewritten or adopted.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,7 +37,15 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from mlhpc.config import SEED_MAX
 from mlhpc.data import manifest
-from mlhpc.data.files import check_private_dir, checksum, is_part_file, part_path, write_text_atomic
+from mlhpc.data.claims import (
+    claim_problem,
+    make_claimed_dir,
+    release,
+    remove_claimed,
+    remove_leftovers,
+    remove_own_part,
+)
+from mlhpc.data.files import checksum, is_part_file, part_path, write_text_atomic
 from mlhpc.data.formats import splits_of
 from mlhpc.data.inputs import read_text_input
 from mlhpc.data.manifest import require_complete
@@ -52,9 +60,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 INTENT = ".mlhpc-intent.json"
 #: The manifest kind of a synthesised folder.
 KIND = "synth"
-#: The second completion file an older mlhpc wrote beside synthesised data (before the manifest
-#: was the one record); read only to recognise such a folder as incomplete.
-OLDER_MARKER = ".mlhpc-complete.json"
+#: The claim kind of the hidden folder a synthesis writes into (`mlhpc.data.claims`).
+SYNTH_KIND = "synthesis"
 #: Synth settings that change how fast data are written, not which bytes.
 NOT_CONTENT = frozenset({"workers"})
 
@@ -97,15 +104,6 @@ def _partial_files(path: Path) -> list[Path]:
     return sorted(found, key=lambda p: len(p.parts))
 
 
-def _remove_partial(path: Path) -> None:
-    """Delete what `_partial_files` finds under ``path`` (a folder with everything in it)."""
-    for leftover in _partial_files(path):
-        if leftover.is_dir() and not leftover.is_symlink():
-            shutil.rmtree(leftover, ignore_errors=True)
-        else:
-            leftover.unlink(missing_ok=True)
-
-
 @contextmanager
 def splits_written(out_dir: Path, splits: list[str]) -> Iterator[dict[str, Path]]:
     """Split folders written complete or absent, for a workload's ``synthesize``: yields
@@ -128,12 +126,12 @@ def splits_written(out_dir: Path, splits: list[str]) -> Iterator[dict[str, Path]
             os.rename(temporary[split], out_dir / split)
             moved.append(split)
     except BaseException:
-        for split in moved:
-            shutil.rmtree(out_dir / split, ignore_errors=True)
+        for split in moved:  # back under this process's temporary name, then removed with it
+            os.rename(out_dir / split, temporary[split])
         raise
     finally:
         for folder in temporary.values():
-            shutil.rmtree(folder, ignore_errors=True)
+            remove_own_part(folder)
         if made and out_dir.is_dir() and not any(out_dir.iterdir()):
             out_dir.rmdir()  # absent again after a failure, as it was
 
@@ -235,15 +233,6 @@ def _lock(path: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _remove(path: Path) -> None:
-    """Delete a folder mlhpc wrote: renamed aside first, so no half-deleted dataset is seen."""
-    if not path.exists():
-        return
-    aside = part_path(path)  # a removal cut short is cleaned like any unfinished writer's
-    os.rename(path, aside)
-    shutil.rmtree(aside)
-
-
 def synthesize(path: Path, workload: "Workload", synth: Any, seed: int,
                on_progress: ProgressFn | None = None) -> bool:
     """Make ``path`` a complete embedded dataset of ``workload`` (synth settings ``synth``, seed
@@ -254,10 +243,9 @@ def synthesize(path: Path, workload: "Workload", synth: Any, seed: int,
     and after each batch of samples the workload reports) while anything is written.
 
     Nothing is done to a folder whose record agrees with its files and with these settings. A
-    recorded folder whose files disagree with its manifest is synthesised again from nothing. An
-    unrecorded folder is completed: moved into the hidden staging folder, its partial files
-    removed, the missing files written by ``workload.synthesize`` (which keeps the files
-    present), closed with its manifest, and renamed back.
+    recorded folder whose files disagree with its manifest, and a folder of data without one,
+    are refused and never touched; a missing or empty one is written in the hidden claimed
+    folder (resuming an interrupted synthesis with these settings) and renamed into place.
 
     Returns:
         True when anything was written, False when ``path`` was already complete.
@@ -265,7 +253,8 @@ def synthesize(path: Path, workload: "Workload", synth: Any, seed: int,
     Raises:
         ConfigError: ``seed`` outside 0 .. 2**63 - 1 (checked before anything is written).
         DataError: ``path`` is marked as synthesised with other settings (names the first
-            differing key), is not a folder, or cannot be written (names the folder).
+            differing key), changed since its synthesis, holds data that are not a synthesis,
+            is not a folder, or cannot be written (names the folder).
     """
     seed = check_seed(seed)
     path = Path(path)
@@ -284,66 +273,67 @@ def synthesize(path: Path, workload: "Workload", synth: Any, seed: int,
 
 
 def _needs_synthesis(path: Path, wanted: dict[str, Any]) -> bool:
-    """False when ``path`` is marked with the ``wanted`` settings and its files agree; a marked
-    folder whose files changed is removed (mlhpc's own data), and True returned.
+    """False when ``path`` is marked with the ``wanted`` settings and its files agree; True when
+    it is missing or empty.
 
     Raises:
-        DataError: ``path`` is a file, or is marked with other settings (the first differing key).
+        DataError: ``path`` is a file; holds data without a synthesis manifest (never adopted);
+            is marked with other settings (the first differing key); or its files differ from
+            its manifest (never deleted: the first difference is named).
     """
     if path.exists() and not path.is_dir():
         raise DataError(f"{path}: data.path is a file, not a dataset folder")
-    if _older(path):  # an older mlhpc's synthesis: not trusted, made afresh
-        _remove(path)
+    if not path.is_dir() or describe(path) == "empty":
         return True
-    record = synth_manifest(path) if path.is_dir() else None
+    record = synth_manifest(path)
     if record is None:
-        return True
+        raise DataError(f"{path}: holds files that are not a synthesis of mlhpc; it is never "
+                        "rewritten: choose an empty or new folder")
     differs = _first_difference(record, wanted)
     if differs:
         raise DataError(f"{path}: data were synthesised with {differs}; delete the "
                         "folder or choose another data.path")
-    if check_complete(path, record) is None:
+    changed = check_complete(path, record)
+    if changed is None:
         return False
-    _remove(path)  # mlhpc's own data, changed since: synthesise afresh
-    return True
+    raise DataError(changed_message(path, changed))
+
+
+def changed_message(path: Path, why: str) -> str:
+    """The one line for a synthesised folder whose files differ from its manifest."""
+    return (f"{path}: files differ from the manifest of the synthesis ({why}); mlhpc never "
+            "deletes them: move the folder away (or delete it yourself) and run again to "
+            "synthesise it afresh, or set data.path")
 
 
 def _synthesize_into_place(path: Path, workload: "Workload", synth: Any, seed: int,
                            wanted: dict[str, Any], on_progress: ProgressFn | None) -> None:
-    """Write the dataset in the hidden staging folder beside ``path`` (completing an unmarked
-    ``path`` moved there, or an interrupted synthesis with the same settings), mark it, and
-    rename it to ``path``. Called under `_lock`; OSError propagates."""
+    """Write the dataset in the hidden claimed folder beside ``path`` (resuming an interrupted
+    synthesis with the same settings), mark it, release its claim and rename it to ``path``
+    (missing or empty). Called under `_lock`; OSError propagates.
+
+    Raises:
+        DataError: a hidden folder of that name that mlhpc did not claim for this user.
+    """
     tmp = staging_folder(path)
-    if os.path.lexists(tmp):  # another user's folder of that name is neither read nor used
-        check_private_dir(tmp, DataError, "synthesis staging")
-    intent = _read_json(tmp / INTENT) if tmp.is_dir() else None
-    if tmp.exists() and intent != wanted:
-        _remove(tmp)  # a different, interrupted synthesis: start afresh
-    adopted = path.is_dir()
-    if adopted:  # unmarked (older mlhpc, interrupted, or the user's): complete it
-        if tmp.exists():
-            _remove(tmp)
-        os.rename(path, tmp)
-    try:
-        os.mkdir(tmp, 0o700)  # private while written; the usual mode once complete
-    except FileExistsError:
-        pass
-    check_private_dir(tmp, DataError, "synthesis staging")  # made by us, even in a race
+    if os.path.lexists(tmp):
+        problem = claim_problem(tmp, SYNTH_KIND)
+        if problem is not None:  # someone else's, or not made by mlhpc: neither read nor removed
+            raise DataError(f"{tmp}: the hidden folder synthesis writes into is not mlhpc's "
+                            f"({problem}); move it away, or set data.path")
+        if _read_json(tmp / INTENT) != wanted:  # a different, interrupted synthesis: start afresh
+            remove_claimed(tmp, SYNTH_KIND, "hidden synthesis folder")
+    if not os.path.lexists(tmp):
+        make_claimed_dir(tmp, SYNTH_KIND)  # new and private while written; the usual mode once complete
     _write_json(tmp / INTENT, wanted)
-    _remove_partial(tmp)
-    try:
-        with SynthWatch(tmp, path, on_progress) as watch:
-            watch.run(workload.synthesize, synth, seed)
-    except BaseException:
-        if adopted and not path.exists():  # give the folder back where it was
-            (tmp / INTENT).unlink(missing_ok=True)
-            os.rename(tmp, path)
-        raise
-    _remove_partial(tmp)
-    (tmp / INTENT).unlink()
+    remove_leftovers(tmp, SYNTH_KIND)
+    with SynthWatch(tmp, path, on_progress) as watch:
+        watch.run(workload.synthesize, synth, seed)
+    remove_leftovers(tmp, SYNTH_KIND)
+    release(tmp, SYNTH_KIND, [INTENT])
     manifest.write(tmp, KIND, _entries(tmp), **wanted)
     os.chmod(tmp, 0o777 & ~_umask())
-    os.rename(tmp, path)
+    os.rename(tmp, path)  # replaces an empty folder of that name
     _fsync_dir(path.parent)
 
 
@@ -377,23 +367,15 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _older(path: Path) -> bool:
-    """``path`` is a folder an older mlhpc synthesised (its `OLDER_MARKER`, no manifest)."""
-    return (Path(path) / OLDER_MARKER).is_file() and manifest.load(Path(path)) is None
-
-
 def describe(path: Path) -> str:
     """What ``path`` holds, for messages and `ensure_data`: ``"missing"``, ``"complete"``
     (a synthesis manifest, the files agreeing), ``"changed"`` (the files disagree with it),
     ``"interrupted"`` (no manifest, partial files of an mlhpc writer, or an interrupted hidden
-    synthesis folder beside it), ``"older"`` (an older mlhpc's synthesis, no manifest: made
-    afresh), ``"unmarked"`` (data without a synthesis manifest: used as they are) or
-    ``"empty"``."""
+    synthesis folder beside it), ``"unmarked"`` (data without a synthesis manifest: used as they
+    are) or ``"empty"``."""
     path = Path(path)
     if not path.is_dir():
         return "interrupted" if staging_folder(path).is_dir() else "missing"
-    if _older(path):
-        return "older"
     record = synth_manifest(path)
     if record is not None:
         return "complete" if check_complete(path, record) is None else "changed"
@@ -407,8 +389,9 @@ def describe(path: Path) -> str:
 def ensure_data(config: "Config", workload: "Workload", rt: "Runtime",
                 on_progress: ProgressFn | None = None) -> float:
     """Make sure ``config.data.path`` holds a complete dataset before anything reads it;
-    synthesise the embedded one when it is missing, was interrupted, or (mlhpc's own) no longer
-    matches its manifest, and ``data.synthesize_if_missing`` allows it.
+    synthesise the embedded one when it is missing or was interrupted, and
+    ``data.synthesize_if_missing`` allows it. Data that no longer match their synthesis manifest
+    are refused, never deleted.
 
     Rank 0 writes (telling ``on_progress`` what it does: `SynthWatch`); every rank first
     looks, then waits, then checks the result. A folder without a record that holds data (a real
@@ -418,8 +401,8 @@ def ensure_data(config: "Config", workload: "Workload", rt: "Runtime",
         Seconds spent synthesising (0.0 when the data were there).
 
     Raises:
-        DataError: the data are missing, interrupted or changed and synthesis is not allowed (the
-            message says which and names the folder); synthesised with other settings; a split
+        DataError: the data changed since their synthesis; or are missing or interrupted and
+            synthesis is not allowed (the message says which and names the folder); synthesised with other settings; a split
             folder (train/, validation/) is missing or empty; the folder cannot be written.
         ConfigError: ``data.synth_seed`` outside what synthesis accepts.
     """
@@ -439,15 +422,14 @@ def ensure_data(config: "Config", workload: "Workload", rt: "Runtime",
                             "choose another data.path")
     runtime.barrier(rt)  # ... so all ranks agree on `state`
     start = time.perf_counter()
-    work = state in ("missing", "changed", "interrupted", "empty", "older")
+    if state == "changed":  # never deleted, never rewritten
+        raise DataError(changed_message(path, str(check_complete(path, synth_manifest(path) or {}))))
+    work = state in ("missing", "interrupted", "empty")
     if work:
         if not config.data.synthesize_if_missing:
             reason = {"missing": "dataset folder not found (expected train/ and validation/)",
                       "empty": "dataset folder is empty",
-                      "changed": "files differ from the manifest of the synthesis "
-                                 f"({check_complete(path, synth_manifest(path) or {})})",
                       "interrupted": "an interrupted synthesis (partial files, no manifest)",
-                      "older": "synthesised by an older mlhpc (no manifest)",
                       }[state]
             raise DataError(f"{path}: {reason}; set data.synthesize_if_missing: true to "
                             "synthesise it, or data.path")

@@ -33,13 +33,14 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from mlhpc.data.claims import remove_own_part
 from mlhpc.data.files import part_path
 from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import LogFormatError, OutputError
@@ -98,14 +99,15 @@ def check_output_dir(path: Path | str, key: str = "output.dir",
             os.fsync(fd)
         finally:
             os.close(fd)
-            probe.unlink(missing_ok=True)
+            remove_own_part(probe)
         stats = os.statvfs(path)
         free = stats.f_bavail * stats.f_frsize
         if free < min_free_bytes:
             raise OSError(errno.ENOSPC, f"only {free} bytes free")
     except OSError as exc:
-        for folder in reversed(created):
-            shutil.rmtree(folder, ignore_errors=True)
+        for folder in reversed(created):  # made empty here, and empty again: rmdir removes nothing else
+            with suppress(OSError):
+                folder.rmdir()
         detail = exc.strerror if exc.errno == errno.ENOSPC and exc.strerror.startswith("only") else ""
         reason = _reason(exc) + (f" ({detail})" if detail else "")
         raise OutputError(f"{key} {path}: cannot write results ({reason})") from None

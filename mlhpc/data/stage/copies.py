@@ -1,42 +1,47 @@
 """Staged copies on this node: find them, size them, remove them.
 
-A staged copy is a folder that staging claimed (`mlhpc.data.stage.dest.MARKER_NAME` at its top).
-`find_copies` looks at each folder given and at its immediate subfolders (the default folder is
-``$TMPDIR``, else ``/tmp``, where `mlhpc.data.stage.plan.default_dest` puts copies) and keeps only
-those that are real folders (not links), owned by the invoking user and marked by staging; a link
-is never followed, neither to a copy nor inside one. `remove_copy` checks the same again and
-removes the tree with `shutil.rmtree`, which on Linux works through file descriptors and never
-follows a link inside the tree (``shutil.rmtree.avoids_symlink_attacks``).
+A staged copy is a folder that staging claimed: its claim record (`mlhpc.data.claims`, kind
+`mlhpc.data.stage.dest.COPY_KIND`) names this user and this folder. `find_copies` looks at each
+folder given and at its immediate subfolders (the default folder is ``$TMPDIR``, else ``/tmp``,
+where `mlhpc.data.stage.plan.default_dest` puts copies) and keeps only those whose claim holds; a
+link is never followed, neither to a copy nor inside one. `remove_copy` removes one through the
+project's one remover (`mlhpc.data.claims.remove_claimed`): only the files staging recorded
+writing, and only when nothing else is there (a copy holding a run's results or a user's file is
+refused, whole, with one line).
 
 `release` is the end of a run: the copy a run made (it copied at least one file) is removed unless
 ``data.staging.keep`` is true; a copy that was already complete before the run (kept by an
 earlier run or made by ``mlhpc stage``) is left as it was. A copy is never removed while another
-run reads it: a run marks the copy (`hold`: ``READERS_NAME-<pid>`` at its top) from the end of its
-staging to its end, and removal waits while a mark names another live process (two runs of one
-data set on one node share the default folder).
+run reads it: a run holds a shared ``flock`` on the copy's ``READERS_NAME`` file (`hold`) from the
+end of its staging to its end, and removal takes that lock exclusively, waiting for the readers;
+the kernel releases a reader's lock when its process ends, however it ends (no process id is
+read, so a reader in another PID namespace is no different).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
-import shutil
 import stat
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from mlhpc.data.claims import RemovalRefused, is_state_file, read_claim, remove_claimed
 from mlhpc.data.inputs import read_text_input
 from mlhpc.data.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
-from mlhpc.data.stage.dest import MARKER_NAME
+from mlhpc.data.stage.dest import COPY_KIND, recorded_files
 from mlhpc.errors import DataError, StagingError
 
 
-#: The mark each run reading a copy leaves at its top, ``READERS_NAME-<pid>`` (one of mlhpc's own
-#: ``.mlhpc*`` files: never staged, never pruned).
+#: The file at a copy's top whose shared ``flock`` each run reading the copy holds (one of
+#: mlhpc's own state files: never staged, never pruned).
 READERS_NAME = ".mlhpc-readers"
-_held: dict[str, int] = {}  # dest -> this process's pid, for the marks it left
+_held: dict[str, int] = {}  # dest -> this process's descriptor holding the shared lock
 #: How long a run's end waits for the other readers of the copy it made (its own node's ranks).
 RELEASE_WAIT_S = 10.0
 
@@ -61,21 +66,19 @@ def default_root() -> Path:
 
 
 def is_own_copy(path: Path) -> bool:
-    """Whether ``path`` is a real folder owned by this user with staging's marker (a regular
-    file, not a link) at its top."""
-    try:
-        info, marker = os.lstat(path), os.lstat(Path(path) / MARKER_NAME)
-    except OSError:
-        return False
-    return (stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and stat.S_ISREG(marker.st_mode))
+    """Whether ``path`` is a real folder of this user's that staging claimed (its claim record
+    valid for this user and this folder, `mlhpc.data.claims.read_claim`)."""
+    return read_claim(Path(path), COPY_KIND) is not None
 
 
 def tree_size(path: Path) -> tuple[int, int]:
-    """``(bytes, files)`` of the regular files under ``path``; links are neither followed nor
-    counted."""
+    """``(bytes, files)`` of the regular files under ``path`` (staging's own records at its top
+    not counted); links are neither followed nor counted."""
     total = count = 0
     for root, _dirs, names in os.walk(path, followlinks=False):
         for name in names:
+            if root == str(path) and is_state_file(name):
+                continue  # the claim, manifest, journals, locks: staging's own records
             try:
                 info = os.lstat(os.path.join(root, name))
             except OSError:
@@ -117,84 +120,81 @@ def find_copies(roots: Optional[list[Path]] = None) -> list[StagedCopy]:
     return [found[k] for k in sorted(found)]
 
 
-def _marks(path: Path) -> list[Path]:
-    try:
-        return [p for p in Path(path).iterdir() if p.name.startswith(READERS_NAME + "-")]
-    except OSError:
-        return []
+def _open_readers(dest: Path) -> int:
+    return os.open(Path(dest) / READERS_NAME, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
 def hold(dest: Path) -> None:
-    """Mark ``dest`` as read by this process until `unhold`: an empty file
-    ``READERS_NAME-<pid>`` at its top (created ``0600`` without following a link; a process that
-    ends without `unhold` leaves a mark that names a dead process, which counts for nothing). A
-    copy that cannot take the mark is left unmarked (staging has already checked the folder)."""
+    """Hold a shared ``flock`` on ``dest``'s `READERS_NAME` file until `unhold` or the end of
+    this process (the file created ``0600`` without following a link). A copy that cannot take
+    the lock is left unmarked (staging has already checked the folder)."""
+    if str(dest) in _held:
+        return
     try:
-        os.close(os.open(Path(dest) / f"{READERS_NAME}-{os.getpid()}",
-                         os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        fd = _open_readers(dest)
     except OSError:
         return
-    _held[str(dest)] = os.getpid()
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    _held[str(dest)] = fd
 
 
 def unhold(dest: Path) -> None:
-    """Drop this process's mark on ``dest`` (`hold`), if it has one."""
-    if _held.pop(str(dest), None) is not None:
-        try:
-            os.unlink(Path(dest) / f"{READERS_NAME}-{os.getpid()}")
-        except OSError:
-            pass
+    """Release this process's shared lock on ``dest`` (`hold`), if it holds one."""
+    fd = _held.pop(str(dest), None)
+    if fd is not None:
+        os.close(fd)
 
 
-def _alive(pid: int) -> bool:
+@contextmanager
+def _exclusive(path: Path, wait_s: float) -> Iterator[bool]:
+    """Yields whether no other process reads ``path`` (its readers' lock taken exclusively,
+    waiting up to ``wait_s`` seconds for the readers to let go); the lock is held for the block."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process: alive
-        return True
-    return True
-
-
-def _readers(path: Path) -> list[int]:
-    """Live processes other than this one that mark ``path`` as read."""
-    pids = []
-    for mark in _marks(path):
-        pid = mark.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
-            pids.append(int(pid))
-    return pids
-
-
-def _exclusive(path: Path, wait_s: float) -> bool:
-    """Whether no other live process reads ``path``, waiting up to ``wait_s`` seconds for them."""
-    deadline = time.monotonic() + wait_s
-    while _readers(path):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.2)
-    return True
+        fd = _open_readers(path)
+    except OSError:
+        yield True  # no lock file can be made: nobody can hold it either
+        return
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(0.2)
+        yield True
+    finally:
+        os.close(fd)
 
 
 def remove_copy(path: Path, wait_s: float = 0.0) -> StagedCopy:
-    """Remove one staged copy (checked again with `is_own_copy` first, and not while a run reads
-    it, waiting up to ``wait_s`` seconds for the readers to finish); returns what it held.
+    """Remove one staged copy through the one remover (`mlhpc.data.claims.remove_claimed`: its
+    claim checked, and nothing there that staging did not record), not while a run reads it
+    (waiting up to ``wait_s`` seconds for the readers to finish); returns what it held.
 
     Raises:
         StagingError: ``path`` is not a staged copy of this user (a link, someone else's, not
-            marked by staging), a run still reads it, or it cannot be removed (naming the cause).
+            claimed by staging for this folder), holds anything staging did not write (naming
+            it; nothing is removed), a run still reads it, or it cannot be removed.
     """
     path = Path(path)
     if not is_own_copy(path):
-        raise StagingError(f"{path}: not a staged copy of yours (a real folder with {MARKER_NAME}); "
-                           "not removed")
-    if not _exclusive(path, wait_s):
-        raise StagingError(f"{path}: staged copy in use by another run on this node; not removed")
-    try:
-        held = describe(path)
-        shutil.rmtree(path)
-    except OSError as exc:
-        raise StagingError(f"{exc.filename or path}: staged copy not removed ({exc.strerror or exc})") from None
+        raise StagingError(f"{path}: not a staged copy of yours (no staging claim for this "
+                           "folder); not removed")
+    with _exclusive(path, wait_s) as alone:
+        if not alone:
+            raise StagingError(f"{path}: staged copy in use by another run on this node; not removed")
+        try:
+            held = describe(path)
+            remove_claimed(path, COPY_KIND, "staged copy", recorded_files(path))
+        except RemovalRefused as exc:
+            raise StagingError(str(exc)) from None
+        except OSError as exc:
+            raise StagingError(f"{exc.filename or path}: staged copy not removed "
+                               f"({exc.strerror or exc})") from None
     return held
 
 

@@ -2,8 +2,9 @@
 following links, and pruning it to the plan.
 
 A destination is created ``0700``; an existing one must belong to the invoking user and be
-writable by nobody else (`mlhpc.data.files.check_private_dir`), and be empty or an mlhpc staging
-folder, since staging prunes it to the plan.
+writable by nobody else (`mlhpc.data.files.check_private_dir`), and be empty or a folder staging
+claimed (`mlhpc.data.claims`) holding nothing staging did not record, since staging prunes it
+to the plan and a run's end may remove it.
 """
 
 from __future__ import annotations
@@ -11,32 +12,70 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from mlhpc.data.claims import (
+    CLAIM_NAME,
+    RemovalRefused,
+    claim_problem,
+    foreign,
+    prune_claimed,
+    read_claim,
+    write_claim,
+)
 from mlhpc.data.files import (
     LOCK_NAME,
-    PART_SUFFIX,
     dest_error,
+    is_part_file,
     make_private_dir,
+    node_lock,
     open_dir,
     open_root,
     reason,
 )
-from mlhpc.data.manifest import MANIFEST_NAME
+from mlhpc.data.manifest import journal_entries, load
 from mlhpc.data.stage.plan import Planned
 from mlhpc.errors import StagingError
 
-MARKER_NAME = ".mlhpc-staging"  # written into every folder staging has claimed
+#: The claim kind of a staging destination (`mlhpc.data.claims`).
+COPY_KIND = "staged-copy"
+
+
+def recorded_files(dest: Path) -> set[str]:
+    """The files the staging records of ``dest`` list as written there: its manifest's files and
+    every journal entry's file and converted outputs. Only read inside a folder whose claim
+    holds (`claim_dest`, `mlhpc.data.stage.copies.remove_copy`)."""
+    found: set[str] = set()
+    doc = load(dest)
+    for entry in (doc or {}).get("files") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("path"), str):
+            found.add(entry["path"])
+    for entry in journal_entries(dest):
+        if isinstance(entry.get("path"), str):
+            found.add(entry["path"])
+        for out in entry.get("outputs") or []:
+            if isinstance(out, dict) and isinstance(out.get("path"), str):
+                found.add(out["path"])
+    return found
+
+
+def _is_empty(dest: Path) -> bool:
+    """Nothing in ``dest`` but the node lock and temporary files of mlhpc writers (another rank
+    claiming it at the same moment)."""
+    with os.scandir(dest) as entries:
+        return all(e.name == LOCK_NAME or is_part_file(e.name) for e in entries)
 
 
 def claim_dest(dest: Path) -> None:
     """Create ``dest`` (``0700``) and make sure it is ours to write and prune: a real folder (not
     a link) owned by the invoking user and writable by nobody else (`check_private_dir`: a
     predictable name in shared scratch may have been made beforehand by another user), and
-    empty or already an mlhpc staging folder (its marker, manifest, lock or journals at the top;
-    ``*.mlhpc-part`` leftovers).
+    either empty (then claimed: `mlhpc.data.claims.write_claim`, kind `COPY_KIND`) or a folder
+    staging claimed before, holding nothing its claim and records (`recorded_files`) do not list.
+    A folder that only looks like mlhpc's (a dataset with a manifest, a run's results) is refused
+    before anything in it is touched.
 
     Raises:
-        StagingError: any of the above does not hold (naming owner and mode), or ``dest`` cannot
-            be created.
+        StagingError: any of the above does not hold (naming the folder or the first file that
+            is not staging's), or ``dest`` cannot be created.
     """
     if dest.exists() and not dest.is_symlink() and not dest.is_dir():
         raise StagingError(f"{dest}: staging destination is a file, not a folder")
@@ -46,52 +85,62 @@ def claim_dest(dest: Path) -> None:
         read_only = os.statvfs(dest).f_flag & os.ST_RDONLY
         raise StagingError(f"{dest}: staging destination not writable "
                            f"({'read-only file system' if read_only else 'permission denied'})")
-    if not any((dest / name).exists() for name in (MARKER_NAME, MANIFEST_NAME, LOCK_NAME)):
-        for root, dirs, names in os.walk(dest):
-            for name in names:
-                top = Path(root) == dest and name.startswith(".mlhpc")
-                if not top and not name.endswith(PART_SUFFIX):
-                    raise StagingError(
-                        f"{Path(root) / name}: the staging destination {dest} holds files mlhpc did "
-                        "not stage; staging prunes its destination to the plan, so give it an empty "
-                        "folder (data.staging.dest, e.g. /dev/shm/mlhpc-{node_rank})")
     try:
-        os.close(os.open(dest / MARKER_NAME, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+        with node_lock(dest):  # the ranks of a node claim one at a time
+            _claim(dest)
     except OSError as exc:
-        raise dest_error(dest / MARKER_NAME, exc) from None
+        raise dest_error(dest / CLAIM_NAME, exc) from None
+
+
+def _claim(dest: Path) -> None:
+    if _is_empty(dest):
+        write_claim(dest, COPY_KIND)
+        return
+    claim = read_claim(dest, COPY_KIND)
+    if claim is None:
+        raise StagingError(
+            f"{dest}: the staging destination holds files and is no staged copy of yours "
+            f"({claim_problem(dest, COPY_KIND)}); staging prunes its destination to the plan, "
+            "so give it an empty folder (data.staging.dest, e.g. /dev/shm/mlhpc-{node_rank})")
+    recorded = recorded_files(dest)
+    strays = foreign(claim, recorded)
+    if strays:
+        more = f" and {len(strays) - 1} more" if len(strays) > 1 else ""
+        raise StagingError(f"{dest / strays[0]}{more}: in the staging destination {dest} but not "
+                           "staged by mlhpc; nothing was changed (move it out, or give staging an "
+                           "empty folder)")
+    write_claim(dest, COPY_KIND, claim.files | recorded)  # journals are dropped once recorded
+
+
+def record_claim(dest: Path) -> None:
+    """After staging: ``dest``'s claim lists exactly the files its manifest holds."""
+    try:
+        write_claim(dest, COPY_KIND, recorded_files(dest))
+    except OSError as exc:
+        raise dest_error(dest / CLAIM_NAME, exc) from None
 
 
 def prune(dest: Path, plan: list[Planned]) -> int:
-    """Remove every file and empty folder under ``dest`` that the plan does not hold (the
-    staging state files at the top stay); returns the number of files removed."""
+    """Remove every file under ``dest`` that staging recorded writing and the plan does not
+    hold, and folders left empty (`mlhpc.data.claims.prune_claimed`); returns the count."""
     return prune_to(dest, {p.rel for p in plan})
 
 
 def prune_to(dest: Path, keep: set[str]) -> int:
-    """Remove every file and empty folder under ``dest`` whose relative path is not in ``keep``
-    (the staging state files at the top stay); returns the number of files removed."""
-    removed = 0
-    for root, dirs, names in os.walk(dest, topdown=False):
-        folder = Path(root)
-        rel_root = folder.relative_to(dest).as_posix()
-        for name in names + [d for d in dirs if (folder / d).is_symlink()]:
-            rel = name if rel_root == "." else f"{rel_root}/{name}"
-            if rel in keep or (folder == dest and name.startswith(".mlhpc")):
-                continue
-            try:
-                os.unlink(folder / name)
-                removed += 1
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                raise StagingError(f"{folder / name}: cannot remove a file the staging plan does "
-                                   f"not hold ({reason(exc)})") from None
-        if folder != dest:
-            try:
-                os.rmdir(folder)  # only succeeds when empty
-            except OSError:
-                pass
-    return removed
+    """Remove every file under claimed ``dest`` that its claim or records list and ``keep`` does
+    not (mlhpc's own state at the top stays); returns the number of files removed. A file
+    staging did not record is never removed.
+
+    Raises:
+        StagingError: ``dest`` holds no valid staging claim, or a file cannot be removed.
+    """
+    try:
+        return prune_claimed(dest, COPY_KIND, keep, recorded_files(dest))
+    except RemovalRefused as exc:
+        raise StagingError(str(exc)) from None
+    except OSError as exc:
+        raise StagingError(f"{exc.filename or dest}: cannot remove a file the staging plan does "
+                           f"not hold ({reason(exc)})") from None
 
 
 def make_parents(dest: Path, share: list[Planned]) -> None:

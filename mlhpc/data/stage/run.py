@@ -41,7 +41,7 @@ from mlhpc.data.stage.collective import (
 from mlhpc.data.stage.convert import convert_share, record_converted
 from mlhpc.data.stage.copies import hold
 from mlhpc.data.stage.copy import copy_share
-from mlhpc.data.stage.dest import claim_dest, prune
+from mlhpc.data.stage.dest import claim_dest, prune, record_claim
 from mlhpc.data.stage.job import Convert, Copy, Counts, StageOptions
 from mlhpc.data.stage.plan import (
     Planned,
@@ -162,9 +162,10 @@ def _record(job: Copy, plan: list[Planned], counts: Counts) -> None:
     """The manifest of ``plan`` from every journal, and ``dest`` pruned to ``plan``."""
     if job.convert is not None:
         record_converted(job, plan, counts)
-        return
-    write_manifest(job.dest, job.source, plan, read_state(job.dest, job.source), job.shard_doc)
-    counts.pruned_files = prune(job.dest, plan)
+    else:
+        counts.pruned_files = prune(job.dest, plan)
+        write_manifest(job.dest, job.source, plan, read_state(job.dest, job.source), job.shard_doc)
+    record_claim(job.dest)
 
 
 def _stage_coordinated(job: Copy, runtime: "Runtime", plan: list[Planned], counts: Counts,
