@@ -184,6 +184,7 @@ def remove_copy(path: Path, wait_s: float = 0.0) -> StagedCopy:
     if not is_own_copy(path):
         raise StagingError(f"{path}: not a staged copy of yours (no staging claim for this "
                            "folder); not removed")
+    unhold(path)  # this process removes it, so it no longer reads it
     with _exclusive(path, wait_s) as alone:
         if not alone:
             raise StagingError(f"{path}: staged copy in use by another run on this node; not removed")

@@ -86,15 +86,17 @@ def claim_dest(dest: Path) -> None:
         raise StagingError(f"{dest}: staging destination not writable "
                            f"({'read-only file system' if read_only else 'permission denied'})")
     try:
+        _claim(dest, write=False)  # refused before anything (even the lock file) is made there
         with node_lock(dest):  # the ranks of a node claim one at a time
-            _claim(dest)
+            _claim(dest, write=True)
     except OSError as exc:
         raise dest_error(dest / CLAIM_NAME, exc) from None
 
 
-def _claim(dest: Path) -> None:
+def _claim(dest: Path, write: bool) -> None:
     if _is_empty(dest):
-        write_claim(dest, COPY_KIND)
+        if write:
+            write_claim(dest, COPY_KIND)
         return
     claim = read_claim(dest, COPY_KIND)
     if claim is None:
@@ -109,7 +111,8 @@ def _claim(dest: Path) -> None:
         raise StagingError(f"{dest / strays[0]}{more}: in the staging destination {dest} but not "
                            "staged by mlhpc; nothing was changed (move it out, or give staging an "
                            "empty folder)")
-    write_claim(dest, COPY_KIND, claim.files | recorded)  # journals are dropped once recorded
+    if write:
+        write_claim(dest, COPY_KIND, claim.files | recorded)  # journals are dropped once recorded
 
 
 def record_claim(dest: Path) -> None:
