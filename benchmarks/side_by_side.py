@@ -60,6 +60,7 @@ from side_by_side_step import compile_switch, harness, prepare
 
 from mlhpc import config as cfg
 from mlhpc import workload as workloads
+from mlhpc.data.files import write_text_atomic
 from mlhpc.errors import MlhpcError
 
 COMPARISONS = ("harness", "model", "data", "compile")
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
 
         run(args, report, emit)
         if args.json:
-            args.json.write_text(json.dumps(report, indent=1) + "\n")
+            write_text_atomic(args.json, json.dumps(report, indent=1) + "\n")
     except (BadInput, MlhpcError) as exc:
         print(f"side_by_side: {exc}", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from mlhpc.errors import DataError, MlhpcError
 
 #: A side file (JSON or YAML beside a log, a system description, a config): at most 16 MiB.
 SIDE_FILE_BYTES = 16 << 20
+#: The most bytes `inflated_chunks` yields at once.
+_INFLATE_PIECE_BYTES = 1 << 20
 _FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -116,6 +119,44 @@ def input_chunks(path: Path | str, cap_bytes: int, root: Path | str | None = Non
         raise error(f"{path}: cannot read {what} ({reason(exc)})") from None
     finally:
         os.close(fd)
+
+
+def inflated_chunks(path: Path | str, cap_bytes: int, inflated_cap_bytes: int,
+                    root: Path | str | None = None, what: str = "file",
+                    error: type[MlhpcError] = InputRefused) -> Iterator[bytes]:
+    """The bytes a GZIP file (one member or several, as ``gzip.decompress`` reads) inflates to,
+    in pieces of at most 1 MiB: the file read through `input_chunks` (same ``cap_bytes``,
+    ``root``, ``what``, ``error``), its inflated bytes counted while inflating and refused past
+    ``inflated_cap_bytes``, so a small file that inflates to much is stopped at the cap, never
+    held (RFC 1952; Python's ``zlib`` with ``wbits=31``).
+
+    Raises:
+        error: as `input_chunks`; inflated bytes over ``inflated_cap_bytes``; not GZIP data, or
+            data that end inside a member (a truncated file), one line naming ``path``.
+    """
+    inflater, fed, total = zlib.decompressobj(wbits=31), False, 0
+    try:
+        for data in input_chunks(path, cap_bytes, root, what, error):
+            while True:
+                piece = inflater.decompress(data, _INFLATE_PIECE_BYTES)
+                fed, total = True, total + len(piece)
+                if total > inflated_cap_bytes:
+                    raise error(f"{path}: {what} inflates to more than the {inflated_cap_bytes} "
+                                f"bytes a {what} may hold; refused")
+                if piece:
+                    yield piece
+                if inflater.eof:  # a member ends; another may follow
+                    data, inflater, fed = inflater.unused_data, zlib.decompressobj(wbits=31), False
+                    if not data:
+                        break
+                else:  # a full piece may leave output held back: ask again
+                    data = inflater.unconsumed_tail
+                    if not data and len(piece) < _INFLATE_PIECE_BYTES:
+                        break
+    except zlib.error as exc:
+        raise error(f"{path}: {what} is not readable GZIP data ({exc})") from None
+    if fed and not inflater.eof:
+        raise error(f"{path}: {what} ends inside its GZIP stream (a truncated file?)")
 
 
 def read_input(path: Path | str, cap_bytes: int, root: Path | str | None = None,

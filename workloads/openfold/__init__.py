@@ -16,7 +16,7 @@ from mlhpc.workload import QualityMetric, Workload
 
 from ..departures import training_departures
 from .data import OpenFoldDataset
-from .features import FeatureSizes
+from .features import VAL_MAX_SEQUENCE_LENGTH
 from .formats import DATA_TOOLS
 from .lddt import lddt_ca_stats
 from .synth import SynthConfig, synthesize
@@ -28,6 +28,7 @@ from .training import (
     build_model,
     build_optimizer,
     checkpoint_sha256,
+    feature_sizes,
     parameter_count,
 )
 
@@ -38,7 +39,7 @@ REFERENCE_GLOBAL_BATCH_SIZE = 256
 DATA_WINDOW = {"train_max_pdb_release_date": "2021-09-16",
                "val_min_cameo_submission_date": "2021-09-17",
                "val_max_cameo_submission_date": "2021-12-11",
-               "val_max_sequence_length": 700}
+               "val_max_sequence_length": VAL_MAX_SEQUENCE_LENGTH}
 #: The reference's evaluation cadence, optimizer steps (closed_openfold.yaml ``val_every_iters``).
 REFERENCE_EVAL_EVERY_STEPS = 40
 
@@ -46,16 +47,11 @@ METRIC = QualityMetric(key="eval_accuracy", target=TARGET_LDDT_CA, direction="ma
                        batch_stats=lddt_ca_stats)
 
 
-def feature_sizes(model: Any) -> FeatureSizes:
-    """The data pipeline's sizes of a ``model`` section."""
-    return FeatureSizes(model.train_sequence_crop_size, model.max_msa_clusters,
-                        model.max_extra_msa, model.max_templates)
-
-
 def build_datasets(config: Any, runtime: Any, data_dir: Any) -> tuple[OpenFoldDataset, OpenFoldDataset]:
     """The chains of ``data_dir/train`` (cropped, sampled anew at each read) and
-    ``data_dir/validation`` (whole, fixed), limited to ``data.train_samples`` /
-    ``data.eval_samples`` when set. Raises DataError (as `data.list_chains`)."""
+    ``data_dir/validation`` (whole, fixed; a chain longer than ``model.val_max_sequence_length``
+    refused), limited to ``data.train_samples`` / ``data.eval_samples`` when set. Raises
+    DataError (as `data.OpenFoldDataset`)."""
     del runtime
     sizes = feature_sizes(config.model)
     return (OpenFoldDataset(data_dir / "train", sizes, True, config.train.seed, config.data.train_samples),

@@ -12,19 +12,32 @@ match columns.
 Several files of one chain (``uniref90_hits.a3m``, ``bfd_uniclust_hits.a3m``,
 ``mgnify_hits.a3m``) are merged as the reference's ``make_msa_features`` does: in order, each
 aligned sequence kept once (its first occurrence), the query first.
+
+A file is streamed, never read whole (`read_msa`): rows are parsed as they arrive and reading
+stops once the merged alignment holds the rows the features can use (``max_rows``,
+`features.FeatureSizes.msa_rows_read`); each further file's query is still read and compared.
+One record (header and sequence lines) may hold at most `A3M_RECORD_BYTES`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from mlhpc.data.inputs import read_input
+from mlhpc.data.inputs import input_chunks
 from mlhpc.errors import DataError
 
 from .residue_constants import MSA_LETTER_TO_INDEX, UNK_RESTYPE_INDEX
+
+#: The largest a3m file opened (it is streamed and read only up to the rows used).
+A3M_BYTES = 1 << 30
+#: The most characters of one a3m record: an aligned row of the longest protein chain (titin,
+#: 34,350 residues) with as many insertions again is under 70,000; 1 MiB is 15 times that.
+A3M_RECORD_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -53,42 +66,85 @@ def parse_a3m(text: str, source: str) -> Msa:
 
     Raises:
         DataError: naming ``source`` (and the record): no record, text before the first ``>``,
-            a character that is not a letter, ``-``, ``.`` or a final ``*``, or a sequence whose
-            match length differs from the query's.
+            a character that is not a letter, ``-``, ``.`` or a final ``*``, a sequence whose
+            match length differs from the query's, or a record over `A3M_RECORD_BYTES`.
     """
-    records = _records(text, source)
-    sequences: list[str] = []
-    deletions: list[list[int]] = []
-    for number, (name, raw) in enumerate(records, start=1):
-        aligned, counts = _align_one(raw, source, number)
-        if sequences and len(aligned) != len(sequences[0]):
-            raise DataError(f"{source}: sequence {number} ({name[:40]!r}) has {len(aligned)} match "
-                            f"columns, the query {len(sequences[0])}; every a3m row must align "
-                            "to the query")
-        sequences.append(aligned)
-        deletions.append(counts)
-    if not sequences[0]:
-        raise DataError(f"{source}: the query sequence is empty")
-    matrix = np.asarray(deletions, dtype=np.int32).reshape(len(sequences), len(sequences[0]))
-    return Msa(tuple(sequences), matrix, source)
+    rows = list(_rows(_records(enumerate(text.splitlines(), start=1), source), source))
+    return Msa(tuple(r[0] for r in rows), _matrix([r[1] for r in rows], len(rows[0][0])), source)
 
 
-def _records(text: str, source: str) -> list[tuple[str, str]]:
-    records: list[tuple[str, list[str]]] = []
-    for line_no, line in enumerate(text.splitlines(), start=1):
+def _matrix(deletions: list[np.ndarray], width: int) -> np.ndarray:
+    return np.asarray(deletions, dtype=np.int32).reshape(len(deletions), width)
+
+
+def _records(lines: Iterable[tuple[int, str]], source: str) -> Iterator[tuple[str, str]]:
+    """``(name, sequence text)`` of each record, in order."""
+    name, parts, size = None, [], 0
+    for line_no, line in lines:
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         if line.startswith(">"):
-            records.append((line[1:].strip(), []))
-        elif not records:
+            if name is not None:
+                yield name, "".join(parts)
+            name, parts, size = line[1:].strip(), [], 0
+        elif name is None:
             raise DataError(f"{source}: line {line_no}: sequence before the first '>' header "
                             "(not an a3m file?)")
         else:
-            records[-1][1].append(line)
-    if not records:
+            size += len(line)
+            if size > A3M_RECORD_BYTES:
+                raise DataError(f"{source}: line {line_no}: record {name[:40]!r} holds more than "
+                                f"the {A3M_RECORD_BYTES} characters an a3m row may hold")
+            parts.append(line)
+    if name is None:
         raise DataError(f"{source}: no sequence (an a3m file holds '>' records, the query first)")
-    return [(name, "".join(lines)) for name, lines in records]
+    yield name, "".join(parts)
+
+
+def _rows(records: Iterable[tuple[str, str]], source: str) -> Iterator[tuple[str, np.ndarray]]:
+    """``(aligned row, deletions [N] int32)`` of each record, each checked against the query."""
+    width = None
+    for number, (name, raw) in enumerate(records, start=1):
+        aligned, counts = _align_one(raw, source, number)
+        if width is None and not aligned:
+            raise DataError(f"{source}: the query sequence is empty")
+        if width is not None and len(aligned) != width:
+            raise DataError(f"{source}: sequence {number} ({name[:40]!r}) has {len(aligned)} match "
+                            f"columns, the query {width}; every a3m row must align to the query")
+        width = len(aligned) if width is None else width
+        yield aligned, np.asarray(counts, dtype=np.int32)
+
+
+def _lines(chunks: Iterable[bytes], source: str) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of ASCII text arriving in pieces, none longer than
+    `A3M_RECORD_BYTES`."""
+    pending, number = b"", 0
+    for chunk in chunks:
+        if not chunk.isascii():
+            raise DataError(f"{source}: not an ASCII a3m file")
+        *lines, pending = (pending + chunk).split(b"\n")
+        if len(pending) > A3M_RECORD_BYTES:
+            raise DataError(f"{source}: line {number + len(lines) + 1} is longer than the "
+                            f"{A3M_RECORD_BYTES} characters an a3m row may hold")
+        for line in lines:
+            number += 1
+            yield number, line.decode("ascii")
+    if pending:
+        yield number + 1, pending.decode("ascii")
+
+
+def file_rows(path: Path, root: Path | None = None) -> Iterator[tuple[str, np.ndarray]]:
+    """The rows of one a3m file as they are read (``(aligned row, deletions [N] int32)``, query
+    first), streamed through `mlhpc.data.inputs.input_chunks` (a regular file of at most
+    `A3M_BYTES`, not reached through a link out of ``root``). Close it to stop reading early.
+
+    Raises:
+        DataError: as `open_input` and `parse_a3m`, or bytes that are not ASCII.
+    """
+    chunks = input_chunks(path, A3M_BYTES, root, "a3m alignment", DataError)
+    with closing(chunks):
+        yield from _rows(_records(_lines(chunks, str(path)), str(path)), str(path))
 
 
 def _align_one(raw: str, source: str, number: int) -> tuple[str, list[int]]:
@@ -110,19 +166,40 @@ def _align_one(raw: str, source: str, number: int) -> tuple[str, list[int]]:
     return "".join(aligned), counts
 
 
-def read_a3m(path: Path, max_bytes: int = 1 << 30) -> Msa:
-    """`parse_a3m` of one file (UTF-8 / ASCII).
+def read_a3m(path: Path, root: Path | None = None, max_rows: int | None = None) -> Msa:
+    """`parse_a3m` of one file, streamed (`file_rows`), at most ``max_rows`` rows (None: all).
 
     Raises:
-        DataError: the file cannot be read, is not a regular file, is larger than ``max_bytes``
-            (`mlhpc.data.inputs.read_input`), or as `parse_a3m`.
+        DataError: as `file_rows`.
     """
-    raw = read_input(path, max_bytes, what="a3m alignment")
-    try:
-        text = raw.decode("ascii")
-    except UnicodeDecodeError:
-        raise DataError(f"{path}: not an ASCII a3m file") from None
-    return parse_a3m(text, str(path))
+    return read_msa([path], max_rows, root)
+
+
+def read_msa(paths: list[Path], max_rows: int | None, root: Path | None = None) -> Msa:
+    """The alignments of one chain merged as `merge` does, streamed: reading stops once the
+    merged alignment holds ``max_rows`` rows (None: every row); every file's query is still
+    read and compared with the first's.
+
+    Raises:
+        DataError: no file, as `file_rows`, or two files whose queries differ (naming both).
+    """
+    if not paths:
+        raise DataError("no a3m alignment to merge")
+    seen: set[str] = set()
+    rows: list[str] = []
+    deletions: list[np.ndarray] = []
+    for path in paths:
+        with closing(file_rows(path, root)) as stream:
+            for number, (sequence, counts) in enumerate(stream):
+                if number == 0 and rows and sequence != rows[0]:
+                    raise DataError(f"{path}: its query differs from that of {paths[0]}")
+                if max_rows is not None and len(rows) >= max_rows:
+                    break
+                if sequence not in seen:
+                    seen.add(sequence)
+                    rows.append(sequence)
+                    deletions.append(counts)
+    return Msa(tuple(rows), _matrix(deletions, len(rows[0])), ", ".join(map(str, paths)))
 
 
 def merge(msas: list[Msa]) -> Msa:

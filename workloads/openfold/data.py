@@ -10,6 +10,13 @@ one folder per chain named ``<pdb_id>_<chain_id>`` as OpenProteinSet names them)
 A sample is a chain: one alignment folder and the chain of that id in ``<pdb_id>.cif``. Its
 alignments are merged in the reference's order (``uniref90_hits``, ``bfd_uniclust_hits``,
 ``mgnify_hits``, then any other ``*.a3m`` by name) and the query must be the chain's sequence.
+
+Every file is read through `mlhpc.data.inputs` with the split folder as its tree: a folder or
+file reached through a symbolic link out of it (an alignment folder, its ``a3m/`` or ``hhr/``,
+an a3m, hhr or mmCIF file) is refused with one line, when the chains are listed and again when
+the file is opened; names read from the data (an ``.hhr`` hit's template) are names, never paths
+(`templates.parse_hhr`). The run (`OpenFoldDataset`) and ``mlhpc data check``
+(`formats.OpenFoldDataTools`) read through these same functions.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mlhpc.data.files import is_under, resolved
 from mlhpc.errors import DataError
 from mlhpc.workload import SampleLocation, WorkloadDataset
 
@@ -40,66 +48,110 @@ INPUT_KEYS = ("aatype", "residue_index", "seq_mask", "target_feat", "msa_feat", 
 
 @dataclass(frozen=True)
 class ChainEntry:
-    """Where one sample's files are: its mmCIF file, chain id and a3m files."""
+    """Where one sample's files are: its mmCIF file, chain id and a3m files, and ``root``, the
+    split folder they were found in (no file is read through a link out of it)."""
 
     mmcif: Path
     chain_id: str
     a3m_files: tuple[Path, ...]
+    root: Path
+
+
+def inside(path: Path, root: Path, what: str) -> Path:
+    """``path`` itself when its real path lies inside the data tree ``root``.
+
+    Raises:
+        DataError: ``path`` is (or lies below) a symbolic link out of ``root`` (one line).
+    """
+    target = resolved(path)
+    if not is_under(target, resolved(root)):
+        raise DataError(f"{path}: {what} is reached through a symbolic link out of the data "
+                        f"tree {root} (to {target}); refused: copy it into the tree")
+    return path
 
 
 def mmcif_path(split_dir: Path, pdb_id: str) -> Path | None:
-    """``<split>/mmcif_files/<pdb_id>.cif`` (or ``.cif.gz``) when it exists."""
+    """``<split>/mmcif_files/<pdb_id>.cif`` (or ``.cif.gz``) when it exists. ``pdb_id`` is a
+    name (a folder's, or checked by `templates.parse_hhr`), never a path.
+
+    Raises:
+        DataError: the file is reached through a link out of ``split_dir``.
+    """
     for suffix in MMCIF_SUFFIXES:
         path = Path(split_dir) / MMCIF_DIR / f"{pdb_id}{suffix}"
         if path.is_file():
-            return path
+            return inside(path, split_dir, "mmCIF file")
     return None
 
 
-def a3m_files(chain_dir: Path) -> tuple[Path, ...]:
-    """The ``*.a3m`` files of one chain's alignment folder (or its ``a3m/``), reference order."""
-    folder = chain_dir / "a3m" if (chain_dir / "a3m").is_dir() else chain_dir
-    found = {p.name: p for p in folder.glob("*.a3m") if p.is_file() and not p.is_symlink()}
+def _named(folder: Path, suffix: str, root: Path, what: str) -> list[Path]:
+    """The files ``*<suffix>`` of ``folder`` (its ``a3m/`` or ``hhr/`` sub-folder when there is
+    one), by name, each checked to lie inside ``root``."""
+    sub = folder / suffix.lstrip(".")
+    folder = inside(sub, root, f"{what} folder") if sub.is_dir() else folder
+    return sorted(inside(p, root, what) for p in folder.glob(f"*{suffix}") if p.is_file())
+
+
+def a3m_files(chain_dir: Path, root: Path) -> tuple[Path, ...]:
+    """The ``*.a3m`` files of one chain's alignment folder (or its ``a3m/``), reference order.
+
+    Raises:
+        DataError: the folder or a file is reached through a link out of ``root``.
+    """
+    found = {p.name: p for p in _named(chain_dir, ".a3m", root, "a3m alignment")}
     known = [found.pop(name) for name in A3M_ORDER if name in found]
     return tuple(known + [found[name] for name in sorted(found)])
+
+
+def hhr_files(chain_dir: Path, root: Path) -> tuple[Path, ...]:
+    """The ``*.hhr`` files of one chain's alignment folder (or its ``hhr/``), by name.
+
+    Raises:
+        DataError: the folder or a file is reached through a link out of ``root``.
+    """
+    return tuple(_named(chain_dir, ".hhr", root, "hhr file"))
+
+
+def chain_entry(split_dir: Path, chain_dir: Path) -> ChainEntry:
+    """The sample of one alignment folder ``<pdb_id>_<chain_id>`` of a split.
+
+    Raises:
+        DataError: the folder's name is not ``<pdb_id>_<chain_id>``, it holds no ``*.a3m``,
+            its mmCIF file is missing, or a folder or file is reached through a link out of
+            ``split_dir``.
+    """
+    inside(chain_dir, split_dir, "alignment folder")
+    pdb_id, _, chain_id = chain_dir.name.rpartition("_")
+    if not pdb_id or not chain_id:
+        raise DataError(f"{chain_dir}: an alignment folder is named <pdb_id>_<chain_id>")
+    files = a3m_files(chain_dir, split_dir)
+    if not files:
+        raise DataError(f"{chain_dir}: no *.a3m alignment")
+    cif = mmcif_path(split_dir, pdb_id)
+    if cif is None:
+        raise DataError(f"{chain_dir}: no {MMCIF_DIR}/{pdb_id}.cif for this alignment")
+    return ChainEntry(cif, chain_id, files, Path(split_dir))
 
 
 def list_chains(split_dir: Path) -> list[ChainEntry]:
     """Every chain of a split folder (layout in the module docstring), sorted by folder name.
 
     Raises:
-        DataError: no ``mmcif_files/`` or ``alignments/`` folder, no chain, an alignment folder
-            whose name is not ``<pdb_id>_<chain_id>``, without ``*.a3m``, or whose mmCIF file is
-            missing.
+        DataError: no ``mmcif_files/`` or ``alignments/`` folder, or one reached through a link
+            out of the split, no chain, or as `chain_entry`.
     """
     split_dir = Path(split_dir)
     for name in (MMCIF_DIR, ALIGNMENT_DIR):
         if not (split_dir / name).is_dir():
             raise DataError(f"{split_dir}: no {name}/ folder (an OpenFold split holds "
                             f"{MMCIF_DIR}/ and {ALIGNMENT_DIR}/)")
-    entries = []
-    for chain_dir in sorted((split_dir / ALIGNMENT_DIR).iterdir()):
-        if chain_dir.name.startswith(".") or not chain_dir.is_dir() or chain_dir.is_symlink():
-            continue
-        pdb_id, _, chain_id = chain_dir.name.rpartition("_")
-        if not pdb_id or not chain_id:
-            raise DataError(f"{chain_dir}: an alignment folder is named <pdb_id>_<chain_id>")
-        files = a3m_files(chain_dir)
-        if not files:
-            raise DataError(f"{chain_dir}: no *.a3m alignment")
-        cif = mmcif_path(split_dir, pdb_id)
-        if cif is None:
-            raise DataError(f"{chain_dir}: no {MMCIF_DIR}/{pdb_id}.cif for this alignment")
-        entries.append(ChainEntry(cif, chain_id, files))
+        inside(split_dir / name, split_dir, f"{name}/ folder")
+    entries = [chain_entry(split_dir, chain_dir)
+               for chain_dir in sorted((split_dir / ALIGNMENT_DIR).iterdir())
+               if not chain_dir.name.startswith(".") and chain_dir.is_dir()]
     if not entries:
         raise DataError(f"{split_dir / ALIGNMENT_DIR}: no chain alignment folder")
     return entries
-
-
-def hhr_files(chain_dir: Path) -> tuple[Path, ...]:
-    """The ``*.hhr`` files of one chain's alignment folder (or its ``hhr/``), by name."""
-    folder = chain_dir / "hhr" if (chain_dir / "hhr").is_dir() else chain_dir
-    return tuple(sorted(p for p in folder.glob("*.hhr") if p.is_file() and not p.is_symlink()))
 
 
 def _templates(entry: ChainEntry, length: int, max_templates: int) -> tuple[dict, ...]:
@@ -109,22 +161,25 @@ def _templates(entry: ChainEntry, length: int, max_templates: int) -> tuple[dict
         return ()
     chain_dir = entry.a3m_files[0].parent
     chain_dir = chain_dir.parent if chain_dir.name == "a3m" else chain_dir
-    hits = [hit for path in hhr_files(chain_dir) for hit in templates.read_hhr(path)]
-    split_dir = entry.mmcif.parent.parent
+    hits = [hit for path in hhr_files(chain_dir, entry.root)
+            for hit in templates.read_hhr(path, entry.root)]
     pdb_id = chain_dir.name.rpartition("_")[0]
     return tuple(templates.chain_templates(hits, length, pdb_id,
-                                           lambda other: mmcif_path(split_dir, other), max_templates))
+                                           lambda other: mmcif_path(entry.root, other),
+                                           max_templates, entry.root))
 
 
-def read_raw(entry: ChainEntry, max_templates: int = 0) -> RawChain:
-    """The parsed chain, its merged alignment and (with ``max_templates``) its templates.
+def read_raw(entry: ChainEntry, max_templates: int = 0, max_msa_rows: int | None = None) -> RawChain:
+    """The parsed chain, its merged alignment (its first ``max_msa_rows`` rows, None: all;
+    `features.FeatureSizes.msa_rows_read`) and (with ``max_templates``) its templates, every
+    file read inside ``entry.root``.
 
     Raises:
-        DataError: as `mmcif.read_chain`, `a3m.read_a3m` and `templates.read_hhr`, or an
+        DataError: as `mmcif.read_chain`, `a3m.read_msa` and `templates.read_hhr`, or an
             alignment whose query is not the chain's sequence (naming the a3m file).
     """
-    chain = mmcif.read_chain(entry.mmcif, entry.chain_id)
-    msa = a3m.merge([a3m.read_a3m(path) for path in entry.a3m_files])
+    chain = mmcif.read_chain(entry.mmcif, entry.chain_id, entry.root)
+    msa = a3m.read_msa(list(entry.a3m_files), max_msa_rows, entry.root)
     if msa.sequences[0] != chain.sequence:
         raise DataError(f"{entry.a3m_files[0]}: the query ({len(msa.sequences[0])} residues) is "
                         f"not the sequence of {chain.source} ({len(chain.sequence)} residues)")
@@ -133,17 +188,36 @@ def read_raw(entry: ChainEntry, max_templates: int = 0) -> RawChain:
                     _templates(entry, len(chain.aatype), max_templates))
 
 
+def check_length(entry: ChainEntry, residues: int, bound: int | None) -> None:
+    """Refuse a validation chain longer than ``bound`` residues (None: no bound), before any
+    training: evaluated whole, its pair activations grow as residues squared and its triangle
+    attention as residues cubed (docs/openfold.md, "What is refused").
+
+    Raises:
+        DataError: one line naming the chain's mmCIF file, chain id and length.
+    """
+    if bound is not None and residues > bound:
+        raise DataError(f"{entry.mmcif}: validation chain {entry.chain_id} has {residues} residues, "
+                        f"over model.val_max_sequence_length {bound} (the longest chain evaluated "
+                        "whole; the reference's validation chains hold at most 700): leave it out "
+                        "of the validation split")
+
+
 class OpenFoldDataset(WorkloadDataset):
     """Map-style dataset of the chains of one split folder.
 
     ``dataset[i]`` -> ``(inputs, features)``, dicts of tensors: chain ``i``'s features
-    (`features.chain_features`, no batch axis) and the `INPUT_KEYS` among them. Training draws a new crop, MSA sample and BERT mask at every read (from a
-    generator seeded by torch's seed, the index and a read counter: reproducible for a
-    ``train.seed``); evaluation (``train=False``) keeps the whole chain and draws from a
-    generator seeded by ``seed`` and the index only, so every evaluation sees the same features.
+    (`features.chain_features`, no batch axis) and the `INPUT_KEYS` among them. Training draws
+    a new crop, MSA sample and BERT mask at every read (from a generator seeded by torch's
+    seed, the index and a read counter: reproducible for a ``train.seed``); evaluation
+    (``train=False``) keeps the whole chain and draws from a generator seeded by ``seed`` and
+    the index only, so every evaluation sees the same features. Each read takes the first
+    ``sizes.msa_rows_read`` aligned rows of the chain.
 
     Raises:
-        DataError: naming the file (constructor: as `list_chains`; reads: as `read_raw`).
+        DataError: naming the file (constructor: as `list_chains`, and for evaluation a chain
+            longer than ``sizes.val_max_sequence_length``, `check_length`, its length read
+            from its first a3m's query; reads: as `read_raw`).
     """
 
     def __init__(self, split_dir: Path, sizes: FeatureSizes, train: bool,
@@ -153,7 +227,12 @@ class OpenFoldDataset(WorkloadDataset):
             raise DataError(f"{split_dir}: {len(self.entries)} chains, the config asks for {limit}")
         self.entries = self.entries[:limit] if limit is not None else self.entries
         self.sizes = sizes if train else FeatureSizes(None, sizes.max_msa_clusters,
-                                                      sizes.max_extra_msa, sizes.max_templates)
+                                                      sizes.max_extra_msa, sizes.max_templates,
+                                                      sizes.val_max_sequence_length)
+        if not train and sizes.val_max_sequence_length is not None:
+            for entry in self.entries:
+                query = a3m.read_msa([entry.a3m_files[0]], 1, entry.root).sequences[0]
+                check_length(entry, len(query), sizes.val_max_sequence_length)
         self.train, self.seed, self._reads = train, seed, 0
 
     def __len__(self) -> int:
@@ -169,7 +248,7 @@ class OpenFoldDataset(WorkloadDataset):
         """``(inputs, features)``: the `INPUT_KEYS` and every feature of chain ``index``."""
         if not 0 <= index < len(self.entries):
             raise IndexError(f"chain {index} of {len(self.entries)}")
-        raw = read_raw(self.entries[index], self.sizes.max_templates)
+        raw = read_raw(self.entries[index], self.sizes.max_templates, self.sizes.msa_rows_read)
         features = chain_features(raw, self.sizes, self._rng(index))
         tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).reshape(v.shape)
                    for k, v in features.items()}

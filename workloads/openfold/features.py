@@ -35,15 +35,34 @@ REPLACE_FRACTION = 0.15
 UNIFORM_PROB, PROFILE_PROB, SAME_PROB = 0.1, 0.1, 0.1
 
 
+#: The longest validation chain evaluated whole, residues: the reference's validation set, the
+#: CAMEO targets of 2021-09-17 .. 2021-12-11, holds chains of at most 700 residues
+#: (closed_openfold.yaml and the reference's logs: ``val_max_sequence_length``).
+VAL_MAX_SEQUENCE_LENGTH = 700
+
+
 @dataclass(frozen=True)
 class FeatureSizes:
     """The sizes the pipeline cuts to (the reference's ``crop_size``, ``max_msa_clusters``,
-    ``max_extra_msa``, ``max_templates``); ``crop_size`` None keeps the whole chain (evaluation)."""
+    ``max_extra_msa``, ``max_templates``); ``crop_size`` None keeps the whole chain (evaluation),
+    of at most ``val_max_sequence_length`` residues (None: any length)."""
 
     crop_size: int | None
     max_msa_clusters: int
     max_extra_msa: int
     max_templates: int
+    val_max_sequence_length: int | None = None
+
+    @property
+    def msa_rows_read(self) -> int:
+        """The aligned rows read per chain (query first, in file order): the rows the features
+        place (``max_msa_clusters`` centres and ``max_extra_msa`` extra rows) and as many
+        again, among which the centres and extra rows are drawn and over which the clusters
+        average (step 4 clusters every row read that is not a centre). Rows past it, an
+        alignment's lowest-ranked hits (HHblits and jackhmmer list hits best first), are not
+        read, as AlphaFold's own search keeps only its best hits (``uniref_max_hits`` 10,000,
+        ``mgnify_max_hits`` 501 in ``alphafold/data/pipeline.py``)."""
+        return 2 * (self.max_msa_clusters + self.max_extra_msa)
 
 
 @dataclass(frozen=True)

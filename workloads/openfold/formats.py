@@ -4,9 +4,13 @@ a3m alignments (layout: `data`), as ``mlhpc data check`` and staging see them.
 A data file is an mmCIF file; its samples are the chains of it that have an alignment folder.
 Checking a file reads it (gemmi) and, for each of those chains, its alignments: quick reads the
 first a3m of each chain and compares its query with the chain's sequence; full reads every a3m,
-the ``.hhr`` templates and their structures, and builds the chain's features once
-(`data.read_raw`). Nothing is converted: the reader takes
-the files as the reference's preprocessing leaves them (``convert`` and ``prepare`` say so).
+the ``.hhr`` templates and their structures (`data.read_raw`, the alignment's first
+`features.FeatureSizes.msa_rows_read` rows at the reference's sizes, as a run reads them). Both
+read through the run's own functions (`data`): a link out of the split is refused, and a
+validation chain longer than the reference's bound (`features.VAL_MAX_SEQUENCE_LENGTH`) is a
+bad file, as a run with the reference's ``model.val_max_sequence_length`` refuses it. Nothing is
+converted: the reader takes the files as the reference's preprocessing leaves them (``convert``
+and ``prepare`` say so).
 """
 
 from __future__ import annotations
@@ -23,11 +27,16 @@ from .data import (
     MMCIF_SUFFIXES,
     ChainEntry,
     a3m_files,
+    check_length,
+    inside,
     read_raw,
 )
+from .training import ModelConfig, feature_sizes
 
 FORMAT = "mmcif"
 FULL_CHECK_TEMPLATES = 4  # templates (.hhr hits) a full check reads per chain, as the reference
+#: The reference's feature sizes: the rows a check reads, the validation chains' bound.
+REFERENCE_SIZES = feature_sizes(ModelConfig())
 
 
 def _pdb_id(path: Path) -> str:
@@ -75,14 +84,21 @@ class OpenFoldDataTools(DataTools):
                       if p.name.endswith(MMCIF_SUFFIXES) and not p.name.startswith("."))
 
     def _chains(self, path: Path) -> list[ChainEntry]:
-        alignments = Path(path).parent.parent / ALIGNMENT_DIR
-        pdb_id = _pdb_id(Path(path))
+        """The chains of the mmCIF file ``path`` that have an alignment folder beside it."""
+        split_dir, pdb_id = Path(path).parent.parent, _pdb_id(Path(path))
+        alignments = split_dir / ALIGNMENT_DIR
+        if not alignments.is_dir():
+            return []
+        inside(alignments, split_dir, f"{ALIGNMENT_DIR}/ folder")
         entries = []
-        for chain_dir in sorted(alignments.glob(f"{pdb_id}_*")):
-            files = a3m_files(chain_dir)
+        for chain_dir in sorted(alignments.iterdir()):
+            stem, _, chain_id = chain_dir.name.rpartition("_")
+            if stem != pdb_id or not chain_id or not chain_dir.is_dir():
+                continue
+            files = a3m_files(inside(chain_dir, split_dir, "alignment folder"), split_dir)
             if not files:
                 raise DataError(f"{chain_dir}: no *.a3m alignment")
-            entries.append(ChainEntry(Path(path), chain_dir.name.rpartition("_")[2], files))
+            entries.append(ChainEntry(Path(path), chain_id, files, split_dir))
         return entries
 
     def check_file(self, path: Path, fmt: str, full: bool) -> FileCheck:
@@ -93,20 +109,25 @@ class OpenFoldDataTools(DataTools):
             DataError: naming the mmCIF or a3m file at fault.
         """
         path = Path(path)
+        split_dir = path.parent.parent
+        inside(path, split_dir, "mmCIF file")
         entries = self._chains(path)
+        bound = REFERENCE_SIZES.val_max_sequence_length if split_dir.name == "validation" else None
         size = path.stat().st_size
         for entry in entries:
             size += sum(p.stat().st_size for p in entry.a3m_files)
             if full:
-                read_raw(entry, max_templates=FULL_CHECK_TEMPLATES)
+                raw = read_raw(entry, FULL_CHECK_TEMPLATES, REFERENCE_SIZES.msa_rows_read)
+                check_length(entry, len(raw.aatype), bound)
                 continue
-            chain = mmcif.read_chain(path, entry.chain_id)
-            query = a3m.read_a3m(entry.a3m_files[0]).sequences[0]
+            chain = mmcif.read_chain(path, entry.chain_id, split_dir)
+            query = a3m.read_msa([entry.a3m_files[0]], 1, split_dir).sequences[0]
             if query != chain.sequence:
                 raise DataError(f"{entry.a3m_files[0]}: the query is not the sequence of "
                                 f"{chain.source}")
+            check_length(entry, len(chain.sequence), bound)
         if not entries:
-            mmcif.read_block(path)
+            mmcif.read_block(path, split_dir)
         return FileCheck(len(entries), (37, 3), "float32", size)
 
     def convert_file(self, path: Path, fmt: str, out_dir: Path, to: str) -> list[tuple[Path, int]]:

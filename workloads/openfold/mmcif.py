@@ -14,18 +14,19 @@ them:
 - release date: the first ``_pdbx_audit_revision_history.revision_date``, when given.
 
 Every failure raises `DataError` naming the file: a syntax error or a truncated file, no such
-chain, a chain without one resolved C-alpha atom, a coordinate that is not finite.
+chain, a chain without one resolved C-alpha atom, a coordinate that is not finite; a file read
+through a symbolic link out of its data tree (``root``), or one that holds (or, gzipped,
+inflates to) more than `MMCIF_BYTES`.
 """
 
 from __future__ import annotations
 
-import gzip
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from mlhpc.data.inputs import read_input
+from mlhpc.data.inputs import inflated_chunks, read_input
 from mlhpc.errors import DataError
 
 from .residue_constants import (
@@ -36,7 +37,12 @@ from .residue_constants import (
 )
 
 CA = ATOM_ORDER["CA"]
-MMCIF_BYTES = 4 << 30  # the largest mmCIF file read (the PDB's largest entries hold ~1 GB)
+#: The most bytes of mmCIF text read and parsed, a ``.cif`` file's or what a ``.cif.gz`` inflates
+#: to (counted while inflating). The PDB's largest entry, 3J3Q (HIV capsid, 2.44 million atoms:
+#: Bradley et al. 2017, PLoS Comput Biol 13:e1005575, fig. 1), at about 95 bytes per
+#: ``_atom_site`` row (1AKI's rows in tests/data/openfold measure 86 with 4-digit serials; 3J3Q's
+#: serials and chain ids are longer) is about 232 MB of text: 384 MiB leaves 1.7 times that.
+MMCIF_BYTES = 384 << 20
 _PARENT = {"MSE": "MET"}
 
 
@@ -65,41 +71,54 @@ class ProteinChain:
     source: str
 
 
-def read_block(path: Path):
-    """The only data block of an mmCIF file (``.cif`` or ``.cif.gz``) as a gemmi block, the
-    bytes read through `mlhpc.data.inputs.read_input` (a regular file, at most `MMCIF_BYTES`).
+def read_block(path: Path, root: Path | None = None):
+    """The only data block of an mmCIF file (``.cif`` or ``.cif.gz``) as a gemmi block, read
+    through `mlhpc.data.inputs` (a regular file, not reached through a link out of ``root``, the
+    data tree it was found in): at most `MMCIF_BYTES` of text, a ``.cif.gz`` inflated once to
+    count its bytes (stopped at the cap, nothing held) and once to parse them.
 
     Raises:
-        DataError: the file cannot be read or is not well-formed CIF (a truncated file usually
-            ends inside a loop row), naming it.
+        DataError: the file cannot be read, is a link out of ``root``, holds or inflates to more
+            than `MMCIF_BYTES`, is not text (a NUL byte), or is not well-formed CIF (a truncated
+            file usually ends inside a loop row), naming it.
     """
     import gemmi
 
-    raw = read_input(path, MMCIF_BYTES, what="mmCIF file")
+    if str(path).endswith(".gz"):
+        for piece in inflated_chunks(path, MMCIF_BYTES, MMCIF_BYTES, root, "mmCIF file", DataError):
+            _text_only(path, piece)
+        raw = b"".join(inflated_chunks(path, MMCIF_BYTES, MMCIF_BYTES, root, "mmCIF file", DataError))
+    else:
+        raw = read_input(path, MMCIF_BYTES, root, "mmCIF file", DataError)
+        _text_only(path, raw)
     try:
-        if str(path).endswith(".gz"):
-            raw = gzip.decompress(raw)
-        doc = gemmi.cif.read_string(raw.decode("utf-8", errors="replace"))
-        return doc.sole_block()
-    except (RuntimeError, ValueError, OSError, EOFError, gzip.BadGzipFile) as exc:
+        return gemmi.cif.read_string(raw).sole_block()
+    except (RuntimeError, ValueError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise DataError(f"{path}: not a readable mmCIF file ({reason})") from None
+        raise DataError(f"{path}: not a readable mmCIF file ({reason[:200]})") from None
 
 
-def chain_ids(path: Path) -> list[str]:
-    """Author ids of the polymer chains of the file's first model. Raises DataError."""
-    structure = _structure(path, read_block(path))
+def _text_only(path: Path, raw: bytes) -> None:
+    if b"\0" in raw:
+        raise DataError(f"{path}: not a readable mmCIF file (a NUL byte: not text)")
+
+
+def chain_ids(path: Path, root: Path | None = None) -> list[str]:
+    """Author ids of the polymer chains of the file's first model. Raises DataError (as
+    `read_block`)."""
+    structure = _structure(path, read_block(path, root))
     return [chain.name for chain in structure[0] if len(chain.get_polymer())]
 
 
-def read_chain(path: Path, chain_id: str) -> ProteinChain:
-    """Chain ``chain_id`` (author id) of an mmCIF file (module docstring).
+def read_chain(path: Path, chain_id: str, root: Path | None = None) -> ProteinChain:
+    """Chain ``chain_id`` (author id) of an mmCIF file (module docstring), read as `read_block`
+    reads it (``root``: the data tree it was found in).
 
     Raises:
-        DataError: naming the file and chain: unreadable or truncated file, no such polymer
-            chain, no resolved C-alpha atom, a non-finite coordinate.
+        DataError: naming the file and chain: as `read_block`, no such polymer chain, no
+            resolved C-alpha atom, a non-finite coordinate.
     """
-    block = read_block(path)
+    block = read_block(path, root)
     structure = _structure(path, block)
     source = f"{path}:{chain_id}"
     chain = next((c for c in structure[0] if c.name == chain_id), None) if len(structure) else None

@@ -8,6 +8,11 @@ becomes template features for the query: each aligned query residue takes the at
 template residue (the template chain read from its mmCIF file, `mmcif.read_chain`), the others
 stay masked with the gap type 21. Hits of the query's own PDB entry, and hits whose mmCIF file
 is not at hand, are skipped; the first ``max_templates`` remaining are used, in file order.
+
+A hit's name is read from the data, so it is a name, never a path: it must be a PDB entry and
+chain id (letters, digits, ``_`` and ``-``, at most 64 characters, `HIT_NAME`); anything else (a
+``/``, ``..``, an absolute path, a NUL) is refused with one line naming the ``.hhr`` file and
+the hit. Every file is read inside the data tree it was found in (``root``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ from .mmcif import read_chain
 from .residue_constants import ATOM_ORDER, MSA_GAP_INDEX
 
 HHR_BYTES = 1 << 28
+#: A template's name in an ``.hhr`` file: ``<pdb_id>_<chain_id>`` (pdb70's, e.g. ``1abc_A``;
+#: extended PDB ids, ``pdb_00001abc``, and chain ids of up to 4 characters fit).
+HIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _ALIGNED = re.compile(r"^([QT]) (\S+)\s+(\d+) ([A-Za-z-]+)\s+(\d+) \(\d+\)\s*$")
 
 
@@ -64,7 +72,7 @@ def parse_hhr(text: str, source: str) -> list[TemplateHit]:
             hits.append(TemplateHit(name, np.asarray(pairs, dtype=np.int64).reshape(-1, 2)))
             name, pairs = None, []
         elif line.startswith(">"):
-            name = line[1:].split()[0] if line[1:].split() else ""
+            name = _hit_name(line, source, len(hits) + 1)
         match = _ALIGNED.match(line)
         if match and match.group(2) not in ("ss_pred", "ss_dssp", "Consensus"):
             if match.group(1) == "Q":
@@ -76,22 +84,36 @@ def parse_hhr(text: str, source: str) -> list[TemplateHit]:
     return hits
 
 
-def read_hhr(path: Path) -> list[TemplateHit]:
-    """`parse_hhr` of a file. Raises DataError (unreadable file, or as `parse_hhr`)."""
-    text = read_text_input(path, HHR_BYTES, what="hhr file")
+def _hit_name(line: str, source: str, number: int) -> str:
+    """The template name of a hit's ``>`` line, checked to be a name (`HIT_NAME`)."""
+    words = line[1:].split()
+    name = words[0] if words else ""
+    if not HIT_NAME.fullmatch(name):
+        raise DataError(f"{source}: hit {number}: template name {name[:80]!r} is not a PDB entry "
+                        "and chain id (<pdb_id>_<chain_id>: letters, digits, '_' or '-'); names "
+                        "read from data are never paths")
+    return name
+
+
+def read_hhr(path: Path, root: Path | None = None) -> list[TemplateHit]:
+    """`parse_hhr` of a file, read through `mlhpc.data.inputs` (at most `HHR_BYTES`, not reached
+    through a link out of ``root``). Raises DataError (unreadable file, or as `parse_hhr`)."""
+    text = read_text_input(path, HHR_BYTES, root, "hhr file", DataError)
     return parse_hhr(text, str(path))
 
 
-def hit_features(hit: TemplateHit, query_length: int, mmcif: Path) -> dict[str, np.ndarray]:
+def hit_features(hit: TemplateHit, query_length: int, mmcif: Path,
+                 root: Path | None = None) -> dict[str, np.ndarray]:
     """One template's features over the query's residues (N = ``query_length``):
     ``template_aatype [N]`` int64, ``template_all_atom_positions [N, 37, 3]`` Angstrom,
     ``template_all_atom_mask [N, 37]``, ``template_pseudo_beta [N, 3]`` (C-beta, C-alpha for
     glycine), ``template_pseudo_beta_mask [N]``.
 
     Raises:
-        DataError: as `mmcif.read_chain`, or an aligned pair outside the query or template.
+        DataError: as `mmcif.read_chain` (``root``: the data tree), or an aligned pair outside
+            the query or template.
     """
-    chain = read_chain(mmcif, hit.name.rpartition("_")[2])
+    chain = read_chain(mmcif, hit.name.rpartition("_")[2], root)
     pairs = hit.pairs
     if len(pairs) and (pairs[:, 0].max() >= query_length or pairs[:, 1].max() >= len(chain.aatype)):
         raise DataError(f"{mmcif}: template {hit.name} aligned beyond the query or the chain")
@@ -109,14 +131,16 @@ def hit_features(hit: TemplateHit, query_length: int, mmcif: Path) -> dict[str, 
 
 
 def chain_templates(hits: list[TemplateHit], query_length: int, query_pdb_id: str,
-                    find_mmcif: Callable[[str], Path | None], limit: int) -> list[dict[str, np.ndarray]]:
-    """The features of the first ``limit`` usable hits (module docstring)."""
+                    find_mmcif: Callable[[str], Path | None], limit: int,
+                    root: Path | None = None) -> list[dict[str, np.ndarray]]:
+    """The features of the first ``limit`` usable hits (module docstring); ``find_mmcif`` maps a
+    hit's PDB id (a checked name) to its mmCIF file in the data tree ``root``, or None."""
     found = []
     for hit in hits:
         pdb_id = hit.name.rpartition("_")[0]
         path = find_mmcif(pdb_id) if pdb_id and pdb_id.lower() != query_pdb_id.lower() else None
         if path is not None and len(hit.pairs):
-            found.append(hit_features(hit, query_length, path))
+            found.append(hit_features(hit, query_length, path, root))
         if len(found) == limit:
             break
     return found

@@ -25,6 +25,7 @@ from mlhpc.config import Section
 from mlhpc.data.inputs import input_chunks
 from mlhpc.errors import ConfigError
 
+from .features import VAL_MAX_SEQUENCE_LENGTH, FeatureSizes
 from .keys import LOSS_KEYS, MODEL_KEYS
 from .model import AlphaFold, AlphaFoldConfig, LossConfig, openfold_loss
 
@@ -55,6 +56,12 @@ _DATA_FIELDS: dict[str, Any] = {
     "max_msa_clusters": (int, Field(124, ge=1, description="MSA cluster centres (msa_feat rows)")),
     "max_extra_msa": (int, Field(1024, ge=1, description="extra MSA rows")),
     "max_templates": (int, Field(4, ge=0, description="template slots per chain")),
+    "val_max_sequence_length": (int, Field(VAL_MAX_SEQUENCE_LENGTH, ge=1, description=(
+        "residues of the longest validation chain, evaluated whole: a longer one is refused "
+        "where the dataset is built, before the run starts (the reference's validation "
+        "set, closed_openfold.yaml's val_max_sequence_length: 700; evaluated uncropped, "
+        "triangle attention holds tri_heads x N^3 float32 values, 5.5 GB at N=700 with the "
+        "reference's 4 heads)"))),
     "swa_decay_rate": (float, Field(0.9, ge=0, lt=1, description=(
         "decay of the weight average evaluated (0: evaluate the trained weights)"))),
     "init_checkpoint": (Optional[str], Field(None, description=(  # noqa: UP045 (shown so)
@@ -83,6 +90,12 @@ class OptimizerConfig(Section):
     gradient_clip_norm: float = Field(0.1, gt=0, description="global gradient norm clipped to")
     warmup_init: float = Field(1e-5, ge=0, description="learning rate at step 0 of the warm-up")
     warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up")
+
+
+def feature_sizes(model: Any) -> FeatureSizes:
+    """The data pipeline's sizes of a ``model`` section."""
+    return FeatureSizes(model.train_sequence_crop_size, model.max_msa_clusters,
+                        model.max_extra_msa, model.max_templates, model.val_max_sequence_length)
 
 
 def alphafold_config(cfg: Any) -> AlphaFoldConfig:
