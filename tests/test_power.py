@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from mlhpc import config as cfg
 from mlhpc import power
 from mlhpc.errors import ConfigError
+from mlhpc.data.files import part_path
 from mlhpc.power.sampler import Sampler, mllog_line
 from mlhpc.power.sources import COUNTER, GAUGE, NodeMeter, SourceError, find_nvml, find_rapl
 from mlhpc.report import ReportOptions, build_report, run_report
@@ -172,13 +173,14 @@ def test_counter_readings_give_the_closed_form_energy_in_report_and_official_int
     clock = _Clock(1_700_000_000.0)
     p0, a, seconds = 300.0, 0.5, 120
     final = power.node_file(tmp_path, "result_0", 0)
-    sampler = Sampler([_RampCounter(clock, p0, a)], 1.0, tmp_path / "power" / ".part", final, clock)
+    part = part_path(tmp_path / "power" / "node_0.txt")  # the project's temporary name, as the run gives it
+    sampler = Sampler([_RampCounter(clock, p0, a)], 1.0, part, final, clock)
     start_ms = int(clock.t * 1e3)
     sampler.start()
     for step in range(seconds):
         clock.t += 1.0 if step % 3 else 0.7337  # uneven intervals: exact all the same
         sampler.read_once()
-    assert sampler.stop() == final and not (tmp_path / "power" / ".part").exists()
+    assert sampler.stop() == final and not part.exists()
     stop_ms = int(clock.t * 1e3)
     elapsed = clock.t - 1_700_000_000.0  # the counter's own time; the log's ms window is the same span
     expected = p0 * elapsed + a * elapsed ** 2 / 2  # joules, closed form

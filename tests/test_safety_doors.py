@@ -1,8 +1,10 @@
-"""One way in and one way out, proved from the source with `ast`: code in mlhpc/ and workloads/
-opens, reads and writes files, prints, draws text and shows URLs only through the doors
+"""One way in and one way out, proved from the source with `ast`: code in mlhpc/, workloads/ and
+benchmarks/ opens, reads, writes and deletes files, prints, draws text and shows URLs only
+through the doors
 
 - the one reader (`mlhpc.data.inputs`), the one atomic writer and temporary name
-  (`mlhpc.data.files`),
+  (`mlhpc.data.files`), the one remover (`mlhpc.data.claims`: deletes only what a claim record
+  says mlhpc made),
 - the terminal, rich, plot and URL sinks (`mlhpc.text`),
 
 or through a call listed in `ALLOWED` with its reason (as the function-size limits in
@@ -19,9 +21,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCANNED = ("mlhpc", "workloads")
+SCANNED = ("mlhpc", "workloads", "benchmarks")
 #: The doors themselves.
-DOORS = {"mlhpc/text.py", "mlhpc/data/files.py", "mlhpc/data/inputs.py"}
+DOORS = {"mlhpc/text.py", "mlhpc/data/files.py", "mlhpc/data/inputs.py", "mlhpc/data/claims.py"}
 
 #: ``called name -> what it does around a door``. A call ``a.b.f(...)`` is matched by ``f`` and
 #: by its dotted text (``os.open``, ``click.echo``).
@@ -48,6 +50,15 @@ FORBIDDEN = {
     "os.rename": "renames outside the one writer (use mlhpc.data.files.atomic_output)",
     "os.link": "links outside the one writer (use mlhpc.data.files.atomic_output(exclusive=True))",
     "lmdb.open": "opens an LMDB environment (read-only, or through atomic_output's path)",
+    # files removed
+    "rmtree": "deletes a tree (use mlhpc.data.claims.remove_claimed: only what a claim lists)",
+    "shutil.rmtree": "deletes a tree (use mlhpc.data.claims.remove_claimed: only what a claim lists)",
+    "os.remove": "deletes a file (use mlhpc.data.claims)",
+    "os.unlink": "deletes a file (use mlhpc.data.claims)",
+    "unlink": "deletes a file (use mlhpc.data.claims)",
+    "os.rmdir": "deletes a folder (use mlhpc.data.claims)",
+    "rmdir": "deletes a folder (use mlhpc.data.claims)",
+    "os.removedirs": "deletes folders (use mlhpc.data.claims)",
     # text out
     "print": "prints around the terminal sanitiser (use mlhpc.text.echo)",
     "click.echo": "prints around the terminal sanitiser (use mlhpc.text.echo)",
@@ -89,8 +100,16 @@ ALLOWED: dict[tuple[str, str], str] = {
         "relative to a folder descriptor opened O_NOFOLLOW, created O_EXCL|O_NOFOLLOW",
     ("mlhpc/data/stage/copy.py", "os.replace"): "staging renames its part_path file into place "
         "relative to the same O_NOFOLLOW folder descriptor",
-    ("mlhpc/data/stage/dest.py", "os.open"): "creates the staging marker O_NOFOLLOW in a destination "
-        "checked by make_private_dir",
+    ("mlhpc/data/embedded.py", "rmdir"): "splits_written removes the output folder it made itself, "
+        "only when empty again after a failure (rmdir cannot remove anything else)",
+    ("mlhpc/run/result.py", "rmdir"): "the writability probe removes the folders it made itself, "
+        "only when empty (rmdir cannot remove anything else)",
+    ("mlhpc/data/stage/copy.py", "os.unlink"): "removes its own temporary file (part_path: this host "
+        "and process in the name) relative to an O_NOFOLLOW folder descriptor",
+    ("mlhpc/run/checkpoint.py", "unlink"): "undoes the O_EXCL claim file (resumed_N.json) this attempt "
+        "made moments before, when the attempt fails before run_start",
+    ("mlhpc/run/outcome.py", "unlink"): "the run's own log: an empty one it claimed O_EXCL and never "
+        "wrote, or the old name once a hard link set the bytes aside under failed/",
     ("mlhpc/run/env.py", "read_text"): "/proc/cpuinfo, a kernel file, read for the environment record",
     ("mlhpc/run/mllog.py", "os.open"): "claims result_N.txt with O_CREAT|O_EXCL|O_NOFOLLOW; the log grows "
         "line by line as the run goes (a rename at the end would hide a crashed run's log)",

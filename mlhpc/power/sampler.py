@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from mlperf_logging.mllog import constants
 
+from mlhpc.data.claims import remove_own_part
 from mlhpc.data.files import check_output_folder, open_dir, open_root, part_path, reason
 from mlhpc.power.config import POWER_DIR, PowerConfig
 from mlhpc.power.sources import COUNTER, NodeMeter, Source, SourceError, close_nvml, find_nvml, find_rapl
@@ -153,7 +154,7 @@ class Sampler:
             self._handle.close()
             self._handle = None
         if not publish or self.readings == 0:
-            self.part.unlink(missing_ok=True)
+            remove_own_part(self.part)
             return None
         return _publish(self.part, self.final)
 
@@ -171,7 +172,7 @@ def _publish(part: Path, final: Path) -> Path:
             raise FileExistsError(final) from None
         os.rename(part, final)
         return final
-    part.unlink()
+    remove_own_part(part)  # the bytes stay under the final name
     return final
 
 

@@ -49,12 +49,13 @@ import lmdb
 import numpy as np
 import torch
 
+from mlhpc.data.claims import remove_own_part
 from mlhpc.data.files import disk_full, part_path
 from mlhpc.errors import DataError
 
 from .encode import LAYOUTS, encode_record
 from .lmdb_verify import MAX_FILE_BYTES, verify_pages
-from .records import REQUIRED_KEYS, decode_record, validate_record
+from .records import REQUIRED_KEYS, convert_checked, decode_record, validate_record
 from .unpickle import RecordUnpickler, load_record, why
 
 __all__ = ["LAYOUTS", "LENGTH_KEY", "REQUIRED_KEYS", "LmdbCheck", "LmdbFolder", "check_file", "close_all",
@@ -305,7 +306,7 @@ def write_lmdb(path: Path, records: Iterable[dict[str, Any]], layout: str = "pyg
             env.close()
         os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        remove_own_part(tmp)
     return count
 
 
@@ -336,13 +337,20 @@ class LmdbFolder:
     ``LmdbDataset`` does. Record counts are read once, in the constructor; environments come
     from `open_lmdb` (one per file and process, so DataLoader workers each open their own).
 
-    ``folder[i]`` -> `validate_record`'s dict. Raises DataError naming the file and key.
+    ``folder[i]`` -> `validate_record`'s dict. Every read goes through the restricted unpickler
+    (`load_record`, every declared size bounded); the values are checked (`validate_record`)
+    the first time a record is read from an environment, and a record read again from the same
+    environment is converted without repeating them (`records.convert_checked`). A changed file
+    (`open_lmdb` reopens it) and a forked process (its own environments) check afresh.
+    Raises DataError naming the file and key.
     """
 
     def __init__(self, folder: Path) -> None:
         self.files = list_lmdb_files(folder)
         self.counts = [record_count(open_lmdb(path), path) for path in self.files]
         self.offsets = np.cumsum([0] + self.counts).tolist()
+        #: per file: the environment its records were checked from, and which records
+        self._checked: dict[int, tuple[lmdb.Environment, set[int]]] = {}
 
     def __len__(self) -> int:
         return self.offsets[-1]
@@ -357,7 +365,18 @@ class LmdbFolder:
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         file_no, local = self.position(index)
         path = self.files[file_no]
-        return decode_record(read_blob(open_lmdb(path), path, local), f"{path}: key '{local}'")
+        env = open_lmdb(path)
+        where = f"{path}: key '{local}'"
+        fields = load_record(read_blob(env, path, local), where)
+        checked_env, checked = self._checked.get(file_no, (None, set()))
+        if checked_env is not env:
+            checked = set()
+            self._checked[file_no] = (env, checked)
+        if local in checked:
+            return convert_checked(fields)
+        record = validate_record(fields, where)
+        checked.add(local)
+        return record
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         return (self[i] for i in range(len(self)))
