@@ -122,7 +122,7 @@ def test_local_scheduler_passes_fails_and_says_why(tmp_path: Path, configs: dict
     proc, cases = _reframe(tmp_path, "laptop", [
         "--system", "laptop", "-P", f"mlhpc_run.config={runs}", "-P", f"mlhpc_stage.config={configs['pass']}",
         "-P", "mlhpc_stage.ranks_per_node=1,2", "-S", f"mlhpc_run.references={refs}"],
-        {"MLHPC_RFM_STAGING_DEST": str(tmp_path)})
+        {"MLHPC_RFM_STAGING_DEST": str(tmp_path), "MLHPC_RFM_MAX_JOBS": "2"})
     assert proc.returncode != 0 and len(cases) == 7, proc.stdout[-4000:]
 
     stage = _case(cases, "mlhpc_stage", configs["pass"], ranks_per_node=1)
