@@ -284,6 +284,10 @@ class Workload:
         model_settings: ``model section -> {name: value}``, the settings a report shows of the
             model (those that decide the input it takes and its memory layout); default every
             field (`every_model_setting`).
+        evaluate_at_start: the run evaluates the model it starts from once, after run_start and
+            before the first step, logged at ``epoch_num`` 0, as the reference does when it
+            continues a partly trained checkpoint (OpenFold: mlcommons/hpc ``openfold/train.py``;
+            the published v3.0 logs hold that evaluation, e.g. 0.6985 on NVIDIA Eos).
         data_tools: its `DataTools` for ``mlhpc data convert | prepare | check`` and staging
             conversions; None when the workload offers none.
     """
@@ -303,6 +307,7 @@ class Workload:
     departures: Callable[["Config"], list[str]] | None = None
     model_settings: Callable[[Any], dict[str, Any]] = every_model_setting
     data_tools: DataTools | None = None
+    evaluate_at_start: bool = False
 
     def __post_init__(self) -> None:
         if self.data_tools is not None and not isinstance(self.data_tools, DataTools):

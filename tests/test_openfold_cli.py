@@ -202,6 +202,12 @@ def test_a_tiny_run_trains_evaluates_and_is_reported(tiny, tmp_path):
     # epoch_num counts its samples, as the reference logs OpenFold's
     assert by_key["val_every_iters"]["value"] == 3
     assert by_key["eval_accuracy"]["metadata"]["epoch_num"] == 3 * 4
+    # the starting point is evaluated once before training, at epoch_num 0, as the reference does
+    evals = [r for r in records if r["key"] == "eval_accuracy"]
+    assert [r["metadata"]["epoch_num"] for r in evals] == [0, 3 * 4]
+    keys = [r["key"] for r in records]
+    assert keys.index("run_start") < keys.index("eval_start") < keys.index("epoch_start")
+    assert summary["metric_series"][0][0] == 0 and len(summary["metric_series"]) == 2
     assert any("every 3 optimizer steps" in line for line in summary["departs_from_reference"])
     report = CliRunner().invoke(main, ["report", str(out), "--format", "json"])
     assert report.exit_code == 0, report.output

@@ -273,6 +273,8 @@ def train_loop(job: Job, log: ComplianceLog, parts: Parts, stop: Stop,
     loop = Loop(job, log, files, parts, stop, Clock(job.resume.earlier_attempts_s if job.resume else 0.0))
     outcome = Outcome(constants.ABORTED, f"max_epochs {tcfg.max_epochs} reached before the target",
                       first - 1)
+    if job.workload.evaluate_at_start and job.resume is None:
+        _evaluate_epoch(loop, 0)  # the starting point, epoch_num 0; training follows, as the reference's
     for epoch in range(first, tcfg.max_epochs + 1):
         outcome.epoch = epoch
         trained = _train_epoch(loop, epoch, skip if epoch == first else 0)

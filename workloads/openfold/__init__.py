@@ -148,4 +148,5 @@ WORKLOAD = Workload(
     reference_samples=REFERENCE_SAMPLES,
     departures=departures,
     data_tools=DATA_TOOLS,
+    evaluate_at_start=True,
 )
