@@ -330,3 +330,13 @@ def test_side_by_side_json_replaces_a_planted_link_never_writes_through_it(tmp_p
     written = out / "report.json"
     assert not written.is_symlink() and '"measured"' in written.read_text()
     assert os.stat(written).st_nlink == 1
+
+
+@pytest.mark.parametrize("number", ["1" + "0" * 30, "0", "99999999999"])
+def test_an_hhr_residue_number_out_of_range_is_one_line(tiny, number):
+    """A residue number is range-checked where it is parsed (10^30 overflowed int64 before)."""
+    chain = tiny / "train" / "alignments" / "aa01_A"
+    hhr = chain / "pdb70_hits.hhr"
+    hhr.write_text(HHR_HIT.format(name="aa02_A", q="ACDE").replace("T aa02_A            1 ",
+                                                                    f"T aa02_A            {number} "))
+    _refused_once(_check(tiny, "--full"), str(hhr), f"residue number '{number[:20]}' is not within")

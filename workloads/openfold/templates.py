@@ -37,6 +37,11 @@ HIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _ALIGNED = re.compile(r"^([QT]) (\S+)\s+(\d+) ([A-Za-z-]+)\s+(\d+) \(\d+\)\s*$")
 
 
+#: The largest residue number an alignment line may give: far above any chain mlhpc reads (the
+#: mmCIF cap allows a few million atoms), small enough for int64 pair arithmetic.
+MAX_RESIDUE_NUMBER = 10_000_000
+
+
 @dataclass(frozen=True)
 class TemplateHit:
     """One hit: ``name`` (``<pdb_id>_<chain_id>``) and ``pairs`` ``[M, 2]`` int64, the 0-based
@@ -80,8 +85,18 @@ def parse_hhr(text: str, source: str) -> list[TemplateHit]:
             elif query is None or len(match.group(4)) != len(query.group(4)):
                 raise DataError(f"{source}: hit {name!r}: template and query lines differ in length")
             else:
-                pairs += _pairs(query.group(4), match.group(4), int(query.group(3)), int(match.group(3)))
+                starts = (_residue_number(query.group(3), source, name),
+                          _residue_number(match.group(3), source, name))
+                pairs += _pairs(query.group(4), match.group(4), *starts)
     return hits
+
+
+def _residue_number(text: str, source: str, name: str | None) -> int:
+    """A 1-based residue number of an alignment line, within 1 .. `MAX_RESIDUE_NUMBER`."""
+    if not text.isascii() or not text.isdecimal() or len(text) > 9 or not 1 <= int(text) <= MAX_RESIDUE_NUMBER:
+        raise DataError(f"{source}: hit {name!r}: residue number {text[:20]!r} is not within "
+                        f"1 .. {MAX_RESIDUE_NUMBER}")
+    return int(text)
 
 
 def _hit_name(line: str, source: str, number: int) -> str:
