@@ -48,25 +48,28 @@ COMMON = ["train.threads=1", "train.device=cpu"]
 def _tiny(folder: Path, name: str, mini: str, sets: list[str]) -> str:
     """``configs/<mini>`` with ``sets`` applied by mlhpc's loader, saved as ``folder/name``."""
     path = folder / name
-    mlhpc_config.save(mlhpc_config.load(REPO / "configs" / mini, tuple(sets)), path)
+    path.write_text(mlhpc_config.dump(mlhpc_config.load(REPO / "configs" / mini, tuple(sets))))
     return str(path)
 
 
 @pytest.fixture(scope="module")
 def configs(tmp_path_factory) -> dict[str, str]:
     folder = tmp_path_factory.mktemp("reframe-configs")
-    (folder / "unknown-workload.yaml").write_text("workload: nosuchbench\ntrain: {global_batch_size: 1, max_epochs: 1}\n")
+    (folder / "unknown-workload.yaml").write_text(
+        "workload: nosuchbench\ntrain: {global_batch_size: 1, max_epochs: 1}\n")
     (folder / "unparsable.yaml").write_text("workload: [unclosed\n")
+    cosmoflow = "cosmoflow-mini.yaml"
     return {
         "pass": _tiny(folder, "deepcam-tiny.yaml", "deepcam-mini.yaml", DEEPCAM_TINY),
-        "missed": _tiny(folder, "cosmoflow-missed.yaml", "cosmoflow-mini.yaml", COSMOFLOW_TINY + ["train.target=0.0"]),
-        "rejected": _tiny(folder, "cosmoflow-rejected.yaml", "cosmoflow-mini.yaml", COSMOFLOW_TINY + ["train.target=10.0"]),
+        "missed": _tiny(folder, "cosmoflow-missed.yaml", cosmoflow, COSMOFLOW_TINY + ["train.target=0.0"]),
+        "rejected": _tiny(folder, "cosmoflow-rejected.yaml", cosmoflow, COSMOFLOW_TINY + ["train.target=10.0"]),
         "unknown": str(folder / "unknown-workload.yaml"),
         "unparsable": str(folder / "unparsable.yaml"),
     }
 
 
-def _reframe(tmp_path: Path, config: str, args: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def _reframe(tmp_path: Path, config: str, args: list[str],
+             env: dict[str, str]) -> tuple[subprocess.CompletedProcess, list[dict]]:
     """Run ``reframe`` on the shipped checks with the shipped example ``config``; its output and
     the test cases of its JSON run report."""
     report = tmp_path / "report.json"
@@ -186,9 +189,11 @@ def test_references_mean_the_same_for_reframe_and_results_check(tmp_path: Path) 
     refs = tmp_path / "refs.yaml"
     refs.write_text(yaml.safe_dump({"sys:part": {"x": {
         "time_to_train_s": [600.0, -0.1, 0.1, "s"], "samples_per_s": [100.0, -0.1, 0.1, "samples/s"],
-        "energy_to_train_j": [2e6, None, 0.05, "kJ"]}}, "other": {"y": {"samples_per_s": [1.0, None, None, "samples/s"]}}}))
+        "energy_to_train_j": [2e6, None, 0.05, "kJ"]}},
+        "other": {"y": {"samples_per_s": [1.0, None, None, "samples/s"]}}}))
     table = reference_table(refs, "x")
-    assert table == {"sys:part": {"time_to_train": (10.0, None, 0.1, "min"), "throughput": (100.0, -0.1, None, "samples/s"),
+    assert table == {"sys:part": {"time_to_train": (10.0, None, 0.1, "min"),
+                                  "throughput": (100.0, -0.1, None, "samples/s"),
                                   "energy_to_train": (2e6, None, 0.05, "kJ")}}
     for ref in load_references(refs):
         if ref.benchmark != "x":

@@ -40,6 +40,8 @@ from mlhpc.text import one_line
 RANK_LAUNCHERS = ("srun", "srunalloc", "mpirun", "mpiexec", "ibrun")
 #: ReFrame launchers that start one process (one rank).
 ONE_PROCESS_LAUNCHERS = ("local", "ssh")
+#: A rank's place on its node as the launchers above set it (srun, Open MPI, MPICH), else 0.
+LOCAL_RANK = "${SLURM_LOCALID:-${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-0}}}"
 #: The partition ``extras`` key naming its node-local folder (``data.staging.dest``).
 STAGING_EXTRA = "mlhpc_staging_dest"
 
@@ -216,7 +218,9 @@ class MlhpcStageBase(_MlhpcBase):
         sets = [a for s in (*self.overrides, f"data.staging.dest={scratch}/copy") for a in ("--set", s)]
         stage = shlex.join(self.command("stage", str(self.config_path()), "--format", "json", *sets))
         clean = shlex.join(self.command("stage", "--clean", "--in", scratch))
-        self.set_command(["bash", "-c", f"{stage}; s=$?; {clean} >&2; rmdir {shlex.quote(scratch)} 2>/dev/null; exit $s"])
+        first_on_node = f'[ "{LOCAL_RANK}" = 0 ]'  # one rank per node removes the node's copy
+        self.set_command(["bash", "-c", f"{stage}; s=$?; if {first_on_node}; then {clean} >&2; "
+                                        f"rmdir {shlex.quote(scratch)} 2>/dev/null; fi; exit $s"])
         if config.data.synthesize_if_missing:
             synth = [a for s in self.overrides if s.startswith("synth.") for a in ("--set", s)]
             make = shlex.join(self.command("data", "synth", config.workload, "--out", str(config.data.path),
