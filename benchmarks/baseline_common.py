@@ -9,6 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mlhpc.data.files import write_text_atomic
+from mlhpc.text import echo
+
 
 def synth_seed(config: Any) -> int:
     """The seed the embedded data are synthesised with (``data.synth_seed``; ``train.seed`` in
@@ -34,7 +37,7 @@ def emit(result: dict[str, Any], json_path: Path | None) -> int:
     """Print ``result`` as indented JSON and, when ``json_path`` is given, write it there too;
     returns the exit status 0."""
     text = json.dumps(result, indent=1)
-    print(text)
+    echo(text)
     if json_path:
-        json_path.write_text(text + "\n")
+        write_text_atomic(json_path, text + "\n")
     return 0

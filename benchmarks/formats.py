@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,7 +45,17 @@ from mlhpc_workloads.cosmoflow.data import build_datasets
 
 from mlhpc.data import convert as data_convert
 from mlhpc.config import DataConfig
+from mlhpc.data.claims import make_claimed_dir, remove_claimed
+from mlhpc.data.files import write_text_atomic
+from mlhpc.data.inputs import read_input
+from mlhpc.text import echo
 from mlhpc.workload import get
+
+#: The most bytes one GZIP TFRecord file of this script's samples may hold (one 128^3 x 4 int16
+#: sample is 16 MiB before GZIP).
+TFRECORD_FILE_BYTES = 1 << 30
+#: What `remove_claimed` names the scratch folders of a copy or conversion.
+SCRATCH_WHAT = "benchmark scratch folder"
 
 
 def make_samples(n: int, cube: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -88,7 +97,8 @@ class SimpleConfig:
 
 
 def raw_gunzip_rate(root: Path, repeats: int) -> float:
-    blobs = [p.read_bytes() for p in sorted((root / "train").glob("*.tfrecord"))]
+    blobs = [read_input(p, TFRECORD_FILE_BYTES, root, "TFRecord file")
+             for p in sorted((root / "train").glob("*.tfrecord"))]
     best = 0.0
     for _ in range(repeats):
         start = time.perf_counter()
@@ -106,7 +116,7 @@ def decode_vs_inflate(root: Path, repeats: int) -> dict:
 
     reader_s, inflate_s = [], []
     for path in sorted((root / "train").glob("*.tfrecord")):
-        blob = path.read_bytes()
+        blob = read_input(path, TFRECORD_FILE_BYTES, root, "TFRecord file")
         best_reader = best_inflate = float("inf")
         for _ in range(repeats):
             start = time.perf_counter()
@@ -148,32 +158,34 @@ def _sync() -> None:
 
 
 def cp_rate(src: Path, scratch: Path, repeats: int) -> dict:
-    """Best GB/s of ``cp -r`` (bytes of the source), without and with the closing ``sync``."""
+    """Best GB/s of ``cp -r`` (bytes of the source), without and with the closing ``sync``; each
+    copy goes into a claimed scratch folder, removed through `remove_claimed`."""
     size = folder_bytes(src)
     best = {"gb_per_s": 0.0, "synced_gb_per_s": 0.0}
     for r in range(repeats):
-        dst = scratch / f"cp{r}"
+        folder = make_claimed_dir(scratch / f"cp{r}", "scratch")
         _sync()
         start = time.perf_counter()
-        subprocess.run(["cp", "-r", str(src), str(dst)], check=True)
+        subprocess.run(["cp", "-r", str(src), str(folder / "data")], check=True)
         copied = time.perf_counter() - start
         _sync()
         synced = time.perf_counter() - start
         best["gb_per_s"] = max(best["gb_per_s"], size / copied / 1e9)
         best["synced_gb_per_s"] = max(best["synced_gb_per_s"], size / synced / 1e9)
-        shutil.rmtree(dst)
+        remove_claimed(folder, "scratch", SCRATCH_WHAT)
     return best
 
 
 def convert_rate(src: Path, scratch: Path, to: str, workers: int, repeats: int) -> dict:
     """Best GB/s (bytes read, bytes written) of `mlhpc.data.convert.convert`, without and with the
-    closing ``sync``."""
+    closing ``sync``; each output goes into a claimed scratch folder, removed through
+    `remove_claimed`."""
     best: dict = {}
     for r in range(repeats):
-        dst = scratch / f"conv-{to}{r}"
+        folder = make_claimed_dir(scratch / f"conv-{to}{r}", "scratch")
         _sync()
         start = time.perf_counter()
-        result = data_convert.convert(get("cosmoflow"), src, dst, to, workers=workers)
+        result = data_convert.convert(get("cosmoflow"), src, folder / "data", to, workers=workers)
         done = time.perf_counter() - start
         _sync()
         synced = time.perf_counter() - start
@@ -184,7 +196,7 @@ def convert_rate(src: Path, scratch: Path, to: str, workers: int, repeats: int) 
                  "bytes_read": result.bytes_read, "bytes_written": result.bytes_written}
         if rates["read_gb_per_s"] > best.get("read_gb_per_s", 0):
             best = rates
-        shutil.rmtree(dst)
+        remove_claimed(folder, "scratch", SCRATCH_WHAT)
     return best
 
 
@@ -204,7 +216,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="mlhpc-formats-") as tmp:
             samples = make_samples(args.samples, args.cube)
             root = writers.write_dataset(Path(tmp) / "tf", "tfrecord", samples, samples[:1])
-            print(json.dumps(decode_vs_inflate(root, args.repeats), indent=2))
+            echo(json.dumps(decode_vs_inflate(root, args.repeats), indent=2))
         return
     with tempfile.TemporaryDirectory(prefix="mlhpc-formats-") as tmp:
         scratch = Path(tmp)
@@ -230,9 +242,9 @@ def main() -> None:
                             "synced_read_ratio_to_cp": (conv["synced_read_gb_per_s"]
                                                         / cp["synced_gb_per_s"])}
     text = json.dumps(result, indent=2)
-    print(text)
+    echo(text)
     if args.json:
-        args.json.write_text(text + "\n")
+        write_text_atomic(args.json, text + "\n")
 
 
 def measure_reading(forms: dict[str, Path], args: argparse.Namespace) -> dict:

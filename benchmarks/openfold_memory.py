@@ -49,6 +49,8 @@ from mlhpc_workloads.openfold.model import (
 )
 from openfold_model_batch import make_batch
 
+from mlhpc.text import echo
+
 
 class LiveTensorBytes(TorchDispatchMode):
     """Counts the bytes of live tensor storages created under it; ``peak_bytes`` the most."""
@@ -130,13 +132,13 @@ def main() -> None:
                        n_templ=args.templates)
     start = time.perf_counter()
     params, peak = counted_peak(cfg, batch)
-    print(f"parameters {params:,}; crop {args.crop}, clusters {args.clusters}, extra "
-          f"{args.extra}, templates {args.templates}, overrides {overrides or 'none'}")
-    print(f"peak live tensor bytes {peak / 2**30:.3f} GiB "
-          f"(counted in {time.perf_counter() - start:.0f} s)")
+    echo(f"parameters {params:,}; crop {args.crop}, clusters {args.clusters}, extra "
+         f"{args.extra}, templates {args.templates}, overrides {overrides or 'none'}")
+    echo(f"peak live tensor bytes {peak / 2**30:.3f} GiB "
+         f"(counted in {time.perf_counter() - start:.0f} s)")
     if args.calibrate:
         torch.set_num_threads(1)
-        print(f"real run: peak resident size grew {resident_growth_bytes(cfg, batch) / 2**30:.3f} GiB")
+        echo(f"real run: peak resident size grew {resident_growth_bytes(cfg, batch) / 2**30:.3f} GiB")
 
 
 if __name__ == "__main__":

@@ -52,10 +52,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from mlhpc import config as cfg  # noqa: E402
+from mlhpc.data.claims import make_claimed_dir, remove_claimed  # noqa: E402
+from mlhpc.data.files import part_path, write_text_atomic, write_under  # noqa: E402
+from mlhpc.data.inputs import read_text_input  # noqa: E402
 from mlhpc.power.sampler import Sampler  # noqa: E402
 from mlhpc.power.sources import NodeMeter, find_nvml, find_rapl  # noqa: E402
+from mlhpc.text import echo  # noqa: E402
 
 KINDS = ("powercap", "nvml-fake", "meter-echo", "meter-python")
+#: The most bytes ``/proc/cpuinfo`` may hold (a few KiB a core).
+CPUINFO_BYTES = 16 << 20
 
 
 class TimedSampler(Sampler):
@@ -75,11 +81,11 @@ class TimedSampler(Sampler):
 
 
 def _powercap_tree(root: Path) -> Path:
+    root.mkdir()
     for zone, name in (("intel-rapl:0", "package-0"), ("intel-rapl:0:0", "dram")):
-        (root / zone).mkdir(parents=True)
-        (root / zone / "name").write_text(name + "\n")
-        (root / zone / "max_energy_range_uj").write_text("262143328850\n")
-        (root / zone / "energy_uj").write_text("1000\n")
+        write_under(root, Path(zone, "name"), f"{name}\n".encode())
+        write_under(root, Path(zone, "max_energy_range_uj"), b"262143328850\n")
+        write_under(root, Path(zone, "energy_uj"), b"1000\n")
     return root
 
 
@@ -109,19 +115,20 @@ def sources(kind: str, tmp: Path) -> list[Any]:
 
 @contextlib.contextmanager
 def sampling(kind: str, interval_s: float, tmp: Path) -> Iterator[TimedSampler | None]:
-    """A running sampler of ``kind`` (None for ``off``), stopped and its file removed at the end."""
+    """A running sampler of ``kind`` (None for ``off``) writing into a claimed scratch folder,
+    stopped and the folder removed (`remove_claimed`) at the end."""
     if kind == "off":
         yield None
         return
-    stamp = f"{kind}-{time.monotonic_ns()}"
-    sampler = TimedSampler(sources(kind, tmp), interval_s, tmp / f".{stamp}.part", tmp / stamp / "node_0.txt")
+    folder = make_claimed_dir(tmp / f"{kind}-{time.monotonic_ns()}", "scratch")
+    final = folder / "node_0.txt"
+    sampler = TimedSampler(sources(kind, tmp), interval_s, part_path(final), final)
     sampler.start()
     try:
         yield sampler
     finally:
-        final = sampler.stop()
-        if final is not None:
-            final.unlink()
+        sampler.stop()
+        remove_claimed(folder, "scratch", "benchmark scratch folder")
 
 
 def _children_cpu_s() -> float:
@@ -207,7 +214,8 @@ def _paired(off: list[float], on: list[float], lower_is_worse: bool) -> dict[str
 
 
 def _machine() -> dict[str, Any]:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+    cpuinfo = read_text_input("/proc/cpuinfo", CPUINFO_BYTES, what="CPU description")
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
                 if line.startswith("model name")), platform.processor())
     return {"cpu": cpu, "cores": os.cpu_count(), "load_average_1_5_15": os.getloadavg(),
             "python": platform.python_version(), "powercap_present": Path("/sys/class/powercap").exists()}
@@ -233,10 +241,10 @@ def main() -> None:
         result["thread_cost"] = {f"{kind}@{1 / interval_s:g}Hz": thread_cost(kind, interval_s, args.seconds, tmp)
                                  for kind in KINDS for interval_s in (1.0, 0.1) if args.part != "ab"}
         for label, cost in result["thread_cost"].items():
-            print(f"{label:>18}: thread {100 * cost['thread_core_fraction']:.4f}% of a core "
-                  f"({cost['thread_cpu_per_reading_ms']:.3f} ms/reading), command "
-                  f"{100 * cost['children_core_fraction']:.3f}% ({cost['children_cpu_per_reading_ms']:.3f} ms/reading), "
-                  f"{cost['readings']} readings")
+            echo(f"{label:>18}: thread {100 * cost['thread_core_fraction']:.4f}% of a core "
+                 f"({cost['thread_cpu_per_reading_ms']:.3f} ms/reading), command "
+                 f"{100 * cost['children_core_fraction']:.3f}% ({cost['children_cpu_per_reading_ms']:.3f} ms/reading), "
+                 f"{cost['readings']} readings")
         if args.part != "thread":
             run, batch = training_step(config)
             conditions = [("off", "off", 0.0), ("powercap@1Hz", "powercap", 1.0), ("powercap@10Hz", "powercap", 0.1),
@@ -247,12 +255,12 @@ def main() -> None:
     for label, c in result.get("interleaved", {}).get("conditions", {}).items():
         for what, unit, scale in (("throughput", "samples/s", 1.0), ("cpu_per_sample", "CPU ms/sample", 1e3)):
             f = c[what]
-            print(f"{label:>18} {what:>14}: {f['median_on'] * scale:.3f} vs {f['median_off'] * scale:.3f} {unit} off; "
-                  f"overhead {f['overhead_percent_median']:+.2f}% (IQR {f['overhead_percent_iqr'][0]:+.2f} .. "
-                  f"{f['overhead_percent_iqr'][1]:+.2f}%), worse in {f['rounds_worse']}/{args.rounds} rounds")
-        print(f"{label:>18}: {c['readings_per_timed_s']:.2f} readings per timed s")
+            echo(f"{label:>18} {what:>14}: {f['median_on'] * scale:.3f} vs {f['median_off'] * scale:.3f} {unit} off; "
+                 f"overhead {f['overhead_percent_median']:+.2f}% (IQR {f['overhead_percent_iqr'][0]:+.2f} .. "
+                 f"{f['overhead_percent_iqr'][1]:+.2f}%), worse in {f['rounds_worse']}/{args.rounds} rounds")
+        echo(f"{label:>18}: {c['readings_per_timed_s']:.2f} readings per timed s")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_text_atomic(args.json, json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

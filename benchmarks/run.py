@@ -21,7 +21,6 @@ import dataclasses
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,10 +40,17 @@ from mlhpc import runtime  # noqa: E402
 from mlhpc.run import train  # noqa: E402
 from mlhpc.data import loader  # noqa: E402
 from mlhpc.data import stage as staging  # noqa: E402
+from mlhpc.data.claims import make_claimed_dir, remove_claimed  # noqa: E402
+from mlhpc.data.files import write_text_atomic  # noqa: E402
+from mlhpc.data.inputs import read_text_input  # noqa: E402
+from mlhpc.data.stage.copies import remove_copy  # noqa: E402
+from mlhpc.text import echo  # noqa: E402
 from mlhpc.workload import WorkloadDataset  # noqa: E402
 from mlhpc_workloads.cosmoflow import WORKLOAD as COSMOFLOW  # noqa: E402
 
 MINI = REPO / "configs" / "cosmoflow-mini.yaml"
+#: The most bytes ``/proc/cpuinfo`` may hold (a few KiB a core).
+CPUINFO_BYTES = 16 << 20
 
 
 def mini_config(data: Path, out: Path, *overrides: str) -> cfg.Config:
@@ -213,23 +219,24 @@ def bench_staging(data: Path, repeats: int) -> dict:
     cp_best, stage_best = float("inf"), float("inf")
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(repeats):
-            dest = Path(tmp) / f"cp{i}"
+            folder = make_claimed_dir(Path(tmp) / f"cp{i}", "scratch")
             t0 = time.perf_counter()
-            subprocess.run(["cp", "-r", str(data), str(dest)], check=True)
+            subprocess.run(["cp", "-r", str(data), str(folder / "data")], check=True)
             cp_best = min(cp_best, time.perf_counter() - t0)
-            shutil.rmtree(dest)
+            remove_claimed(folder, "scratch", "benchmark scratch folder")
             dest = Path(tmp) / f"stage{i}"
             t0 = time.perf_counter()
             staging.stage(data, dest, runtime.Runtime(), workers=4)
             stage_best = min(stage_best, time.perf_counter() - t0)
-            shutil.rmtree(dest)
+            remove_copy(dest)
     return {"bytes": total, "cp_r_gb_per_s": total / cp_best / 1e9,
             "stage_gb_per_s": total / stage_best / 1e9, "ratio": cp_best / stage_best,
             "repeats": repeats}
 
 
 def machine() -> str:
-    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+    cpuinfo = read_text_input("/proc/cpuinfo", CPUINFO_BYTES, what="CPU description")
+    cpu = next((l.split(":", 1)[1].strip() for l in cpuinfo.splitlines()
                 if l.startswith("model name")), platform.processor())
     return f"{os.cpu_count()} cores ({cpu}), torch {torch.__version__}, {platform.platform()}"
 
@@ -255,9 +262,9 @@ def main() -> None:
                                             in_memory_rate)
     results["staging"] = bench_staging(args.data, args.repeats)
     text = json.dumps(results, indent=2)
-    print(text)
+    echo(text)
     if args.json:
-        args.json.write_text(text + "\n")
+        write_text_atomic(args.json, text + "\n")
 
 
 if __name__ == "__main__":

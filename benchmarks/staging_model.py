@@ -29,15 +29,26 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from mlhpc.data.files import atomic_output, write_text_atomic, write_under  # noqa: E402
+from mlhpc.data.inputs import read_text_input  # noqa: E402
+from mlhpc.data.stage.copies import is_own_copy, remove_copy  # noqa: E402
+from mlhpc.text import echo, plot_text  # noqa: E402
+
 MIB = 1 << 20
+#: The most bytes the bandwidth JSON (--bandwidth-json) may hold.
+BANDWIDTH_JSON_BYTES = 1 << 20
+#: The most bytes the scores CSV (--scores) may hold.
+SCORES_CSV_BYTES = 16 << 20
 NODES = (16, 128, 512, 2048)
 DATASETS = {  # name -> (train samples, validation samples, total bytes staged)
     "CosmoFlow (1.7 TB compressed)": (524_288, 65_536, 1.7e12),
@@ -48,8 +59,8 @@ SCORES = Path("/work/shared/fixtures/mlperf-hpc-results/expected_scores.csv")
 
 
 def measure(dests: list[Path], files: int, repeats: int, workers: int) -> dict:
-    """Best copy bandwidth (bytes/s) of one node into each destination folder."""
-    sys.path.insert(0, str(REPO))
+    """Best copy bandwidth (bytes/s) of one node into each destination folder (each copy a fresh
+    folder there, removed after through `remove_copy`)."""
     from mlhpc.runtime import Runtime
     from mlhpc.data.stage import stage
 
@@ -57,10 +68,10 @@ def measure(dests: list[Path], files: int, repeats: int, workers: int) -> dict:
            "cpu_count": os.cpu_count(), "dests": {}}
     with tempfile.TemporaryDirectory(prefix="mlhpc-stage-src-") as tmp:
         src = Path(tmp) / "src"
-        (src / "train").mkdir(parents=True)
+        src.mkdir()
         block = os.urandom(16 * MIB)
         for i in range(files):
-            (src / "train" / f"s{i:04d}.bin").write_bytes(block[i:] + block[:i])
+            write_under(src, Path("train", f"s{i:04d}.bin"), block[i:] + block[:i])
         for dest_root in dests:
             runs = []
             for _ in range(repeats):
@@ -69,7 +80,8 @@ def measure(dests: list[Path], files: int, repeats: int, workers: int) -> dict:
                     result = stage(src, dest, Runtime(), workers=workers)
                     runs.append(result.copied_bytes / result.elapsed_s)
                 finally:
-                    shutil.rmtree(dest, ignore_errors=True)
+                    if is_own_copy(dest):
+                        remove_copy(dest)
             out["dests"][str(dest_root)] = {"best_bytes_per_s": max(runs), "runs_bytes_per_s": runs}
     return out
 
@@ -92,11 +104,11 @@ def model(bandwidth_bytes_per_s: float, fs_bytes_per_s: float | None) -> list[di
 def v3_scores(path: Path) -> list[tuple[str, str, float]]:
     """(benchmark, system, olympic mean minutes) of the v3.0 strong-scaling results."""
     out = []
-    with open(path, newline="") as fh:
-        for row in csv.DictReader(fh):
-            if row["round"] == "hpc_results_v3.0" and row["mode"] == "strong" \
-                    and row["benchmark"] in ("cosmoflow", "deepcam") and row["olympic_min"]:
-                out.append((row["benchmark"], f"{row['submitter']} {row['system']}", float(row["olympic_min"])))
+    text = read_text_input(path, SCORES_CSV_BYTES, what="scores CSV")
+    for row in csv.DictReader(io.StringIO(text, newline="")):
+        if row["round"] == "hpc_results_v3.0" and row["mode"] == "strong" \
+                and row["benchmark"] in ("cosmoflow", "deepcam") and row["olympic_min"]:
+            out.append((row["benchmark"], f"{row['submitter']} {row['system']}", float(row["olympic_min"])))
     return out
 
 
@@ -105,6 +117,7 @@ def plot(rows: list[dict], scores: list[tuple[str, str, float]], bandwidth: floa
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(13, 5))
     styles = {"CosmoFlow (1.7 TB compressed)": "tab:blue", "CosmoFlow (int16, 16 MiB/sample)": "tab:cyan",
@@ -125,6 +138,7 @@ def plot(rows: list[dict], scores: list[tuple[str, str, float]], bandwidth: floa
     for ax in (ax_t, ax_s):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # plain text, no mathtext
         ax.set_xticks(NODES, [str(n) for n in NODES])
         ax.set_xlabel("nodes")
         ax.grid(True, which="both", alpha=0.3)
@@ -135,7 +149,8 @@ def plot(rows: list[dict], scores: list[tuple[str, str, float]], bandwidth: floa
     ax_s.legend(fontsize=7)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
+    with atomic_output(png) as tmp:
+        fig.savefig(tmp, dpi=110, format=png.suffix[1:] or "png")
 
 
 def main() -> None:
@@ -156,20 +171,22 @@ def main() -> None:
     if args.measure:
         dests = args.dest or [Path(tempfile.gettempdir()), Path("/dev/shm")]
         result = measure([d for d in dests if d.is_dir()], args.files, args.repeats, args.workers)
-        args.bandwidth_json.write_text(json.dumps(result, indent=2) + "\n")
-    measured = json.loads(args.bandwidth_json.read_text())
+        write_text_atomic(args.bandwidth_json, json.dumps(result, indent=2) + "\n")
+    measured = json.loads(read_text_input(args.bandwidth_json, BANDWIDTH_JSON_BYTES,
+                                          what="bandwidth JSON"))
     dest = args.use_dest or next(iter(measured["dests"]))
     bandwidth = measured["dests"][dest]["best_bytes_per_s"]
     rows = model(bandwidth, args.fs_gb_per_s * 1e9 if args.fs_gb_per_s else None)
     scores = v3_scores(args.scores) if args.scores.is_file() else []
-    plot(rows, scores, bandwidth, args.png)
-    print(f"per-node bandwidth ({dest}): {bandwidth / 1e9:.3f} GB/s")
-    print(f"{'dataset':34} {'nodes':>5} {'shard':>5} {'TB/node':>9} {'staging min':>12}")
+    with plot_text():  # system names from the scores file drawn as written, never as mathtext
+        plot(rows, scores, bandwidth, args.png)
+    echo(f"per-node bandwidth ({dest}): {bandwidth / 1e9:.3f} GB/s")
+    echo(f"{'dataset':34} {'nodes':>5} {'shard':>5} {'TB/node':>9} {'staging min':>12}")
     for r in rows:
-        print(f"{r['dataset']:34} {r['nodes']:5d} {r['shard']:>5} {r['node_bytes'] / 1e12:9.4f} "
-              f"{r['staging_min']:12.2f}")
+        echo(f"{r['dataset']:34} {r['nodes']:5d} {r['shard']:>5} {r['node_bytes'] / 1e12:9.4f} "
+             f"{r['staging_min']:12.2f}")
     for bench, system, minutes in scores:
-        print(f"v3.0 time to train: {bench:9} {system:45} {minutes:7.2f} min")
+        echo(f"v3.0 time to train: {bench:9} {system:45} {minutes:7.2f} min")
 
 
 if __name__ == "__main__":

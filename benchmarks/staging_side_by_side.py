@@ -12,13 +12,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from mlhpc.data.claims import make_claimed_dir, remove_claimed  # noqa: E402
+from mlhpc.data.files import write_under  # noqa: E402
+from mlhpc.text import echo  # noqa: E402
 
 ONE_STAGING = r"""
 import sys, time, json
@@ -36,11 +40,12 @@ print(json.dumps({"seconds": time.perf_counter() - t0}))
 
 
 def make_tree(root: Path, files: int, mib: int) -> int:
-    """``files`` files of ``mib`` MiB of random bytes under train/ and validation/; total bytes."""
+    """``files`` files of ``mib`` MiB of random bytes under train/ and validation/ of ``root``
+    (made here); total bytes."""
+    root.mkdir()
     for i in range(files):
-        path = root / ("train" if i % 8 else "validation") / f"part{i:04d}.bin"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(os.urandom(mib << 20))
+        write_under(root, Path("train" if i % 8 else "validation", f"part{i:04d}.bin"),
+                    os.urandom(mib << 20))
     return files * (mib << 20)
 
 
@@ -63,13 +68,15 @@ def main() -> None:
         best = {"old": float("inf"), "new": float("inf")}
         for i in range(args.repeats):
             for name, root in (("old", args.old), ("new", REPO)):
-                dest = Path(tmp) / f"{name}{i}"
-                best[name] = min(best[name], timed(root, src, dest))
-                shutil.rmtree(dest)
+                # each copy inside a claimed scratch folder: an older checkout may not claim its
+                # copies, and the scratch folder's claim covers all it holds
+                scratch = make_claimed_dir(Path(tmp) / f"{name}{i}", "scratch")
+                best[name] = min(best[name], timed(root, src, scratch / "copy"))
+                remove_claimed(scratch, "scratch", "benchmark scratch folder")
     result = {"bytes": total, "repeats": args.repeats,
               "old_gb_per_s": total / best["old"] / 1e9, "new_gb_per_s": total / best["new"] / 1e9,
               "new_over_old": best["old"] / best["new"]}
-    print(json.dumps(result, indent=1))
+    echo(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

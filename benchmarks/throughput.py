@@ -43,6 +43,8 @@ from mlhpc.run import assemble  # noqa: E402
 from mlhpc.errors import MlhpcError  # noqa: E402
 from mlhpc.run.step import compile_mode, device_peak, train_step  # noqa: E402
 from mlhpc.data.embedded import ensure_data  # noqa: E402
+from mlhpc.data.files import write_text_atomic  # noqa: E402
+from mlhpc.text import echo  # noqa: E402
 
 
 def one_batch(config: cfg.Config, batch_size: int, precision: str,
@@ -142,15 +144,15 @@ def main() -> None:
         batch = args.batch or config.train.global_batch_size
         result = measure(config, batch, args.steps, args.warmup, args.precision, args.device)
     except MlhpcError as exc:
-        print(f"throughput: {exc}", file=sys.stderr)
+        echo(f"throughput: {exc}", err=True)
         sys.exit(2)
-    print(f"{result['workload']} {tuple(result['sample_shape'])} batch {batch} "
-          f"{result['precision']} on {result['device']}: {result['samples_per_s']:,.1f} samples/s, "
-          f"{result['train_flops_per_sample'] / 1e9:.3f} GFLOP/sample, "
-          f"{result['achieved_flop_per_s'] / 1e12:.3f} TFLOP/s, MFU {result['mfu']:.1%} "
-          f"({result['peak_source']})")
+    echo(f"{result['workload']} {tuple(result['sample_shape'])} batch {batch} "
+         f"{result['precision']} on {result['device']}: {result['samples_per_s']:,.1f} samples/s, "
+         f"{result['train_flops_per_sample'] / 1e9:.3f} GFLOP/sample, "
+         f"{result['achieved_flop_per_s'] / 1e12:.3f} TFLOP/s, MFU {result['mfu']:.1%} "
+         f"({result['peak_source']})")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_text_atomic(args.json, json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":
