@@ -41,13 +41,16 @@ import io
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from mlhpc.config import load
 from mlhpc.data.files import atomic_output
 from mlhpc.data.inputs import read_input
+from mlhpc.text import echo
 from mlhpc_workloads import openfold
 from mlhpc_workloads.openfold.data import OpenFoldDataset
 from mlhpc_workloads.openfold.lddt import lddt_ca_stats
@@ -91,7 +94,7 @@ def _order(seed: int, epoch: int, samples: int, batch: int) -> list[list[int]]:
     return [order[i:i + batch] for i in range(0, samples - batch + 1, batch)]
 
 
-def main() -> int:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", type=Path)
     parser.add_argument("data", type=Path)
@@ -104,7 +107,56 @@ def main() -> int:
                         "model.init_checkpoint file ({step} in the name: one file per evaluation)")
     parser.add_argument("--state", type=Path, help="resumable state, written after each "
                         "evaluation and continued from when it exists")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+@dataclass
+class Trainer:
+    """The network, its optimizer, schedule and loss, the training set, and where the run is:
+    ``step`` (optimizer steps), ``epoch`` and ``position`` (batches of that epoch's order done),
+    training seconds and wall seconds before this process."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: Any
+    loss_fn: Any
+    train: Any
+    step: int = 0
+    epoch: int = 0
+    position: int = 0
+    train_s: float = 0.0
+    wall_before_s: float = 0.0
+
+    def state_dict(self, wall_s: float) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "schedule": self.schedule.state_dict(), "torch_rng": torch.get_rng_state(),
+                "reads": self.train._reads, "step": self.step, "epoch": self.epoch,
+                "position": self.position, "train_s": self.train_s, "wall_s": wall_s}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+        torch.set_rng_state(state["torch_rng"])
+        self.train._reads = int(state["reads"])
+        self.step, self.epoch, self.position = int(state["step"]), int(state["epoch"]), int(state["position"])
+        self.train_s, self.wall_before_s = float(state["train_s"]), float(state["wall_s"])
+
+    def train_step(self, indices: list[int]) -> float:
+        x, y = self.train.collate_fn([self.train[i] for i in indices])
+        t0 = time.perf_counter()
+        loss = self.loss_fn(self.model(x), y)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        self.schedule.step()
+        self.train_s += time.perf_counter() - t0
+        self.step, self.position = self.step + 1, self.position + 1
+        return loss.item()
+
+
+def main() -> int:
+    args = _arguments()
     torch.set_num_threads(args.threads)
     config = load(args.config, tuple(args.set))
     torch.manual_seed(config.train.seed)
@@ -113,52 +165,31 @@ def main() -> int:
         train.entries = train.entries[:args.overfit]
         validation = OpenFoldDataset(args.data / "train", validation.sizes, False, 0, args.overfit)
     model = openfold.build_model(config.model)
-    optimizer, schedule = openfold.build_optimizer(model, config, 0)
-    loss_fn = openfold.build_loss(config)
+    run = Trainer(model, *openfold.build_optimizer(model, config, 0), openfold.build_loss(config), train)
     scored = torch.utils.data.DataLoader(validation, batch_size=8, collate_fn=validation.collate_fn)
-    step, epoch, position, train_s, wall_before = 0, 0, 0, 0.0, 0.0
     if args.state is not None and args.state.exists():
-        state = torch.load(io.BytesIO(read_input(args.state, STATE_BYTES, what="pre-training state")),
-                           map_location="cpu", weights_only=True)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        torch.set_rng_state(state["torch_rng"])
-        train._reads = int(state["reads"])
-        step, epoch, position = int(state["step"]), int(state["epoch"]), int(state["position"])
-        train_s, wall_before = float(state["train_s"]), float(state["wall_s"])
-        print(json.dumps({"resumed": str(args.state), "step": step, "epoch": epoch}), flush=True)
+        run.load_state_dict(torch.load(io.BytesIO(read_input(args.state, STATE_BYTES, what="pre-training state")),
+                                       map_location="cpu", weights_only=True))
+        echo(json.dumps({"resumed": str(args.state), "step": run.step, "epoch": run.epoch}))
     started = time.perf_counter()
     model.train()
-    while step < args.steps:
-        batches = _order(config.train.seed, epoch, len(train), config.train.global_batch_size)
-        while position < len(batches) and step < args.steps:
-            x, y = train.collate_fn([train[i] for i in batches[position]])
-            t0 = time.perf_counter()
-            loss = loss_fn(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            train_s += time.perf_counter() - t0
-            step, position = step + 1, position + 1
-            if step % args.every == 0 or step == args.steps:
+    while run.step < args.steps:
+        batches = _order(config.train.seed, run.epoch, len(train), config.train.global_batch_size)
+        while run.position < len(batches) and run.step < args.steps:
+            loss = run.train_step(batches[run.position])
+            if run.step % args.every == 0 or run.step == args.steps:
                 t0 = time.perf_counter()
                 value = _evaluate(model, scored)
-                wall_s = wall_before + time.perf_counter() - started
-                print(json.dumps({"step": step, "epoch": epoch, "loss": round(loss.item(), 3),
-                                  "lddt_ca": round(value, 4), "step_s": round(train_s / step, 3),
-                                  "eval_s": round(time.perf_counter() - t0, 1),
-                                  "wall_s": round(wall_s)}), flush=True)
+                wall_s = run.wall_before_s + time.perf_counter() - started
+                echo(json.dumps({"step": run.step, "epoch": run.epoch, "loss": round(loss, 3),
+                                 "lddt_ca": round(value, 4), "step_s": round(run.train_s / run.step, 3),
+                                 "eval_s": round(time.perf_counter() - t0, 1), "wall_s": round(wall_s)}))
                 if args.save:
-                    _save_average(model, Path(str(args.save).format(step=step)))
+                    _save_average(model, Path(str(args.save).format(step=run.step)))
                 if args.state is not None:
-                    _write({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                            "schedule": schedule.state_dict(), "torch_rng": torch.get_rng_state(),
-                            "reads": train._reads, "step": step, "epoch": epoch,
-                            "position": position, "train_s": train_s, "wall_s": wall_s}, args.state)
-        if position >= len(batches):
-            epoch, position = epoch + 1, 0
+                    _write(run.state_dict(wall_s), args.state)
+        if run.position >= len(batches):
+            run.epoch, run.position = run.epoch + 1, 0
     return 0
 
 

@@ -42,7 +42,7 @@ FORMAT_HELP = "A table for people, JSON for scripts."
 @_friendly
 def list_command(fmt: str, as_json: bool) -> None:
     """The registered workloads: data formats, configs (under ./configs) and quality targets."""
-    from mlhpc.workload import describe
+    from mlhpc.config.catalog import describe
 
     rows = describe()
     if as_json or fmt == "json":
@@ -248,18 +248,23 @@ def submit_command(config_path: Path, nodes: int, gpus_per_node: int, tasks_per_
               help="Untimed steps first (0 .. 100000).")
 @click.option("--trace", "trace_path", type=click.Path(path_type=Path), default=None,
               help="Chrome/Perfetto trace file (default: <output.dir>/profile/<workload>-trace.json).")
+@click.option("--roofline", "roofline_path", type=click.Path(path_type=Path), default=None,
+              help="Also measure the machine's ceilings (a large GEMM and convolution at the step's "
+                   "precision, a large copy's bandwidth) and draw the step and its heaviest operators "
+                   "under them in this PNG (HPC AI500's roofline).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
 @_friendly
 def profile_command(config_path: Path, steps: int, warmup: int, trace_path: Path | None,
-                    overrides: tuple[str, ...]) -> None:
-    """A few training steps under torch.profiler: time per phase and operator, memory, trace."""
+                    roofline_path: Path | None, overrides: tuple[str, ...]) -> None:
+    """A few training steps under torch.profiler: time per phase and operator, memory, trace;
+    with --roofline, the step against the machine's measured ceilings."""
     from rich.table import Table
 
     from mlhpc import config as cfg
     from mlhpc.run.profile import profile
 
     result = profile(cfg.load(config_path, overrides), steps=steps, warmup=warmup,
-                     trace_path=trace_path)
+                     trace_path=trace_path, roofline_path=roofline_path)
     out = console()
     phases = Table(title=f"time per step phase (ms, local batch {result.local_batch_size}, "
                    f"{result.samples_per_s:.1f} samples/s)")
@@ -282,6 +287,12 @@ def profile_command(config_path: Path, steps: int, warmup: int, trace_path: Path
                   f"forward+backward {result.flops['train_flops'] / 1e9:.3f} GFLOP", highlight=False)
     out.print(f"trace: {result.trace} (open in chrome://tracing or ui.perfetto.dev)", highlight=False,
                   soft_wrap=True)  # the path in one piece, to be copied
+    if result.roofline is not None:
+        c, step = result.roofline["ceilings"], result.roofline["step"]
+        out.print(f"roofline: {result.roofline_png} (ceilings at {c['precision']}: GEMM "
+                  f"{c['gemm_flop_per_s'] / 1e9:.4g} GFLOP/s, convolution {c['conv_flop_per_s'] / 1e9:.4g} "
+                  f"GFLOP/s, copy {c['copy_bytes_per_s'] / 1e9:.4g} GB/s; step {step['flop_per_s'] / 1e9:.4g} "
+                  f"GFLOP/s at {step['intensity_flop_per_byte']:.3g} FLOP/byte)", highlight=False, soft_wrap=True)
 
 
 @main.group("config")
@@ -300,7 +311,9 @@ def config_reference_command(out_path: Path | None) -> None:
     if out_path is None:
         echo(config_reference.render(), nl=False)
     else:
-        config_reference.write(out_path)
+        from mlhpc.run.result import write_text_atomic  # OutputError when it cannot be written
+
+        write_text_atomic(out_path, config_reference.render())
         echo(f"wrote {out_path}")
 
 

@@ -23,17 +23,13 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
-from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import ConfigError, DataError
 
-if TYPE_CHECKING:  # pragma: no cover - typing only
+if TYPE_CHECKING:  # pragma: no cover - typing only (config reads this registry at run time)
     import torch
 
+    from mlhpc.config import Config
     from mlhpc.runtime import Runtime
-
-#: The resolved `mlhpc.config.Config`. Not imported, not even for typing: config.py reads this
-#: registry to validate a workload's sections, so the two modules would import each other.
-Config = Any
 
 
 @dataclass(frozen=True)
@@ -446,38 +442,6 @@ def source_files(name: str) -> list[tuple[Path, Path]]:
         files += [(p, Path(*parts[:depth], p.name)) for p in sorted(above.glob("*.py"))]
         above = above.parent
     return files
-
-
-def describe(config_dirs: tuple[Path, ...] = (Path("configs"),)) -> list[dict[str, Any]]:
-    """One dict per registered workload, sorted by name: ``name``, ``formats`` (the forms its data
-    tools read), ``convert_to``, ``splits``, ``metric`` (key), ``target``, ``direction`` and
-    ``configs`` (the YAML files under ``config_dirs`` whose ``workload:`` names it).
-
-    Raises:
-        ConfigError: as `get` (a broken entry point).
-    """
-    import re
-
-    configs: dict[str, list[str]] = {}
-    for folder in config_dirs:
-        for path in sorted(Path(folder).glob("*.yaml")) if Path(folder).is_dir() else []:
-            try:
-                head = read_text_input(path, root=folder, what="config")[:65536]
-            except DataError:
-                continue
-            found = re.search(r"^workload:\s*([A-Za-z0-9_.-]+)\s*$", head, re.M)
-            if found:
-                configs.setdefault(found.group(1), []).append(str(path))
-    rows = []
-    for name in names():
-        workload = get(name)
-        tools = workload.data_tools or DataTools()
-        rows.append({"name": name, "formats": list(tools.formats),
-                     "convert_to": list(tools.convert_to), "splits": list(tools.splits),
-                     "prepare_options": prepare_options(tools),
-                     "metric": workload.metric.key, "target": workload.metric.target,
-                     "direction": workload.metric.direction, "configs": configs.get(name, [])})
-    return rows
 
 
 def prepare_options(tools: DataTools) -> list[dict[str, Any]]:

@@ -36,7 +36,7 @@ def test_list_never_breaks_a_config_path(columns, monkeypatch):
     monkeypatch.chdir(REPO)
     out = CliRunner().invoke(main, ["list"], env={"COLUMNS": str(columns)})
     assert out.exit_code == 0, out.output
-    from mlhpc.workload import describe
+    from mlhpc.config.catalog import describe
 
     configs = [c for row in describe() for c in row["configs"]]  # of the registered workloads
     assert len(configs) >= 6

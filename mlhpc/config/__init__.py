@@ -34,7 +34,7 @@ from mlhpc.config.yamlfile import UniqueKeyLoader, parse_override, set_path
 from mlhpc.config.yamlfile import show as _show
 from mlhpc.errors import ConfigError
 from mlhpc.hints import did_you_mean, existing_file, section_model
-from mlhpc.power.config import PowerConfig
+from mlhpc.config.power import PowerConfig
 from mlhpc.workload import get as get_workload
 
 #: Every integer a config holds fits a signed 64-bit integer (torch's int64, a C ``long long``).
@@ -477,8 +477,7 @@ def load(path: Path | str, overrides: tuple[str, ...] = ()) -> Config:
     return from_dict(read_yaml(Path(path)), source=str(path), overrides=overrides)
 
 
-def save(config: Config, path: Path) -> None:
-    """Write the resolved config as YAML (what the run actually used)."""
-    from mlhpc.data.files import write_text_atomic
-
-    write_text_atomic(Path(path), yaml.safe_dump(config.to_dict(), sort_keys=False))
+def dump(config: Config) -> str:
+    """The resolved config as YAML text (what the run actually used); the caller writes it
+    through the project's one writer (config/ writes no file)."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)

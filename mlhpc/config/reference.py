@@ -22,7 +22,6 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from mlhpc.run.result import write_text_atomic
 from mlhpc.config import Config
 
 #: Name suffix -> unit, longest first (units live in names, docs/architecture.md).
@@ -186,11 +185,3 @@ def render() -> str:
         lines.append("")
     return "\n".join(lines)
 
-
-def write(path: Path) -> None:
-    """Write `render` to ``path`` (atomically; replaces the file).
-
-    Raises:
-        OutputError: ``path`` cannot be written.
-    """
-    write_text_atomic(path, render())

@@ -12,7 +12,7 @@ with ``interconnect_power_est`` may be added by hand), and, without a node meter
 supplies, NICs, disks and anything else outside the GPUs and the RAPL zones. See docs/power.md.
 """
 
-from mlhpc.power.config import PowerConfig
+from mlhpc.config.power import PowerConfig
 from mlhpc.power.sampler import Sampler, find_sources, node_file, samples_node, sampling
 
 __all__ = ["PowerConfig", "Sampler", "find_sources", "node_file", "samples_node", "sampling"]

@@ -34,7 +34,7 @@ from mlperf_logging.mllog import constants
 
 from mlhpc.data.claims import remove_own_part
 from mlhpc.data.files import check_output_folder, open_dir, open_root, part_path, reason
-from mlhpc.power.config import POWER_DIR, PowerConfig
+from mlhpc.config.power import POWER_DIR, PowerConfig
 from mlhpc.power.sources import COUNTER, NodeMeter, Source, SourceError, close_nvml, find_nvml, find_rapl
 from mlhpc.report.plausible import implausible
 
