@@ -226,7 +226,7 @@ def test_old_store_is_migrated(tmp_path):
     engine.dispose()
     store = open_store(url)
     with store.engine.connect() as conn:
-        assert [v for (v,) in conn.execute(text("select version from schema_version order by version"))] == [1, 2, 3]
+        assert [v for (v,) in conn.execute(text("select version from schema_version order by version"))] == [1, 2, 3, 4]
         assert conn.execute(text("select time_to_train_s, campaign_id from runs")).one() == (1.5, None)
     assert json.loads(invoke("list", "--store", url, "--format", "json").output)[0]["time_to_train_s"] == 1.5
 

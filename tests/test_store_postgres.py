@@ -46,7 +46,7 @@ def test_compare_verdicts_postgres(url, tmp_path):
 def test_schema_version_postgres(url):
     store = open_store(url)
     with store.engine.connect() as conn:
-        assert [v for (v,) in conn.execute(text("select version from schema_version order by version"))] == [1, 2, 3]
+        assert [v for (v,) in conn.execute(text("select version from schema_version order by version"))] == [1, 2, 3, 4]
     store.close()
 
 

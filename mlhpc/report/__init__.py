@@ -5,10 +5,12 @@ Modules, one step each:
 - `parse`: ``:::MLLOG`` lines -> events (malformed lines listed with file and line, never raised);
 - `runs`: one log -> `RunSummary` (time to train, staging, init, epochs, evaluation, residual);
 - `energy`: the power logs beside a result -> energy to train, as result_summarizer integrates them;
+- `validflops`: HPC AI500's Valid FLOPS and Valid FLOPS per watt of each run and folder;
 - `compliance`: MLCommons' compliance checker per log; `rcp`: reference convergence points;
 - `score`: result folders -> strong (olympic mean) and weak (models/min) scores, exactly as
   MLCommons' result_summarizer;
-- `render`, `plots`: output; `package`: mlhpc run folders -> a submission package.
+- `render`, `plots`: output; `roofline`: the roofline figure `mlhpc profile --roofline` draws;
+  `package`: mlhpc run folders -> a submission package.
 
 `run_report` is the one call the CLI makes.
 """
@@ -26,6 +28,7 @@ from mlhpc.report.parse import Event, Malformed, ParsedLog, parse_log, parse_tex
 from mlhpc.report.render import render, tables
 from mlhpc.report.runs import RunSummary, summarize_run
 from mlhpc.report.score import FolderResult, Report, build_report
+from mlhpc.report.validflops import DEFAULT_EXPONENT, check_exponent
 
 __all__ = [
     "Event", "FolderResult", "Malformed", "Outcome", "PackageOptions", "PackageResult", "ParsedLog",
@@ -63,6 +66,8 @@ class ReportOptions:
         package: lay the runs out as a submission (the paths must then be mlhpc run folders).
         price_per_node_hour / price_per_kwh: prices for the cost to train; None: the system
             descriptions' (`_price`), else not shown.
+        valid_flops_exponent: the n of HPC AI500's quality penalty in Valid FLOPS
+            (`mlhpc.report.validflops`; 5, as HPC AI500 sets it).
     """
 
     fmt: str = "table"
@@ -75,6 +80,7 @@ class ReportOptions:
     price_per_kwh: float | None = None
     wide: bool = False
     width: int = 100
+    valid_flops_exponent: float = DEFAULT_EXPONENT
 
 
 @dataclass
@@ -103,7 +109,7 @@ def run_report(paths: list[Path], options: ReportOptions | None = None) -> Outco
 
     Raises:
         LogFormatError: a path is missing, holds no logs, or a log is unreadable.
-        ConfigError: a bad option value, a bad or ambiguous price in a system description
+        ConfigError: a bad option value (a price, the Valid FLOPS exponent), a bad or ambiguous price in a system description
             (`_price`), or package names/contents that cannot be laid out.
     """
     options = options or ReportOptions()
@@ -111,7 +117,12 @@ def run_report(paths: list[Path], options: ReportOptions | None = None) -> Outco
         value = getattr(options, name)
         if value is not None and not (0 <= value < float("inf")):
             raise ConfigError(f"--{name.replace('_', '-')} {value}: expected a finite price >= 0")
-    report = build_report(paths, compliance=options.compliance, ruleset=options.ruleset)
+    try:
+        exponent = check_exponent(options.valid_flops_exponent)
+    except ValueError as exc:
+        raise ConfigError(f"--valid-flops-exponent {exc}") from None
+    report = build_report(paths, compliance=options.compliance, ruleset=options.ruleset,
+                          valid_flops_exponent=exponent)
     report.price_per_node_hour, report.price_per_kwh = (_price(report, options, name) for name in PRICE_KEYS)
     output = (tables(report, options.level, options.wide, options.width) if options.fmt == "table"
               else render(report, options.fmt, options.level))

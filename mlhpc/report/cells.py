@@ -13,6 +13,7 @@ from typing import Any, Iterable
 
 from mlhpc.report.runs import RunSummary
 from mlhpc.report.score import FolderResult, Report
+from mlhpc.report.validflops import exponent_of
 
 #: The one line the human formats give when no run of a report has power readings.
 NO_POWER_COUNTER = ("no power counter: no run has power readings (power/result_N/node_K.txt), "
@@ -234,3 +235,52 @@ def run_view_title(f: FolderResult) -> str:
     if f.energy_olympic_j is not None:
         title += f", energy {f.energy_olympic_j / 3.6e6:.4f} kWh (olympic mean)"
     return title + f"; {convergence_text(f)}"
+
+
+def flops_text(value: float | None) -> str:
+    """A FLOP rate (or FLOP/s per W) with an SI prefix and three figures: ``4.41 T``, ``512 M``;
+    ``-`` when there is none."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    for scale, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {prefix}"
+    return f"{value:.3g}"
+
+
+def valid_flops_header(runs: Iterable[RunSummary]) -> str:
+    """``valid FLOP/s (n=5)``: the column's name with the penalty's exponent beside it."""
+    return f"valid FLOP/s (n={exponent_of(list(runs)):g})"
+
+
+def any_valid_flops(report: Report, per_w: bool = False) -> bool:
+    """Some run of ``report`` has Valid FLOPS (``per_w``: Valid FLOPS per watt)."""
+    return any(r.valid_flops is not None and
+               (r.valid_flops.valid_flops_per_w if per_w else r.valid_flops.valid_flops_per_s) is not None
+               for f in report.folders for r in f.runs)
+
+
+def valid_flops_notes(report: Report) -> list[str]:
+    """The notes under the tables on Valid FLOPS: what it is and where each run's FLOPs per
+    sample came from, then why the runs without one have none (each reason once, counted)."""
+    runs = [r for f in report.folders for r in f.runs if r.valid_flops is not None]
+    with_figure = [r.valid_flops for r in runs if r.valid_flops.valid_flops_per_s is not None]  # type: ignore[union-attr]
+    out = []
+    if with_figure:
+        n = f"{with_figure[0].exponent:g}"  # type: ignore[union-attr]
+        sources = _counted(v.flops_source for v in with_figure)  # type: ignore[union-attr]
+        out.append(f"Valid FLOPS (HPC AI500, n={n}): counted training FLOPs per sample x samples trained / "
+                   f"time to train x min(1, (achieved/target)^{n}), the ratio inverted for an error; a system "
+                   f"figure, not an MLPerf score. FLOPs per sample from {sources}")
+    missing = [r.valid_flops.note for r in runs if r.valid_flops.valid_flops_per_s is None]  # type: ignore[union-attr]
+    if missing:
+        out.append(f"no Valid FLOPS for {len(missing)} run(s): {_counted(missing)}")
+    return out
+
+
+def _counted(items: Iterable[str | None]) -> str:
+    """``"a (3 runs); b (1 run)"``: each distinct text with how many runs gave it."""
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item or "?"] = counts.get(item or "?", 0) + 1
+    return "; ".join(f"{text} ({k} run{'s' if k > 1 else ''})" for text, k in counts.items())

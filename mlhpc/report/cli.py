@@ -45,15 +45,21 @@ if TYPE_CHECKING:
               help="Cost to train: kWh of measured energy to train (power/result_N/node_K.txt, as "
                    "result_summarizer integrates it; GPUs by NVML and CPU/DRAM by RAPL, or the node "
                    "meter; switches only from sw_K.txt) x this price. No energy, no cost.")
+@click.option("--valid-flops-exponent", type=click.FloatRange(min=0, max=1e6), default=5.0, show_default=True,
+              help="n of HPC AI500's quality penalty in Valid FLOPS: FLOPS x min(1, (achieved/target)^n), "
+                   "the ratio inverted for an error.")
 def report_command(paths: tuple[Path, ...], fmt: str, level: str, wide: bool, compliance: bool,  # one per option
                    ruleset: str | None, plots_dir: Path | None, package_dir: Path | None,
                    org: str | None, system_name: str | None, check_package: bool, rcp_bypass: bool,
-                   price_per_node_hour: float | None, price_per_kwh: float | None) -> None:
+                   price_per_node_hour: float | None, price_per_kwh: float | None,
+                   valid_flops_exponent: float) -> None:
     """Score result logs under PATHS: round trees, result folders, mlhpc run folders or logs.
 
     Energy to train (and mean power) comes from the MLPerf power logs beside each result,
     power/result_N/node_K.txt, integrated as MLCommons' result_summarizer does; "-" where a
-    run has none (no power counter, or a published round without power)."""
+    run has none (no power counter, or a published round without power). Valid FLOPS (HPC
+    AI500) is the counted training FLOPs over time to train, penalised for quality short of the
+    target; per watt where energy was measured."""
     from mlhpc.errors import ConfigError, MlhpcError
     from mlhpc.report import PackageOptions, ReportOptions, run_report
 
@@ -67,7 +73,7 @@ def report_command(paths: tuple[Path, ...], fmt: str, level: str, wide: bool, co
                                                         ruleset=ruleset, plots_dir=plots_dir, package=package,
                                                         price_per_node_hour=price_per_node_hour,
                                                         price_per_kwh=price_per_kwh, wide=wide,
-                                                        width=width))
+                                                        width=width, valid_flops_exponent=valid_flops_exponent))
     except MlhpcError as exc:  # the project's convention: one line on stderr, exit status 2
         echo(f"mlhpc: error: {one_line(exc)}", err=True)
         raise SystemExit(2) from None

@@ -4,10 +4,12 @@ They hold the columns a person reads first and fit a 100-column terminal:
 
 - runs (one table per mlhpc run folder, titled with the folder, benchmark, olympic mean and RCP
   verdict): run, status, compliant, time to train, energy (where any run has power readings),
-  staging (``not staged`` where nothing was copied), epochs, samples/s, resumed;
+  staging (``not staged`` where nothing was copied), epochs, samples/s, Valid FLOPS (and per
+  watt) where any run has one (`mlhpc.report.validflops`), resumed;
 - folders (one row per result folder, instead of the wide systems x benchmarks matrix):
   benchmark, system (``submitter: system``, or the run folder), division, nodes x accelerators,
-  the score with its RCP verdict, and energy (where any folder has an energy score).
+  the score with its RCP verdict, energy (where any folder has an energy score) and Valid FLOPS
+  (where any folder has one).
 
 Every figure is the same text as in the wide views (`mlhpc.report.cells`).
 """
@@ -16,9 +18,9 @@ from __future__ import annotations
 
 from rich.cells import cell_len
 
-from mlhpc.report.cells import (STRONG_TITLE, WEAK_TITLE, any_energy, cost, energy, energy_unit, fmt, folder_name,
-                                folder_nodes, priced, resumed_cell, run_view_title, scale, staging_cell,
-                                strong_cell, system_key, weak_cell)
+from mlhpc.report.cells import (STRONG_TITLE, WEAK_TITLE, any_energy, any_valid_flops, cost, energy, energy_unit,
+                                flops_text, fmt, folder_name, folder_nodes, priced, resumed_cell, run_view_title,
+                                scale, staging_cell, strong_cell, system_key, valid_flops_header, weak_cell)
 from mlhpc.report.score import FolderResult, Report
 
 View = tuple[str, list[str], list[list[str]]]
@@ -44,12 +46,18 @@ def _run_rows(report: Report, f: FolderResult, measured: bool) -> tuple[list[str
     """A run folder's rows; a ``cost`` column when a price was given (`mlhpc.report.cells.cost`)."""
     eunit, per = energy_unit(r.energy_to_train_j for r in f.runs)
     header = ["run", "status", "compliant", "time to train s"] + ([f"energy {eunit}"] if measured else [])
-    header += ["staging s", "epochs", "samples/s", "resumed"] + (["cost"] if priced(report) else [])
+    header += ["staging s", "epochs", "samples/s"]
+    flops, per_w = any_valid_flops(report), any_valid_flops(report, per_w=True)
+    header += (["valid FLOP/s"] if flops else []) + (["valid FLOP/s per W"] if per_w else [])
+    header += ["resumed"] + (["cost"] if priced(report) else [])
     body = []
     for r in f.runs:
+        valid = r.valid_flops
         body.append([r.path.rsplit("/", 1)[-1], r.status, fmt(r.compliant), fmt(r.time_to_train_s)]
                     + ([energy(r.energy_to_train_j, per)] if measured else [])
-                    + [staging_cell(r, wide=False), fmt(r.n_epochs), fmt(r.samples_per_s, 1), resumed_cell(r)]
+                    + [staging_cell(r, wide=False), fmt(r.n_epochs), fmt(r.samples_per_s, 1)]
+                    + ([flops_text(valid and valid.valid_flops_per_s)] if flops else [])
+                    + ([flops_text(valid and valid.valid_flops_per_w)] if per_w else []) + [resumed_cell(r)]
                     + ([fmt(cost(report, r.number_of_nodes, r.time_to_train_min, r.energy_to_train_j))]
                        if priced(report) else []))
     return header, body
@@ -59,15 +67,18 @@ def _folder_rows(report: Report, folders: list[FolderResult], cell, score: str) 
     """One row per folder; a ``cost`` column (of the folder's score) when a price was given."""
     multi_round = len({f.round for f in folders}) > 1
     measured = any(f.energy_olympic_j is not None for f in folders)
+    flops = any(f.valid_flops_per_s is not None for f in folders)
     header = ["benchmark", "system", "division", "nodes x accelerators", score]
     header += (["energy kWh"] if measured else []) + (["cost"] if priced(report) else [])
+    header += [valid_flops_header(r for f in folders for r in f.runs)] if flops else []
     body = []
     for f in folders:
         system = f"{f.round} {folder_name(f)}" if multi_round and f.round else folder_name(f)
         price = cost(report, folder_nodes(f), f.olympic_min if f.kind != "weak" else None, f.energy_olympic_j)
         body.append([f.benchmark or "?", system, f.division or "?", scale(f), cell(f)]
                     + ([energy(f.energy_olympic_j, 3.6e6)] if measured else [])
-                    + ([fmt(price)] if priced(report) else []))
+                    + ([fmt(price)] if priced(report) else [])
+                    + ([flops_text(f.valid_flops_per_s)] if flops else []))
     return header, body
 
 

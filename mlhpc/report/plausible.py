@@ -6,7 +6,8 @@ with a reason, never stored as a success.
   (a 30-digit integer) makes the record malformed, with the reason. ``NaN``, ``Infinity`` (and
   ``1e999``) are read as ``mlp_parser`` reads them; a figure made from one is refused by
   `implausible`.
-- `implausible`: a derived figure against `BOUNDS` (time to train, durations, energy, watts):
+- `implausible`: a derived figure against `BOUNDS` (time to train, durations, energy, watts,
+  FLOPs per sample):
   not finite, negative, or beyond any machine's reach.
 """
 
@@ -16,12 +17,14 @@ import math
 from typing import Any
 
 #: ``name: (lowest, highest, unit)`` of each figure: a year of time to train; a 1 GW system for
-#: that year in joules; 10 MW drawn by one node or meter; a duration as long as a time to train.
+#: that year in joules; 10 MW drawn by one node or meter; a duration as long as a time to train;
+#: an exaFLOP of training work per sample (a side file's FLOPs per sample).
 BOUNDS: dict[str, tuple[float, float, str]] = {
     "time_to_train_s": (0.0, 366 * 86400.0, "s"),
     "duration_s": (0.0, 366 * 86400.0, "s"),
     "energy_j": (0.0, 1e9 * 366 * 86400.0, "J"),
     "power_w": (0.0, 1e7, "W"),
+    "flops_per_sample": (0.0, 1e18, "FLOP"),
 }
 #: The largest integer a log value may hold (a signed 64-bit integer, as the store keeps it).
 MAX_INT = (1 << 63) - 1

@@ -26,6 +26,7 @@ from mlhpc.report.cells import (
     STRONG_TITLE,
     WEAK_TITLE,
     any_energy,
+    any_valid_flops,
     convergence_text,
     cost,
     energy,
@@ -34,6 +35,7 @@ from mlhpc.report.cells import (
     epoch_unit,
     fmt,
     folder_name,
+    flops_text,
     folder_nodes,
     node_energy,
     priced,
@@ -43,11 +45,15 @@ from mlhpc.report.cells import (
     staging_cell,
     strong_cell,
     system_key,
+    valid_flops_header,
+    valid_flops_notes,
     weak_cell,
 )
 from mlhpc.report.compact import compact_views, fit_widths
 from mlhpc.report.energy import POWER_NOTE_PREFIX
+from mlhpc.report.runs import RunSummary
 from mlhpc.report.score import FolderResult, Report
+from mlhpc.report.validflops import exponent_of
 from mlhpc.text import cell, console, joined, styled
 
 FORMATS = ("table", "json", "csv", "markdown")
@@ -57,11 +63,14 @@ FOLDER_COLUMNS = ("round", "submitter", "system", "division", "mode", "benchmark
                   "resumed", "scaling_factor", "olympic_min", "ttta_min", "number_of_models", "models_per_min",
                   "instance_scale", "global_batch_size", "compliance", "rcp_pass", "rcp_message",
                   "rcp_normalization", "normalized_min", "convergence_unit", "mean_epochs",
-                  "rcp_mean_epochs", "rcp_min_epochs", "energy_olympic_j", "cost_to_train", "notes")
+                  "rcp_mean_epochs", "rcp_min_epochs", "energy_olympic_j", "cost_to_train", "notes",
+                  "valid_flops_per_s", "valid_flops_per_w", "valid_flops_exponent")
 RUN_COLUMNS = ("folder", "file", "benchmark", "status", "compliant", "resumed", "time_to_train_s",
                "energy_to_train_j", "mean_power_w", "mean_epoch_energy_j", "cost_to_train", "staging_s", "init_s", "epochs", "epochs_to_target", "mean_epoch_s", "samples_per_s",
                "eval_s", "residual_s", "nodes", "accelerators_per_node", "global_batch_size",
-               "metric", "final_metric", "target", "malformed_lines", "power_note")
+               "metric", "final_metric", "target", "malformed_lines", "power_note",
+               "train_flops_per_sample", "samples_trained", "valid_flops_per_s", "valid_flops_per_w",
+               "valid_flops_exponent", "flops_source", "valid_flops_note")
 
 
 def folder_rows(report: Report) -> list[dict[str, Any]]:
@@ -93,6 +102,8 @@ def folder_rows(report: Report) -> list[dict[str, Any]]:
             "energy_olympic_j": f.energy_olympic_j,
             "cost_to_train": cost(report, folder_nodes(f), f.olympic_min, f.energy_olympic_j),
             "notes": "; ".join(f.notes + [f"{k.rsplit('/', 1)[-1]}: {v}" for k, v in f.dropped.items()]),
+            "valid_flops_per_s": f.valid_flops_per_s, "valid_flops_per_w": f.valid_flops_per_w,
+            "valid_flops_exponent": exponent_of(f.runs),
         })
     return rows
 
@@ -116,8 +127,18 @@ def run_rows(report: Report) -> list[dict[str, Any]]:
                 "global_batch_size": r.global_batch_size, "metric": r.metric_key,
                 "final_metric": r.metric_series[-1][1] if r.metric_series else None,
                 "target": r.target, "malformed_lines": len(r.malformed), "power_note": r.power_note,
+                **_valid_flops_fields(r),
             })
     return rows
+
+
+def _valid_flops_fields(run: RunSummary) -> dict[str, Any]:
+    """The run's Valid FLOPS columns (`mlhpc.report.validflops.ValidFlops`)."""
+    v = run.valid_flops
+    return {"train_flops_per_sample": v and v.train_flops_per_sample, "samples_trained": v and v.samples_trained,
+            "valid_flops_per_s": v and v.valid_flops_per_s, "valid_flops_per_w": v and v.valid_flops_per_w,
+            "valid_flops_exponent": v and v.exponent, "flops_source": v and v.flops_source,
+            "valid_flops_note": v and v.note}
 
 
 def resolve_level(report: Report, level: str) -> str:
@@ -159,7 +180,8 @@ def _run_table_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     eunit, per = energy_unit(r.energy_to_train_j for r in runs)
     header = ["run", "status", "compliant", "time to train s", f"energy {eunit}", "mean power W",
               f"energy per node {eunit}", "staging s", "init s", "epochs", f"{unit} to target",
-              "mean epoch s", f"epoch energy {eunit}", "samples/s", "eval s", "residual s", "resumed"]
+              "mean epoch s", f"epoch energy {eunit}", "samples/s", valid_flops_header(runs), "valid FLOP/s per W",
+              "eval s", "residual s", "resumed"]
     header += ["cost"] if priced(report) else []
     body = []
     for row, run in zip(run_rows(report), runs):
@@ -168,7 +190,7 @@ def _run_table_rows(report: Report) -> tuple[list[str], list[list[str]]]:
                      node_energy(run, per), staging_cell(run), fmt(row["init_s"]), fmt(row["epochs"]),
                      fmt(row["epochs_to_target"], 0), fmt(row["mean_epoch_s"]),
                      energy(row["mean_epoch_energy_j"], per), fmt(row["samples_per_s"], 1),
-                     fmt(row["eval_s"]), fmt(row["residual_s"]), resumed_cell(run)]
+                     flops_text(row["valid_flops_per_s"]), flops_text(row["valid_flops_per_w"]), fmt(row["eval_s"]), fmt(row["residual_s"]), resumed_cell(run)]
                     + ([fmt(row["cost_to_train"])] if priced(report) else []))
     return header, body
 
@@ -195,6 +217,11 @@ def _views(report: Report, level: str, wide: bool = True) -> list[tuple[str, lis
         header, body = _matrix(strong + weak, lambda f: energy_cell(report, f))
         views.append(("Energy to train, kWh: olympic mean as result_summarizer scores power (- : no power "
                       "readings)" + ("; cost to train" if priced(report) else ""), header, body))
+    if any(f.valid_flops_per_s is not None for f in strong + weak):
+        header, body = _matrix(strong + weak, lambda f: flops_text(f.valid_flops_per_s))
+        views.append((f"{valid_flops_header(r for f in report.folders for r in f.runs)}, HPC AI500: mean over "
+                      "each folder's runs, a system figure, not an MLPerf score (- : FLOPs per sample not known)",
+                      header, body))
     return views
 
 
@@ -215,6 +242,7 @@ def notes(report: Report) -> list[str]:
             out.append(f"{where}: compliance {f.ruleset_note}")
         out += [f"{where}: dropped {p.rsplit('/', 1)[-1]}: {r}" for p, r in f.dropped.items()]
     out += [f"malformed line {m}" for m in report.malformed]
+    out += valid_flops_notes(report)
     if no_power:
         out.append(NO_POWER_COUNTER)
     if not report.compliance_checked:

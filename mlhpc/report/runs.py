@@ -156,6 +156,7 @@ class RunSummary:
             result_summarizer integrates them (`mlhpc.report.energy`); None where unmeasured.
         node_energy_j: joules per node (and switch) file. mean_epoch_energy_j: the readings'
             energy over each ``epoch_start .. epoch_stop``, averaged. power_note: why no energy.
+        valid_flops: HPC AI500's Valid FLOPS (per watt) of the run (`mlhpc.report.validflops`).
     """
 
     path: str
@@ -204,6 +205,7 @@ class RunSummary:
     node_energy_j: dict[str, float] = field(default_factory=dict)
     mean_epoch_energy_j: float | None = None
     power_note: str | None = None
+    valid_flops: Any = None  # a ValidFlops (mlhpc.report.validflops imports this module)
 
     @property
     def time_to_train_min(self) -> float | None:
@@ -233,6 +235,7 @@ class RunSummary:
         """A JSON-able dict of every field plus the derived ``*_min``/mean/total values."""
         out = {k: v for k, v in self.__dict__.items()}
         out["metric_series"] = [list(p) for p in self.metric_series]
+        out["valid_flops"] = self.valid_flops.to_dict() if self.valid_flops is not None else None
         out.update(time_to_train_min=self.time_to_train_min, mean_epoch_s=self.mean_epoch_s,
                    total_train_s=self.total_train_s, total_eval_s=self.total_eval_s,
                    time_to_train_total_s=self.time_to_train_total_s)

@@ -48,6 +48,7 @@ from mlhpc.report.parse import ParsedLog, file_kind, parse_log, read_scaling_fac
 from mlhpc.report.rcp import RcpVerdict, check_folder
 from mlhpc.report.runs import (RunSummary, is_resumed, official_instance_scale, official_start_stop,
                                summarize_run, superseded_logs)
+from mlhpc.report.validflops import DEFAULT_EXPONENT, attach_valid_flops, folder_valid_flops
 
 RESULT_RE = re.compile(r"^result_.*\.txt$")
 PRUNED = "pruned_results"
@@ -81,6 +82,8 @@ class FolderResult:
             power: the runs' energies in the order of their times to train, the same olympic
             drop, times ``scaling_factor`` (weak scaling: its ``_compute_olympic_average(E, 1, 1)``);
             None when a counted run has no power readings.
+        valid_flops_per_s / valid_flops_per_w: HPC AI500's figures of the folder
+            (`mlhpc.report.validflops.folder_valid_flops`).
     """
 
     path: str
@@ -106,6 +109,8 @@ class FolderResult:
     notes: list[str] = field(default_factory=list)
     system_desc: dict[str, Any] = field(default_factory=dict)
     energy_olympic_j: float | None = None
+    valid_flops_per_s: float | None = None
+    valid_flops_per_w: float | None = None
 
     @property
     def n_files(self) -> int:
@@ -348,7 +353,7 @@ def _weak_scale_reason(result: FolderResult, parsed: ParsedLog, path: Path, tall
     return None
 
 
-def _read_runs(result: FolderResult, files: list[Path], compliance: bool) -> _Tally:
+def _read_runs(result: FolderResult, files: list[Path], compliance: bool, exponent: float) -> _Tally:
     """Parse and summarize every log into ``result.runs``; keep resumed runs apart, drop the
     runs that do not count (``result.dropped``) and return those that do."""
     tally = _Tally()
@@ -357,6 +362,7 @@ def _read_runs(result: FolderResult, files: list[Path], compliance: bool) -> _Ta
         parsed = parse_log(path, root=path.parent)  # no link out of the folder, no FIFO
         run = summarize_run(parsed, target=_run_target(path) if result.kind == "runs" else None)
         attach_energy(run, path, parsed.events)
+        attach_valid_flops(run, path, parsed.events, exponent)
         result.runs.append(run)
         if is_resumed(parsed) or path.name in superseded:  # kept apart: never an ordinary run
             result.resumed.append(str(path))
@@ -389,7 +395,7 @@ def _name_from_runs(result: FolderResult, folder: Path) -> None:
 
 
 def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
-                 ruleset: str | None = None) -> FolderResult:
+                 ruleset: str | None = None, valid_flops_exponent: float = DEFAULT_EXPONENT) -> FolderResult:
     """Parse, check and score one result folder.
 
     Args:
@@ -398,12 +404,13 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
         compliance: run MLCommons' compliance checker on every log (as result_summarizer does);
             when False, only parse errors and missing run_start/run_stop drop a run.
         ruleset: hpc ruleset override (default: from the path, see `ruleset_for`).
+        valid_flops_exponent: the n of HPC AI500's quality penalty (`mlhpc.report.validflops`).
 
     Raises:
         LogFormatError: a log or ``scaling.json`` cannot be read.
     """
     result = _new_result(folder, ruleset)
-    tally = _read_runs(result, files, compliance)
+    tally = _read_runs(result, files, compliance, valid_flops_exponent)
     _name_from_runs(result, folder)
     result.scaling_factor = read_scaling_factor(folder)
 
@@ -419,6 +426,7 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
     else:
         _score_strong(result, tally.scored, folder, [Path(p) for p in files if str(p) not in result.resumed])
     score_energy(result, tally.scored, rules.of_round(result.ruleset, result.round).max_dropped)
+    folder_valid_flops(result)
     return result
 
 
@@ -461,8 +469,8 @@ def _score_strong(result: FolderResult, scored: list[tuple[RunSummary, float, fl
                                   division=result.division, files=files)
 
 
-def build_report(paths: Iterable[Path | str], *, compliance: bool = True,
-                 ruleset: str | None = None) -> Report:
+def build_report(paths: Iterable[Path | str], *, compliance: bool = True, ruleset: str | None = None,
+                 valid_flops_exponent: float = DEFAULT_EXPONENT) -> Report:
     """Find every result folder under ``paths`` and score each (see the module docstring).
 
     Args:
@@ -470,6 +478,7 @@ def build_report(paths: Iterable[Path | str], *, compliance: bool = True,
         compliance: run the official compliance checker per log (needed for official scores;
             about 3 ms per log).
         ruleset: force an hpc ruleset (``"1.0.0"``, ``"2.0.0"``, ``"3.0.0"``).
+        valid_flops_exponent: the n of HPC AI500's quality penalty (default 5).
 
     Returns:
         a `Report` with one `FolderResult` per folder, in path order.
@@ -479,7 +488,7 @@ def build_report(paths: Iterable[Path | str], *, compliance: bool = True,
         ConfigError: an unknown ruleset.
     """
     started = time.perf_counter()
-    folders = [score_folder(folder, files, compliance=compliance, ruleset=ruleset)
-               for folder, files in find_result_folders(paths)]
+    folders = [score_folder(folder, files, compliance=compliance, ruleset=ruleset,
+                            valid_flops_exponent=valid_flops_exponent) for folder, files in find_result_folders(paths)]
     return Report(folders=folders, compliance_checked=compliance,
                   elapsed_s=time.perf_counter() - started)

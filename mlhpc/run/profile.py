@@ -8,6 +8,8 @@ forward, backward, optimizer; DDP's communication shows up in the operator table
 ``gloo``/``nccl`` kernels), the memory breakdown (parameters, gradients, optimizer state,
 activations saved for backward; `mlhpc.run.step`), and writes a Chrome trace that chrome://tracing
 and Perfetto open (by default ``<output.dir>/profile/<workload>-trace.json``, `default_trace`).
+With ``--roofline PNG`` it measures the machine's ceilings at the step's precision and draws the
+step and its heaviest operators under them (`mlhpc.run.roofline`, HPC AI500's roofline).
 The model, loaders, optimizer and step are those of a run: `mlhpc.run.assemble.build` makes them.
 """
 
@@ -27,10 +29,12 @@ from mlhpc.run.result import check_output_dir
 
 from mlhpc.run import assemble
 from mlhpc.data.files import atomic_output
+from mlhpc.report.roofline import Roofline, write_roofline
 from mlhpc.config import Config
 from mlhpc.errors import ConfigError, OutputError
 from mlhpc.data.embedded import ensure_data
 from mlhpc.runtime import Runtime
+from mlhpc.run import roofline as rooflines
 from mlhpc.run.step import Step, compile_mode, memory_breakdown, train_step
 from mlhpc.run.train import local_batch_size
 from mlhpc.workload import get as get_workload
@@ -55,13 +59,27 @@ class ProfileResult:
     precision: str = "fp32"  # "bf16": autocast, as train.amp on CUDA
     compile: str | None = None  # the torch.compile mode, None: eager
     notes: list[str] = field(default_factory=list)
+    roofline: dict[str, Any] | None = None  # `mlhpc.report.roofline.Roofline.to_dict`, with --roofline
+    roofline_png: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What `profile` was asked for: steps, warm-up steps, the trace file, operators listed, the
+    roofline PNG (None: none)."""
+
+    steps: int
+    warmup: int
+    trace: Path
+    top: int
+    roofline: Path | None
+
+
 def profile(config: Config, steps: int = 5, warmup: int = 2, trace_path: Path | None = None,
-            top: int = 15) -> ProfileResult:
+            top: int = 15, roofline_path: Path | None = None) -> ProfileResult:
     """Profile ``steps`` training steps of ``config``'s workload after ``warmup`` untimed ones.
 
     Sets up (and tears down) the job's process group as `mlhpc.run.train.run` does, so DDP and its
@@ -75,7 +93,9 @@ def profile(config: Config, steps: int = 5, warmup: int = 2, trace_path: Path | 
             or the trace cannot be written (no partial file is left).
 
     The Chrome trace goes to ``trace_path``, by default `default_trace` (under the config's
-    ``output.dir``); `ProfileResult.trace` names the file written.
+    ``output.dir``); `ProfileResult.trace` names the file written. With ``roofline_path`` the
+    roofline PNG goes there (its folder checked first, like the trace's) and
+    `ProfileResult.roofline` holds its figures.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
         raise ConfigError(f"profile --steps {steps}: must be an integer from 1 to {MAX_STEPS}")
@@ -86,8 +106,13 @@ def profile(config: Config, steps: int = 5, warmup: int = 2, trace_path: Path | 
         raise OutputError(f"--trace {trace}: is a folder; give a file name")
     check_output_dir(trace.parent if str(trace.parent) else Path("."),
                             key="--trace folder" if trace_path is not None else "output.dir")
+    if roofline_path is not None:
+        roofline_path = Path(roofline_path)
+        if roofline_path.is_dir():
+            raise OutputError(f"--roofline {roofline_path}: is a folder; give a file name")
+        check_output_dir(roofline_path.parent if str(roofline_path.parent) else Path("."), key="--roofline folder")
     with runtime.started(config.train.device, threads=config.train.threads) as (rt, _):
-        return _profile(config, rt, steps, warmup, trace, top)
+        return _profile(config, rt, _Plan(steps, warmup, trace, top, roofline_path))
 
 
 def default_trace(config: Config) -> Path:
@@ -96,8 +121,8 @@ def default_trace(config: Config) -> Path:
     return Path(config.output.dir) / "profile" / f"{config.workload}-trace.json"
 
 
-def _profile(config: Config, rt: Runtime, steps: int, warmup: int, trace_path: Path | None,
-             top: int) -> ProfileResult:  # 6: profile's arguments and the runtime
+def _profile(config: Config, rt: Runtime, plan: _Plan) -> ProfileResult:
+    steps = plan.steps
     job = assemble.tool_job(config, get_workload(config.workload), rt)
     ensure_data(config, job.workload, rt)
     lbs = local_batch_size(config, rt)
@@ -110,7 +135,7 @@ def _profile(config: Config, rt: Runtime, steps: int, warmup: int, trace_path: P
     timer = _PhaseTimer(rt.device)
     step.model.train()
     batches = _cycle(loader)
-    for _ in range(warmup):
+    for _ in range(plan.warmup):
         timer.step(step, batches, timed=False)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if rt.device.type == "cuda" else [])
     with torch.profiler.profile(activities=activities, record_shapes=False) as prof:
@@ -118,15 +143,41 @@ def _profile(config: Config, rt: Runtime, steps: int, warmup: int, trace_path: P
         for _ in range(steps):
             timer.step(step, batches, timed=True)
         wall = time.perf_counter() - wall0
-    trace = _write_trace(prof, Path(trace_path))
-    return ProfileResult(
+    trace = _write_trace(prof, plan.trace)
+    result = ProfileResult(
         steps=steps, local_batch_size=lbs,
         phase_ms={k: v * 1e3 / steps for k, v in timer.seconds.items()},
-        operators=_operators(prof, steps, rt.device, top), memory=memory.to_dict(),
+        operators=_operators(prof, steps, rt.device, plan.top), memory=memory.to_dict(),
         flops=parts.flops.to_dict(), trace=str(trace), samples_per_s=steps * lbs / wall if wall else 0.0,
         distributed=rt.distributed, precision=step.precision,
         compile=compile_mode(config.train.compile),
         notes=["phase times include profiler overhead; the operator table is per step"])
+    if plan.roofline is not None:
+        roof = _roofline(job, parts, (x0, y0), steps)
+        result.roofline = roof.to_dict()
+        result.roofline_png = str(write_roofline(roof, plan.roofline))
+    return result
+
+
+def _roofline(job: Any, parts: Any, batch: tuple[Any, Any], steps: int) -> Roofline:
+    """The step's roofline (`mlhpc.run.roofline`): ``steps`` of the run's own step on ``batch``
+    timed (no profiler, no data loading), one eager step's operators tallied on a scratch copy,
+    the machine's ceilings at the step's precision."""
+    step, (x, y) = parts.step, batch
+    step.model.train()
+    train_step(step, x, y)  # settles a compiled step before it is timed
+    if step.device.type == "cuda":
+        torch.cuda.synchronize(step.device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        train_step(step, x, y)
+    if step.device.type == "cuda":
+        torch.cuda.synchronize(step.device)
+    step_s = (time.perf_counter() - t0) / steps
+    scratch, scratch_opt = assemble.scratch_copy(job, parts.model)
+    tally = rooflines.tally_step(scratch, scratch_opt, step, x, y)
+    ceilings = rooflines.measure_ceilings(step.device, step.precision)
+    return rooflines.roofline(job.workload.name, ceilings, tally, step_s)
 
 
 def _write_trace(prof: Any, trace: Path) -> Path:

@@ -108,6 +108,15 @@ def _text(value: Any, limit: int = 256) -> str | None:
     return None if value is None else str(value)[:limit]
 
 
+def _valid_flops(run: RunSummary) -> dict[str, Any]:
+    """HPC AI500's figures of the run (`mlhpc.report.validflops`, n = 5), None where unknown."""
+    v = run.valid_flops
+    if v is None or v.valid_flops_per_s is None:
+        return {"valid_flops_per_s": None, "valid_flops_per_w": None, "valid_flops_exponent": None}
+    return {"valid_flops_per_s": v.valid_flops_per_s, "valid_flops_per_w": v.valid_flops_per_w,
+            "valid_flops_exponent": v.exponent}
+
+
 def run_row(folder: FolderResult, run: RunSummary, log: _Log, campaign_id: str | None) -> dict[str, Any]:
     """The ``runs`` row of one summarised log (see `mlhpc.store.schema.runs`)."""
     path = Path(run.path)
@@ -134,6 +143,7 @@ def run_row(folder: FolderResult, run: RunSummary, log: _Log, campaign_id: str |
         "epochs_to_target": run.epochs_to_target, "metric_key": run.metric_key,
         "final_metric": run.metric_series[-1][1] if run.metric_series else None,
         "samples_per_s": run.samples_per_s, "energy_to_train_j": run.energy_to_train_j,
+        **_valid_flops(run),
         "campaign_id": campaign_id, "ingested_at": schema.now_utc(),
         "log_bytes": len(log.data), "log_zlib": zlib.compress(log.data, 6),
     }

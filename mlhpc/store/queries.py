@@ -24,7 +24,7 @@ from mlhpc.text import terminal
 
 #: The columns `list_runs` gives, in order (the JSON keys of ``mlhpc results list``).
 LIST_COLUMNS = ("run_id", "benchmark", "system", "nodes", "accelerators", "global_batch_size", "status",
-                "time_to_train_s", "epochs_to_target", "samples_per_s", "energy_to_train_j", "source",
+                "time_to_train_s", "epochs_to_target", "samples_per_s", "energy_to_train_j", "valid_flops_per_s", "source",
                 "campaign_id", "run_start", "log_sha256")
 FORMATS = ("table", "json", "csv")
 #: The scaling modes a selection can ask for; an own run folder (``scaling`` column "runs") is

@@ -3,7 +3,9 @@
 Version 1 held the run and its log; version 2 added ``energy_to_train_j`` and ``campaign_id``
 (an index on it); version 3 ``departs_from_reference`` (how an own run's config departs from the
 reference run, e.g. a mini config: ``; ``-joined, from its ``measured_N.json``; None for a run
-that does not, or whose side file is gone). `migrate` applies the missing steps in one transaction, under a lock that
+that does not, or whose side file is gone); version 4 HPC AI500's ``valid_flops_per_s``,
+``valid_flops_per_w`` and the ``valid_flops_exponent`` they were made with
+(`mlhpc.report.validflops`; None where FLOPs per sample are not known). `migrate` applies the missing steps in one transaction, under a lock that
 serialises concurrent first openings (SQLite ``BEGIN IMMEDIATE``, PostgreSQL an advisory
 transaction lock), so several processes opening a new store at once create it once.
 """
@@ -30,7 +32,7 @@ from sqlalchemy import (
 )
 
 #: The schema version this code reads and writes.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: An arbitrary 64-bit key for PostgreSQL's advisory lock around migrations.
 _PG_LOCK_KEY = 0x6D6C687063
 
@@ -73,11 +75,14 @@ runs = Table(
 
 #: Columns each migration step adds to ``runs`` (step 1 creates the tables without them).
 _ADDED = {2: (("energy_to_train_j", "FLOAT"), ("campaign_id", "VARCHAR(128)")),
-          3: (("departs_from_reference", "TEXT"),)}
+          3: (("departs_from_reference", "TEXT"),),
+          4: (("valid_flops_per_s", "FLOAT"), ("valid_flops_per_w", "FLOAT"), ("valid_flops_exponent", "FLOAT"))}
 
 runs.append_column(Column("energy_to_train_j", Float))
 runs.append_column(Column("campaign_id", String(128)))
 runs.append_column(Column("departs_from_reference", Text))
+for _name in ("valid_flops_per_s", "valid_flops_per_w", "valid_flops_exponent"):
+    runs.append_column(Column(_name, Float))
 Index("ix_runs_campaign", runs.c.campaign_id)
 
 
@@ -102,12 +107,15 @@ def _step_2(conn: Connection) -> None:
     conn.execute(text("CREATE INDEX ix_runs_campaign ON runs (campaign_id)"))
 
 
-def _step_3(conn: Connection) -> None:
-    for name, sql_type in _ADDED[3]:
-        conn.execute(text(f"ALTER TABLE runs ADD COLUMN {name} {sql_type}"))
+def _add_columns(version: int) -> Callable[[Connection], None]:
+    """The migration step that adds the columns ``_ADDED[version]`` lists."""
+    def step(conn: Connection) -> None:
+        for name, sql_type in _ADDED[version]:
+            conn.execute(text(f"ALTER TABLE runs ADD COLUMN {name} {sql_type}"))
+    return step
 
 
-STEPS: dict[int, Callable[[Connection], None]] = {1: _step_1, 2: _step_2, 3: _step_3}
+STEPS: dict[int, Callable[[Connection], None]] = {1: _step_1, 2: _step_2, 3: _add_columns(3), 4: _add_columns(4)}
 
 
 def current_version(conn: Connection) -> int:

@@ -1,0 +1,270 @@
+"""Valid FLOPS and Valid FLOPS per watt, HPC AI500's figures of an HPC AI system, from a log.
+
+Source followed: Jiang et al., "HPC AI500: The Methodology, Tools, Roofline Performance Models,
+and Metrics for Benchmarking HPC AI Systems" (arXiv 2007.00279) and "HPC AI500: Representative,
+Repeatable and Simple HPC AI Benchmarking" (arXiv 2102.12848), BenchCouncil. HPC AI500 ranks a
+system by one number joining speed and quality: the FLOPS a training run sustained, times a
+penalty for the quality it reached against the target,
+
+    FLOPS       = training FLOPs performed / time to train
+    Valid FLOPS = FLOPS x min(1, (achieved / target) ** n)   (a quality that rises: accuracy, IoU, lDDT-Ca)
+    Valid FLOPS = FLOPS x min(1, (target / achieved) ** n)   (an error that falls: CosmoFlow's, OC20's eval_error)
+    Valid FLOPS per watt = Valid FLOPS / mean power           (mean power = energy to train / time to train)
+
+with n = 5 by default (`DEFAULT_EXPONENT`, as HPC AI500 sets it; ``mlhpc report
+--valid-flops-exponent``). The factor is a penalty "on failing to achieve the target quality"
+(2007.00279's abstract): a run that misses its target is penalised, never dropped, and a run
+past its target gets its FLOPS, no bonus (the cap at 1 keeps a relaxed target from multiplying
+the figure). It is a system figure, not an MLPerf score: MLPerf ranks by time to train to a
+fixed target, with no credit for FLOPs.
+
+From one log (`mlhpc.report.runs.RunSummary`): time to train (run_stop - run_start); the
+quality reached (the last quality-metric record before run_stop) and its target; samples
+trained, counted as the report counts samples/s: ``train_samples`` x the epochs in the timed
+region, or for a benchmark whose ``epoch_num`` counts samples (OpenFold) the ``epoch_num`` of the
+last ``epoch_stop``; energy to train where power was measured (`mlhpc.report.energy`). FLOPs per
+sample are not in a log: an mlhpc run's side file ``measured_N.json`` holds the training
+(forward + backward) FLOPs per sample counted on its own model (`perf.train_flops_per_sample`);
+for a published log the reference model's count at the reference size, where mlhpc knows it
+(`REFERENCE_TRAIN_FLOPS_PER_SAMPLE`: CosmoFlow's and DeepCAM's; OC20's work depends on each
+graph and OpenFold's on each protein's crop and alignments, so neither has one; closed division
+only: an open submission may change the model). `ValidFlops.flops_source` says which.
+
+What the counted FLOPs miss: they are `torch.utils.flop_counter.FlopCounterMode`'s count
+(matrix products, convolutions and attention; a multiply-add is 2 FLOPs). Element-wise work,
+normalisation, activations, pooling, gathers and scatters (most of a graph network's message
+passing), the loss, the optimizer step and evaluation are not counted; torch 2.13's formula
+counts a grouped convolution's weight gradient as if the convolution were dense (``groups``
+ignored; pytorch/pytorch#183405 proposes the fix), so a network with depthwise convolutions is
+over-counted: DeepCAM's reference count, 4.41e12 FLOPs per sample, is 2.24 times the 1.96e12
+counted with groups respected (measured on the meta device, 2026-11-27); padded
+samples (a last batch filled up to the global batch) are not counted as trained. Valid FLOPS is
+therefore a floor on the arithmetic of the counted kinds, and a comparison only between systems
+running the same model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mlhpc.data.inputs import read_text_input
+from mlhpc.errors import DataError
+from mlhpc.report.parse import Event
+from mlhpc.report.plausible import implausible
+
+if TYPE_CHECKING:
+    from mlhpc.report.runs import RunSummary
+
+#: HPC AI500's exponent of the quality penalty.
+DEFAULT_EXPONENT = 5.0
+#: Where an mlhpc run's FLOPs per sample come from.
+SIDE_FILE_SOURCE = "measured_N.json: counted on the run's own model"
+#: Training (forward + backward) FLOPs per sample of each MLPerf benchmark's reference model at
+#: the reference size, as mlhpc counts them (`mlhpc.run.step.count_flops_on_meta` on the meta
+#: device, torch 2.13, the model and loss of the reference config; counted 2026-11-27 and
+#: recounted by tests/test_valid_flops.py). A benchmark whose work depends on each sample (a
+#: graph, a protein's crop and alignments) has none: see the module docstring.
+REFERENCE_TRAIN_FLOPS_PER_SAMPLE: dict[str, tuple[float, str]] = {
+    "cosmoflow": (192_090_785_280.0, "4 x 128^3 universe"),
+    "deepcam": (4_409_062_993_920.0, "16 x 768 x 1152 climate image"),
+}
+
+
+@dataclass(frozen=True)
+class ValidFlops:
+    """HPC AI500's figures of one run (see the module docstring).
+
+    Attributes:
+        valid_flops_per_s: FLOPS x the quality penalty, FLOP/s (None: ``note`` says why).
+        valid_flops_per_w: ``valid_flops_per_s`` / mean power, FLOP/s per W (FLOP per joule);
+            None where energy to train was not measured.
+        flops_per_s: training FLOPs / time to train, FLOP/s, before the penalty.
+        penalty: ``min(1, (achieved / target) ** exponent)`` (the ratio inverted for an error).
+        exponent: the penalty's n.
+        train_flops_per_sample: forward + backward FLOPs per sample.
+        samples_trained: samples the timed run trained on.
+        achieved / target / direction: the quality reached, its target, ``"max"`` or ``"min"``.
+        flops_source: where ``train_flops_per_sample`` came from.
+        note: why a figure is missing (None when both are there or only power is missing).
+    """
+
+    valid_flops_per_s: float | None = None
+    valid_flops_per_w: float | None = None
+    flops_per_s: float | None = None
+    penalty: float | None = None
+    exponent: float = DEFAULT_EXPONENT
+    train_flops_per_sample: float | None = None
+    samples_trained: float | None = None
+    achieved: float | None = None
+    target: float | None = None
+    direction: str | None = None
+    flops_source: str | None = None
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def quality_penalty(achieved: float, target: float, direction: str, exponent: float = DEFAULT_EXPONENT) -> float:
+    """HPC AI500's penalty: ``(achieved / target) ** exponent`` for a quality that rises
+    (``direction`` ``"max"``), ``(target / achieved) ** exponent`` for an error that falls
+    (``"min"``), capped at 1: below 1 short of the target, 1 at it and past it.
+
+    Raises:
+        ValueError: ``target`` is not positive, ``achieved`` is negative or not a number, or
+            ``direction`` is neither ``"max"`` nor ``"min"``.
+    """
+    if not target > 0 or not achieved >= 0 or direction not in ("max", "min"):
+        raise ValueError(f"no quality penalty for {achieved!r} against target {target!r} ({direction})")
+    if direction == "min":
+        return 1.0 if achieved <= target else (target / achieved) ** exponent
+    return 1.0 if achieved >= target else (achieved / target) ** exponent
+
+
+def samples_trained(run: "RunSummary", events: list[Event]) -> float | None:
+    """Samples the timed run trained on: ``train_samples`` x epochs (the epochs the report counts
+    between run_start and run_stop), or for a benchmark whose ``epoch_num`` counts samples
+    (OpenFold) the largest ``epoch_num`` of an ``epoch_stop`` there; None where the log does not
+    say."""
+    if run.epoch_unit != "samples":
+        return float(run.train_samples * run.n_epochs) if run.train_samples and run.n_epochs else None
+    begin = next((i for i, e in enumerate(events) if e.key == "run_start"), None)
+    end = next((i for i, e in enumerate(events) if e.key == "run_stop"), len(events))
+    counts = [e.metadata.get("epoch_num") for e in events[(begin or 0) + 1:end]
+              if begin is not None and e.key == "epoch_stop"]
+    counts = [float(c) for c in counts if isinstance(c, (int, float)) and not isinstance(c, bool)
+              and math.isfinite(c) and c > 0]
+    return max(counts) if counts else None
+
+
+def side_file_flops(log: Path) -> float | None:
+    """``perf.train_flops_per_sample`` of ``measured_N.json`` beside ``log`` (``result_N.txt`` of
+    an mlhpc run), or None where there is none, it cannot be read, or holds no plausible number."""
+    log = Path(log)
+    if not (log.name.startswith("result_") and log.name.endswith(".txt")):
+        return None
+    path = log.parent / f"measured_{log.name[len('result_'):-len('.txt')]}.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(read_text_input(path, root=path.parent, what="side file"))
+    except (DataError, ValueError, RecursionError):
+        return None
+    perf = data.get("perf") if isinstance(data, dict) else None
+    value = perf.get("train_flops_per_sample") if isinstance(perf, dict) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 \
+            and not implausible("flops_per_sample", value):
+        return float(value)
+    return None
+
+
+def flops_per_sample(run: "RunSummary", log: Path) -> tuple[float | None, str]:
+    """``(training FLOPs per sample, where it came from)``: the run's side file, else the
+    reference count of a closed-division benchmark, else ``(None, why not)``."""
+    counted = side_file_flops(log)
+    if counted is not None:
+        return counted, SIDE_FILE_SOURCE
+    reference = REFERENCE_TRAIN_FLOPS_PER_SAMPLE.get(run.benchmark or "")
+    if reference is None:
+        return None, f"no counted FLOPs per sample for {run.benchmark or 'an unnamed benchmark'}"
+    if (run.division or "closed") != "closed":
+        return None, "open division: the model may differ from the reference, FLOPs not known"
+    return reference[0], f"mlhpc's count of the {run.benchmark} reference model ({reference[1]})"
+
+
+def valid_flops(run: "RunSummary", per_sample: float | None, source: str, samples: float | None,
+                exponent: float = DEFAULT_EXPONENT) -> ValidFlops:
+    """`ValidFlops` of ``run`` with ``per_sample`` training FLOPs per sample from ``source`` and
+    ``samples`` trained (`samples_trained`).
+
+    A run that stopped short of its target is penalised, not dropped; a run with no time to
+    train (incomplete, invalid), no quality record, no target or no sample count gets none,
+    and ``note`` says why. Never raises.
+    """
+    base = ValidFlops(exponent=exponent, train_flops_per_sample=per_sample, flops_source=source,
+                      target=run.target, direction=run.target_direction,
+                      achieved=run.metric_series[-1][1] if run.metric_series else None)
+    why = _missing(run, per_sample, source, samples)
+    if why:
+        return _with(base, note=why, samples_trained=samples)
+    flops = per_sample * samples / run.time_to_train_s  # type: ignore[operator]
+    try:
+        penalty = quality_penalty(base.achieved, base.target, base.direction, exponent)  # type: ignore[arg-type]
+        value = flops * penalty
+    except (ValueError, OverflowError, ZeroDivisionError) as exc:
+        return _with(base, note=str(exc), flops_per_s=flops, samples_trained=samples)
+    if not math.isfinite(value):
+        return _with(base, note="the penalty is not finite", flops_per_s=flops, samples_trained=samples)
+    per_w = value / run.mean_power_w if run.mean_power_w else None
+    return _with(base, valid_flops_per_s=value, valid_flops_per_w=per_w, flops_per_s=flops,
+                 penalty=penalty, samples_trained=samples)
+
+
+def _with(base: ValidFlops, **changes: Any) -> ValidFlops:
+    return ValidFlops(**{**asdict(base), **changes})
+
+
+def _missing(run: "RunSummary", per_sample: float | None, source: str, samples: float | None) -> str | None:
+    """Why ``run`` has no Valid FLOPS, or None."""
+    if run.resumed:
+        return "a resumed run: its log times one attempt only"
+    if run.time_to_train_s is None or run.time_to_train_s <= 0:
+        return f"no time to train (run {run.status})"
+    if per_sample is None:
+        return source
+    if not samples:
+        return "samples trained not in the log (train_samples, epoch records)"
+    if not run.metric_series or run.target is None or run.target_direction is None:
+        return "no quality record or no target"
+    return None
+
+
+def attach_valid_flops(run: "RunSummary", log: Path, events: list[Event],
+                       exponent: float = DEFAULT_EXPONENT) -> None:
+    """Set ``run.valid_flops`` from the figures of the log (its ``events``) and the FLOPs per
+    sample its side file or the reference table gives (`flops_per_sample`)."""
+    per_sample, source = flops_per_sample(run, log)
+    run.valid_flops = valid_flops(run, per_sample, source, samples_trained(run, events), exponent)
+
+
+def folder_valid_flops(result: Any) -> None:
+    """Set a result folder's Valid FLOPS and Valid FLOPS per watt (``result``: a scored
+    `mlhpc.report.score.FolderResult`) from its runs that have one (a run that missed its target
+    counts, penalised; resumed runs do not). Strong scaling (one model after another): the mean
+    over those runs, per watt only when every one had power measured. Weak scaling (models
+    trained at once): the system's figure, every model's valid FLOPs (Valid FLOPS x its time to
+    train) over TTTa (first run_start to last run_stop); no per-watt figure (the models' node
+    power files overlap)."""
+    runs = [r for r in result.runs if r.path not in result.resumed and r.valid_flops is not None
+            and r.valid_flops.valid_flops_per_s is not None]
+    if not runs:
+        return
+    if result.kind == "weak":
+        if result.ttta_min:
+            done = sum(r.valid_flops.valid_flops_per_s * r.time_to_train_s for r in runs)
+            result.valid_flops_per_s = done / (result.ttta_min * 60.0)
+        return
+    result.valid_flops_per_s = sum(r.valid_flops.valid_flops_per_s for r in runs) / len(runs)
+    per_w = [r.valid_flops.valid_flops_per_w for r in runs]
+    if all(w is not None for w in per_w):
+        result.valid_flops_per_w = sum(per_w) / len(per_w)
+
+
+def exponent_of(runs: list["RunSummary"]) -> float:
+    """The penalty's exponent the runs' figures were made with (`DEFAULT_EXPONENT` without any)."""
+    return next((r.valid_flops.exponent for r in runs if r.valid_flops is not None), DEFAULT_EXPONENT)
+
+
+def check_exponent(exponent: float) -> float:
+    """``exponent`` when it is a finite number >= 0.
+
+    Raises:
+        ValueError: otherwise (the caller names its option).
+    """
+    if isinstance(exponent, bool) or not isinstance(exponent, (int, float)) or not 0 <= exponent < math.inf:
+        raise ValueError(f"{exponent!r}: expected a finite number >= 0")
+    return float(exponent)
