@@ -108,12 +108,16 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
     if resume_dir is not None:
         if config_path is not None or overrides:
             raise ConfigError("--resume: give the run folder alone (its checkpoint holds the config)")
-        result = train.run(None, on_progress=RunProgress(), resume_dir=resume_dir)
+        progress = RunProgress()
+        result = train.run(None, on_progress=progress, resume_dir=resume_dir)
     else:
         if config_path is None:
             raise ConfigError("run: give a CONFIG file (or --resume RUN_FOLDER)")
         config = cfg.load(config_path, overrides)
-        result = train.run(config, on_progress=RunProgress())
+        progress = RunProgress()
+        result = train.run(config, on_progress=progress)
+    if result.result_file:  # the run ends at its files; the command records them
+        _record_run(Path(result.result_file), progress)
     if result.summary:
         print_summary(result.summary)
     if result.signal and result.summary:  # stopped by a signal, checkpoint saved
@@ -122,6 +126,18 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
                    err=True)
     # agreed by every rank (`mlhpc.run.outcome.agree`): 0 reached, 1 not, 128 + N signal N
     sys.exit(result.exit_status)
+
+
+def _record_run(log: Path, progress: Any) -> None:
+    """The finished run's log in the results store (MLHPC_STORE=none: off): a warning, never a
+    raise, and one note saying where it went."""
+    from mlhpc.store import record_run
+    from mlhpc.store.engine import shown_url
+
+    run_id = record_run(log.parent, log, lambda m: progress({"kind": "warning", "message": m}))
+    if run_id is not None:
+        progress({"kind": "note", "message": f"recorded in the results store {shown_url()} as run "
+                  f"{run_id} (mlhpc results show {run_id}; MLHPC_STORE=none turns recording off)"})
 
 
 @main.command("stage")

@@ -205,14 +205,7 @@ def finish(job: Job, files: RunFiles | None, parts: Parts, outcome: Outcome) -> 
         "launcher": world.launcher, "world_size": world.world_size, "num_nodes": world.num_nodes,
         "local_world_size": world.local_world_size, "device": str(job.rt.device),
         "instances": job.config.train.instances}})
-    from mlhpc.store import record_run  # the results store (MLHPC_STORE=none: off); a warning, never a raise
-    from mlhpc.store.engine import shown_url
-
-    run_id = record_run(files.log.parent, files.log, lambda m: job.progress({"kind": "warning", "message": m}))
-    if run_id is not None:
-        job.progress({"kind": "note", "message": f"recorded in the results store {shown_url()} as run "
-                      f"{run_id} (mlhpc results show {run_id}; MLHPC_STORE=none turns recording off)"})
-    return result
+    return result  # the CLI records the run in the results store once `run` returns
 
 
 def measured(job: Job, files: RunFiles, parts: Parts) -> dict[str, Any]:
