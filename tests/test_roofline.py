@@ -21,7 +21,7 @@ from mlhpc.run.roofline import KernelSizes, OperatorTally, measure_ceilings, roo
 from mlhpc.run.step import Step
 
 TINY = ("synth.cube_size=16", "synth.train_samples=16", "synth.eval_samples=8", "model.input_size=16",
-        "model.conv_filters=4", "model.n_conv_layers=3", "model.dropout=0.0", "train.global_batch_size=8",
+        "model.conv_channels=4", "model.n_conv_layers=3", "model.dropout=0.0", "train.global_batch_size=8",
         "train.threads=1", "optimizer.name=sgd")
 SMALL = KernelSizes(gemm=128, conv_batch=2, conv_filters=8, conv_side=8, copy_bytes=1 << 20)
 
