@@ -3,9 +3,10 @@
     run(config): config (or a checkpoint's) -> the output folder checked -> runtime.started:
       the job's ranks and this instance's share (`mlhpc.runtime`)
       -> ensure_source: embedded data made if missing (untimed, before the log) -> Job (frozen)
-      -> _preflight: model and checkpoint fit (nothing reads the dataset) -> result_N.txt claimed,
-         the log synchronised over the instance's ranks (`ComplianceLog.barrier`)
-      -> log_init: init_start, submission_*, cache_clear, seed, resume (`mlhpc.run.mllog`)
+      -> _preflight: model and checkpoint fit (nothing reads the dataset) -> `attempt`:
+         result_N.txt claimed, the log synchronised over the instance's ranks
+         (`ComplianceLog.barrier`), log_init: init_start, submission_*, cache_clear, seed,
+         resume (`mlhpc.run.mllog`)
       -> _prepare: hyperparameters; staging (staging_start/stop) and build (the parts: the first
          read of the data checked against the model) before or after init_stop .. run_start
          (`start_run`), by ``data.staging.placement``
@@ -34,6 +35,7 @@ import itertools
 import math
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,49 +98,44 @@ def run(config: Config | None, *, on_progress: ProgressFn | None = None,
             # stays before the log, untimed, once for every instance. Nothing here reads a sample.
             synthesis_s = ensure_source(config, workload, world, progress)
             job = Job(config, workload, world, rt, resume, progress, synthesis_s)
-            result = _run_instance(job, stop, lbs)
+            _preflight(job)
+            with attempt(job) as (log, files):  # init_start .. run_stop, or the log set aside
+                parts = _prepare(job, log, stop, lbs)  # .. run_start
+                with sources_named(parts.staged), sampling(
+                        config.power, rt, log.path, Path(config.output.dir),
+                        notify=lambda m: progress({"kind": "warning", "message": m})):
+                    outcome = train_loop(job, log, parts, stop, files)  # .. run_stop
+            # still under `Stop`: a SIGTERM now (a launcher stopping the job) waits for the files
+            result = finish(job, files, parts, outcome)
+            # the staged copy this run made goes unless data.staging.keep (every rank lets go)
+            said = release(parts.staged, config.data.staging.keep, world.local_rank, world.node_rank)
+            if said and world.is_main:
+                progress({"kind": "note", "message": said})
         return agree(result, world)  # rank 0 has written every file; no rank exits before
 
 
-def _run_instance(job: Job, stop: Stop, lbs: int) -> RunResult:
-    """One instance's attempt at local batch size ``lbs``, from its checks to its files; the
-    log is closed (with ``run_stop``, or set aside before ``run_start``) whatever happens."""
-    _preflight(job)
+@contextmanager
+def attempt(job: Job) -> Iterator[tuple[ComplianceLog, RunFiles | None]]:
+    """This attempt's log (``result_N.txt`` claimed, with its set of files; None on ranks that
+    write none) and, when resuming, its claim on the checkpoint; ``init_start`` and the records
+    before the run are logged on entry. Whatever happens in the block the log is closed: with
+    ``run_stop`` after ``run_start``, or set aside under ``failed/`` before it (`close_failed`)."""
     log = ComplianceLog.create(Path(job.config.output.dir), job.rt)
     files = RunFiles.of_log(log.path) if log.path else None
     claimed = None  # the checkpoint this attempt resumes, claimed by its log
     try:
         if job.resume is not None and files is not None:
             claimed = checkpoint.claim(job.resume, files.log)
-        parts, outcome = _attempt(job, (log, files), stop, lbs)
+        if job.rt.is_main:
+            job.progress({"kind": "start", "result_file": str(log.path), "workload": job.workload.name,
+                          "instance": job.rt.instance})
+        log_init(job, log)
+        yield log, files
     except BaseException as exc:
         close_failed(claimed, log, files, exc)
         raise
     finally:
         log.close()
-    # still under `Stop`: a SIGTERM now (a launcher stopping the job) waits for the files
-    result = finish(job, files, parts, outcome)
-    # the staged copy this run made goes unless data.staging.keep (every rank lets go of it)
-    said = release(parts.staged, job.config.data.staging.keep, job.world.local_rank, job.world.node_rank)
-    if said and job.world.is_main:
-        job.progress({"kind": "note", "message": said})
-    return result
-
-
-def _attempt(job: Job, written: tuple[ComplianceLog, RunFiles | None], stop: Stop, lbs: int
-             ) -> tuple[Parts, Outcome]:
-    """init_start .. run_stop: the records before the run, the parts, the timed loop.
-    ``written``: the log and the run's files (None on ranks that write none)."""
-    (log, files), config, rt = written, job.config, job.rt
-    if rt.is_main:
-        job.progress({"kind": "start", "result_file": str(log.path), "workload": job.workload.name,
-                      "instance": rt.instance})
-    log_init(job, log)
-    parts = _prepare(job, log, stop, lbs)
-    with sources_named(parts.staged), sampling(  # run_start .. run_stop
-            config.power, rt, log.path, Path(config.output.dir),
-            notify=lambda m: job.progress({"kind": "warning", "message": m})):
-        return parts, train_loop(job, log, parts, stop, files)
 
 
 def _prepare(job: Job, log: ComplianceLog, stop: Stop, lbs: int) -> Parts:
