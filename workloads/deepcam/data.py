@@ -31,12 +31,14 @@ device (`CamDataset.device_transform`), not in the loader.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
 import torch
+from torch.utils.data import default_collate, get_worker_info
 
 from mlhpc.workload import SampleLocation, WorkloadDataset
 from mlhpc.errors import DataError
@@ -153,6 +155,24 @@ def _check_layout(data: Any, label: Any, channels: int, names: tuple[str, str]) 
         raise DataError(f"{label_name} has dtype {label.dtype}, expected an integer (int32)")
 
 
+def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor to fill; in a DataLoader worker it lives in shared memory, so handing the
+    batch to the main process copies nothing (as torch's default_collate does)."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    return torch.empty(shape, dtype=dtype).share_memory_()
+
+
+class FilledBatch(list):
+    """What `CamDataset.__getitems__` returns: the per-sample views ``(x[i], y[i])`` of one
+    batch filled in place (a plain list of samples to any other collate function) and, as
+    ``batch``, the filled ``(x, y)`` itself, which `CamDataset.collate_fn` hands on uncopied."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        super().__init__(zip(x, y))
+        self.batch = (x, y)
+
+
 class CamDataset(WorkloadDataset):
     """Map-style dataset over ``data-*.h5`` sample files.
 
@@ -200,10 +220,14 @@ class CamDataset(WorkloadDataset):
             raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
 
     def _datasets(self, f: h5py.File, path: Path) -> tuple[h5py.Dataset, h5py.Dataset]:
+        """The two datasets of an open sample file, each looked up once, layout checked."""
+        found = []
         for key in (DATA_KEY, LABEL_KEY):
-            if key not in f or not isinstance(f[key], h5py.Dataset):
+            item = f.get(key)
+            if not isinstance(item, h5py.Dataset):
                 raise DataError(f"{path}: dataset {key} missing")
-        data, label = f[DATA_KEY], f[LABEL_KEY]
+            found.append(item)
+        data, label = found
         _check_layout(data, label, self.channels, (f"{path}: {DATA_KEY}", f"{path}: {LABEL_KEY}"))
         return data, label
 
@@ -230,28 +254,67 @@ class CamDataset(WorkloadDataset):
         return data, label
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        data = np.empty(self.data_shape, dtype=np.float32)
+        label = np.empty(self.label_shape, dtype=np.int64)
+        self._read_into(index, data, label)
+        return torch.from_numpy(data), torch.from_numpy(label)
+
+    def __getitems__(self, indices: Sequence[int]) -> "FilledBatch":
+        """A batch, float32 ``(B, H, W, C)`` and int64 ``(B, H, W)``, each sample read straight
+        into its row (shared memory inside a DataLoader worker): no per-sample arrays, and no
+        stacking by `collate_fn` (torch's default_collate, given the per-sample views, stacks).
+
+        Raises:
+            IndexError: an index out of range. DataError: as `__getitem__`.
+        """
+        rows = [int(i) for i in indices]
+        for index in rows:
+            if not -len(self.files) <= index < len(self.files):
+                raise IndexError(f"sample {index} out of range 0..{len(self.files) - 1}")
+        x = _empty((len(rows), *self.data_shape), torch.float32)
+        y = _empty((len(rows), *self.label_shape), torch.int64)
+        xs, ys = x.numpy(), y.numpy()
+        for row, index in enumerate(rows):
+            self._read_into(index % len(self.files), xs[row], ys[row])
+        return FilledBatch(x, y)
+
+    def collate_fn(self, batch: Any) -> Any:
+        """``(x, y)``: a `FilledBatch` as it was filled; a list of single items (the first
+        sample alone, say) stacked by torch's default_collate."""
+        return batch.batch if isinstance(batch, FilledBatch) else default_collate(batch)
+
+    def _read_into(self, index: int, data: np.ndarray, label: np.ndarray) -> None:
+        """Sample ``index`` into ``data`` (float32, ``data_shape``) and ``label`` (int64,
+        ``label_shape``), C-contiguous arrays; values checked (`_check_values`)."""
         path = self.files[index]
         if self.format == "npy":
             data_map, label_map = self._npy(path)
             if data_map.shape != self.data_shape:
                 raise DataError(f"{path}: array of shape {data_map.shape}, expected "
                                 f"{self.data_shape} like {self.files[0].name}")
-            data, label = np.array(data_map), np.array(label_map)
-            return self._checked_sample(index, path, data, label)
+            np.copyto(data, data_map)
+            np.copyto(label, label_map, casting="unsafe")
+        else:
+            self._read_hdf5(path, data, label)
+        self._check_values(index, path, data, label)
+
+    def _read_hdf5(self, path: Path, data: np.ndarray, label: np.ndarray) -> None:
+        """One sample file's ``climate/data`` and ``climate/labels_0`` read straight into
+        ``data`` and ``label`` (HDF5 converts the stored integer labels to int64)."""
         try:
             with h5py.File(path, "r") as f:
                 data_ds, label_ds = self._datasets(f, path)
                 if data_ds.shape != self.data_shape:
                     raise DataError(f"{path}: {DATA_KEY} has shape {data_ds.shape}, "
                                     f"expected {self.data_shape} like {self.files[0].name}")
-                data = data_ds[...]
-                label = label_ds[...]
+                # the whole extent, straight into the rows (h5py's read_direct without its
+                # selection objects; the memory type is the destination's, so HDF5 converts)
+                data_ds.id.read(h5py.h5s.ALL, h5py.h5s.ALL, data)
+                label_ds.id.read(h5py.h5s.ALL, h5py.h5s.ALL, label)
         except OSError as exc:
             raise DataError(f"{path}: cannot read sample ({exc})") from None
-        return self._checked_sample(index, path, data, label)
 
-    def _checked_sample(self, index: int, path: Path, data: np.ndarray, label: np.ndarray
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _check_values(self, index: int, path: Path, data: np.ndarray, label: np.ndarray) -> None:
         """Labels in range always; input values finite the first time this process reads it."""
         if self._pid != os.getpid():
             self._checked, self._pid = set(), os.getpid()
@@ -266,7 +329,6 @@ class CamDataset(WorkloadDataset):
         if lo < 0 or hi >= self.num_classes:
             bad = lo if lo < 0 else hi
             raise DataError(f"{path}: {LABEL_KEY} holds class {bad}, expected 0..{self.num_classes - 1}")
-        return torch.from_numpy(data), torch.from_numpy(label.astype(np.int64))
 
     def device_transform(self, data: torch.Tensor) -> torch.Tensor:
         """Normalise a batch where it lies (`mlhpc.data.loader`): float32 ``(B, H, W, C)`` as stored ->

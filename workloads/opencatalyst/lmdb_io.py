@@ -162,7 +162,8 @@ def record_count(env: lmdb.Environment, path: Path) -> int:
     except Exception as exc:  # noqa: BLE001 - a corrupt value raises any kind
         raise DataError(f"{path}: key 'length': not a pickled count ({type(exc).__name__}: {why(exc)})") from None
     if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length < entries:
-        raise DataError(f"{path}: key 'length' is {length!r}, the file holds {entries} entries")
+        shown = length if type(length) is int else f"a pickled {type(length).__name__}"  # never its repr:
+        raise DataError(f"{path}: key 'length' is {shown}, the file holds {entries} entries")  # deep or huge
     return length
 
 

@@ -203,6 +203,36 @@ def validate_record(fields: dict[str, Any], where: str) -> dict[str, torch.Tenso
     return out
 
 
+def _tensor(value: Any, dtype: torch.dtype) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(dtype).contiguous()
+    return torch.from_numpy(np.asarray(value)).to(dtype).contiguous()
+
+
+def convert_checked(fields: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """`validate_record`'s tensors (same keys, shapes, dtypes and values) for a record that
+    `validate_record` has already passed: the same conversions without the value checks.
+
+    Only for the very attributes, unpickled from the very bytes, that passed:
+    `lmdb_io.LmdbFolder` calls it for a record it validated before in this process, from an
+    environment that has not been reopened since (a changed file is reopened and its records
+    validated again), as DeepCAM's reader checks each sample's values once per process.
+    """
+    pos = _tensor(fields["pos"], torch.float32)
+    energy = float(_tensor(fields["y"], torch.float64).reshape(-1)[0])
+    out = {"atomic_numbers": _tensor(fields["atomic_numbers"], torch.int64), "pos": pos,
+           "cell": _tensor(fields["cell"], torch.float32).reshape(1, 3, 3),
+           "natoms": torch.tensor(pos.shape[0], dtype=torch.int64),
+           "tags": _tensor(fields["tags"], torch.int64),
+           "fixed": _tensor(fields["fixed"], torch.int64) == 1,
+           "forces": _tensor(fields["force"], torch.float32),
+           "energy": torch.tensor(energy, dtype=torch.float32)}
+    if "edge_index" in fields:
+        out["edge_index"] = _tensor(fields["edge_index"], torch.int64)
+        out["cell_offsets"] = _tensor(fields["cell_offsets"], torch.int64)
+    return out
+
+
 def decode_record(blob: bytes, where: str) -> dict[str, torch.Tensor]:
     """`load_record` then `validate_record`. Raises DataError naming ``where``."""
     return validate_record(load_record(blob, where), where)
