@@ -60,8 +60,11 @@ from side_by_side_step import compile_switch, harness, prepare
 
 from mlhpc import config as cfg
 from mlhpc import workload as workloads
+from mlhpc.config.catalog import describe
 from mlhpc.data.files import write_text_atomic
+from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import MlhpcError
+from mlhpc.text import echo
 
 COMPARISONS = ("harness", "model", "data", "compile")
 MODEL_COMPARED = {"oc20"}  # workloads with an alternative implementation of their model here
@@ -74,7 +77,7 @@ class BadInput(Exception):
 def find_config(name: str) -> Path:
     """The config of workload ``name`` under configs/: its ``*-mini.yaml`` (the shortest name),
     else its only config. Raises BadInput when there is none to pick."""
-    rows = [row for row in workloads.describe((REPO / "configs",)) if row["name"] == name]
+    rows = [row for row in describe((REPO / "configs",)) if row["name"] == name]
     found = sorted((Path(p) for p in rows[0]["configs"]) if rows else (),
                    key=lambda p: (not p.name.endswith("-mini.yaml"), len(p.name), p.name))
     if not found:
@@ -99,7 +102,7 @@ def check_writable(path: Path | None) -> None:
 def machine() -> dict[str, Any]:
     """CPU model and cores, torch version and build, the platform."""
     cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    lines = read_text_input(cpuinfo, 1 << 22, what="cpuinfo").splitlines() if cpuinfo.is_file() else []
     cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
                platform.processor())
     return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
@@ -181,10 +184,11 @@ def model(workload: str, prep: Any, repeats: int, min_s: float, load: LoadWatch)
     if workload not in MODEL_COMPARED:
         raise Skipped(f"no other implementation of the {workload} model to compare with here "
                       f"(the reference trains the same architecture in plain PyTorch)")
-    from side_by_side_oc20 import model_comparison
+    from side_by_side_oc20 import model_comparison, profiled
 
     loss_fn = prep.job.workload.build_loss(prep.config)
-    return model_comparison(prep.config, loss_fn, prep.batches, repeats, min_s, load)
+    found = model_comparison(prep.config, loss_fn, prep.batches, repeats, min_s, load)
+    return profiled(found, loss_fn, prep.batches)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -228,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         check_writable(args.json)
 
         def emit(line: str) -> None:
-            print(line, flush=True)
+            echo(line)
             if line.startswith("# "):
                 report["notes"].append(line[2:])
 
@@ -236,10 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             write_text_atomic(args.json, json.dumps(report, indent=1) + "\n")
     except (BadInput, MlhpcError) as exc:
-        print(f"side_by_side: {exc}", file=sys.stderr)
+        echo(f"side_by_side: {exc}", err=True)
         return 2
     except OSError as exc:
-        print(f"side_by_side: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        echo(f"side_by_side: {exc.filename or ''}: {exc.strerror or exc}", err=True)
         return 2
     return 0
 

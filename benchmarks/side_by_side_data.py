@@ -5,8 +5,9 @@ The mlhpc side iterates ``parts.train_loader`` (the run's sampler, batch size, w
 collate function) for one epoch; the reference reads the same samples, in the order that
 sampler gives, with the plain library a user would call: h5py for HDF5 (CosmoFlow's sharded
 ``full`` / ``unitPar`` files, DeepCAM's one file per sample), and for OC20 ``lmdb`` with the
-project's restricted unpickler (`lmdb_io.load_record`, no validation, no batching). Workloads
-without a raw reader here are skipped.
+project's restricted unpickler (`lmdb_io.load_record`, no validation, no batching), and for
+OpenFold gemmi's mmCIF parser with each a3m file's text (no features). Workloads without a raw
+reader here are skipped.
 """
 
 from __future__ import annotations
@@ -96,11 +97,33 @@ def raw_oc20(dataset: Any, order: list[int]) -> Callable[[], int]:
     return work
 
 
+def raw_openfold(dataset: Any, order: list[int]) -> Callable[[], int]:
+    """gemmi and plain text: per sample, its mmCIF file parsed into a structure
+    (``gemmi.read_structure``) and each of its a3m files read and split into lines (through
+    `mlhpc.data.inputs.read_text_input`, the project's one reader of a file's bytes)."""
+    import gemmi
+
+    from mlhpc.data.inputs import read_text_input
+
+    entries = [dataset.entries[i] for i in order]
+
+    def work() -> int:
+        for entry in entries:
+            gemmi.read_structure(str(entry.mmcif))
+            for a3m in entry.a3m_files:
+                read_text_input(a3m, 1 << 30, what="a3m alignment").splitlines()
+        return len(entries)
+    return work
+
+
 RAW_READERS: dict[str, Callable[[Any, list[int]], Callable[[], int]]] = {
-    "cosmoflow": raw_cosmoflow, "deepcam": raw_deepcam, "oc20": raw_oc20}
+    "cosmoflow": raw_cosmoflow, "deepcam": raw_deepcam, "oc20": raw_oc20,
+    "openfold": raw_openfold}
 RAW_WORDS = {"cosmoflow": "h5py, files opened once, full[k] and unitPar[k] per sample",
              "deepcam": "h5py, each sample's file opened, data and labels read whole",
-             "oc20": "lmdb get + the restricted unpickler (lmdb_io.load_record) per sample"}
+             "oc20": "lmdb get + the restricted unpickler (lmdb_io.load_record) per sample",
+             "openfold": "gemmi.read_structure of the mmCIF file + each a3m file read and split "
+                         "into lines, per sample (no features: no crop, MSA sampling or masks)"}
 
 
 def data_comparisons(workload: str, parts: Any, repeats: int, min_s: float,

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from test_run_e2e import TINY, tiny_data  # noqa: F401 (fixture)
@@ -137,3 +138,67 @@ def test_oc20_reference_is_the_same_model_and_a_different_one_is_refused():
         theirs.interaction_blocks[0].lin_kj.weight.mul_(1.5)
     with pytest.raises(core.Skipped, match="disagree"):
         oc20.agreement(ours, theirs, [(x, None, 2)])
+
+
+# ---- the readers the data comparison holds to 0.8 of a raw read: cheaper, every check kept ----
+
+
+def test_deepcam_batches_are_read_in_place_and_every_read_still_checks_its_labels(tmp_path):
+    import h5py
+    from test_deepcam import _write_official
+
+    from mlhpc.errors import DataError
+    from mlhpc_workloads.deepcam.data import CamDataset, FilledBatch
+
+    root = tmp_path / "data"
+    _write_official(root, n_train=4)
+    files = sorted((root / "train").glob("data-*.h5"))
+    dataset = CamDataset(files, root / "stats.h5")
+    batch = dataset.__getitems__([2, 0, 3])
+    assert isinstance(batch, FilledBatch) and len(batch) == 3
+    x, y = dataset.collate_fn(batch)  # the filled batch itself, no copy
+    assert x.data_ptr() == batch.batch[0].data_ptr() and y.dtype == torch.int64
+    for row, index in enumerate((2, 0, 3)):
+        one_x, one_y = dataset[index]
+        assert torch.equal(x[row], one_x) and torch.equal(y[row], one_y)
+        with h5py.File(files[index]) as f:
+            assert torch.equal(one_y, torch.from_numpy(f["climate/labels_0"][...].astype(np.int64)))
+    with h5py.File(files[0], "r+") as f:  # values checked once a process; labels at every read
+        f["climate/labels_0"][0, 0] = 7
+    with pytest.raises(DataError, match=r"labels_0 holds class 7"):
+        dataset.__getitems__([1, 0])
+    with h5py.File(files[1], "r+") as f:
+        del f["climate/labels_0"]
+    with pytest.raises(DataError, match=r"dataset climate/labels_0 missing"):
+        dataset[1]
+
+
+@pytest.mark.parametrize("edges", [True, False])
+def test_oc20_records_are_checked_once_and_read_the_same_after_and_afresh_when_changed(
+        tmp_path, monkeypatch, edges):
+    from test_oc20_data import _record
+
+    from mlhpc.errors import DataError
+    from mlhpc_workloads.opencatalyst import lmdb_io
+
+    path = tmp_path / "data.0000.lmdb"
+    lmdb_io.write_lmdb(path, [_record(4, 0, edges), _record(6, 1, edges), _record(5, 2, edges)])
+    folder = lmdb_io.LmdbFolder(tmp_path)
+    checked = []
+    real = lmdb_io.validate_record
+    monkeypatch.setattr(lmdb_io, "validate_record",
+                        lambda fields, where: checked.append(where) or real(fields, where))
+    first = [folder[i] for i in range(3)]
+    again = [folder[i] for i in (2, 0, 1, 0)]
+    assert len(checked) == 3  # each record's values checked once
+    for a, b in zip([first[2], first[0], first[1], first[0]], again):
+        assert a.keys() == b.keys() and ("edge_index" in a) == edges
+        for key in a:
+            assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
+            assert torch.equal(a[key], b[key]), key
+    bad = _record(4, 0, edges)
+    bad["pos"][1, 2] = np.nan
+    lmdb_io.write_lmdb(path, [bad, _record(6, 1, edges), _record(5, 2, edges)])  # a new file
+    with pytest.raises(DataError, match=r"key '0': pos holds NaN"):
+        folder[0]
+    assert torch.equal(folder[1]["pos"], first[1]["pos"]) and len(checked) == 5
