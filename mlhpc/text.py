@@ -12,7 +12,9 @@ own syntax: a terminal, a rich table, a matplotlib label, a file name.
   never ``.``/``..``, never absolute.
 - **URLs** (`show_url`): every credential SQLAlchemy and libpq accept is masked (`SECRET`); every
   line printed passes through it (`mask_urls`).
-- **Length** (`clip`): a value shown in a message is cut to `MAX_SHOWN_CHARS`, saying so.
+- **Length** (`clip`, `clip_line`): a value shown in a message is cut to `MAX_SHOWN_CHARS`, and
+  a whole message to `MAX_LINE_CHARS` (its start and end kept), saying so: no message grows
+  with its input.
 
 The architecture test (tests/test_safety_doors.py) fails when code in mlhpc/ or workloads/
 prints, builds a rich console or cell, or shows a URL any other way.
@@ -28,6 +30,9 @@ from urllib.parse import unquote, urlsplit
 
 #: The most characters of any one value a message shows.
 MAX_SHOWN_CHARS = 300
+#: The most characters of one message line (an error): a few values, each at most
+#: `MAX_SHOWN_CHARS`, and the words around them.
+MAX_LINE_CHARS = 2000
 #: What replaces a secret in a shown URL.
 SECRET = "***"
 _BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u2028\u2029"
@@ -65,6 +70,22 @@ def clip(value: Any, limit: int = MAX_SHOWN_CHARS) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text)} characters)"
+
+
+def clip_line(text: Any, limit: int = MAX_LINE_CHARS) -> str:
+    """``text`` as `one_line` shows it, at most about ``limit`` characters: a longer one keeps
+    its first three quarters and its last quarter (the file it names and what to do), saying
+    how many characters were cut between them. Only the kept ends are escaped, so a huge text
+    costs no more than its length to clip."""
+    raw = text if isinstance(text, str) else str(text)
+    head, tail = (3 * limit) // 4, limit // 4
+    if len(raw) <= limit:
+        line = one_line(raw)
+        if len(line) <= limit:
+            return line
+        raw = line  # escapes made it longer: cut the escaped text
+    cut = len(raw) - head - tail
+    return f"{one_line(raw[:head])[:head]} ... ({cut} characters cut) ... {one_line(raw[-tail:])[-tail:]}"
 
 
 def _bounded_repr(value: Any, limit: int) -> str:

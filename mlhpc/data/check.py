@@ -25,6 +25,7 @@ from typing import Any
 from mlhpc.data.formats import DataTools, detect, list_split, split_dirs, tools_of
 from mlhpc.data.pool import run_all
 from mlhpc.errors import DataError
+from mlhpc.text import clip, one_line
 
 ProgressFn = Any  # Callable[[dict[str, Any]], None]
 
@@ -69,7 +70,7 @@ def _check_one(tools: DataTools, path: Path, fmt: str, full: bool) -> tuple[Path
     except DataError as exc:
         return path, str(exc)
     except (OSError, ValueError, EOFError, KeyError, IndexError, RuntimeError) as exc:
-        return path, f"{path}: unreadable ({type(exc).__name__}: {exc})"
+        return path, f"{path}: unreadable ({type(exc).__name__}: {clip(one_line(exc))})"
 
 
 def _listed(tools: DataTools, root: Path, form: str, report: CheckReport) -> dict[Path, str]:

@@ -109,7 +109,12 @@ class RefusedSize(pickle.UnpicklingError):
 
 
 def _shown(value: Any) -> str:
-    return clip(one_line(repr(value)), 80)
+    """``value`` for a message, at most 80 characters: a container's repr is never built whole
+    (a pickle may nest a list in itself thousands of levels deep, or share one list millions of
+    times: its repr is a RecursionError or gigabytes), only `mlhpc.text.clip`'s bounded view."""
+    if isinstance(value, (str, bytes, int, float, bool, type(None), torch.dtype)):
+        return clip(one_line(repr(value)), 80)
+    return clip(one_line(clip(value, 80)), 80)
 
 
 # ------------------------------------------------------------------------- storages
