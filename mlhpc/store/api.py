@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from mlhpc.errors import ConfigError
+from mlhpc.text import clip
 from mlhpc.store import check as checks
 from mlhpc.store import compare as comparing
 from mlhpc.store import scaling as scaling_mod
@@ -24,7 +25,7 @@ def _mode(row: dict[str, Any]) -> str:
 def _selected(store: Store, expression: str) -> list[dict[str, Any]]:
     rows = select_runs(store, parse_selection(expression), _COMPARE_COLUMNS)
     if not rows:
-        raise ConfigError(f"selection {expression!r}: no run in the store {store.url} matches it "
+        raise ConfigError(f"selection {clip(repr(expression), 120)}: no run in the store {store.url} matches it "
                           "(mlhpc results list shows what is stored)")
     return rows
 

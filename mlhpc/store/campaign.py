@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from mlhpc.errors import ConfigError
+from mlhpc.text import clip
 from mlhpc.hints import did_you_mean
+from mlhpc.store.queries import INT64_MAX, parse_count
 from mlhpc.store.record import CAMPAIGN_ENV
 
 
@@ -58,9 +60,9 @@ def sweep_points(specs: list[str], campaign_id: str | None = None) -> Sweep:
         key = key.strip()
         choices = [v.strip() for v in listed.split(",")]
         if not sep or not key or not listed.strip() or any(not v for v in choices):
-            raise ConfigError(f"--sweep {spec!r}: expected KEY=V1,V2,... with no empty value")
+            raise ConfigError(f"--sweep {clip(repr(spec), 120)}: expected KEY=V1,V2,... with no empty value")
         if key in keys:
-            raise ConfigError(f"--sweep {spec!r}: key {key!r} swept twice")
+            raise ConfigError(f"--sweep {clip(repr(spec), 120)}: key {clip(repr(key), 80)} swept twice")
         keys.append(key)
         values.append(choices)
     count = math.prod(len(v) for v in values)
@@ -112,13 +114,14 @@ def _split_point(point: list[str], options: dict[str, Any]) -> tuple[dict[str, A
         known = SUBMIT_KEYS.get(key.replace("_", "-"))
         if known is None:
             hint = did_you_mean(key.replace("_", "-"), list(SUBMIT_KEYS) + list(_TOP_LEVEL_CONFIG_KEYS))
-            raise ConfigError(f"--sweep {key}: neither an mlhpc submit option ({', '.join(SUBMIT_KEYS)}) "
+            raise ConfigError(f"--sweep {clip(key, 80)}: neither an mlhpc submit option ({', '.join(SUBMIT_KEYS)}) "
                               f"nor a config key (section.key){hint}")
         name, kind = known
         try:
-            options[name] = kind(value)
-        except ValueError:
-            raise ConfigError(f"--sweep {key}={value}: expected a whole number") from None
+            options[name] = parse_count(value, "") if kind is int else value
+        except ConfigError:  # ASCII digits within int64: "²", "٣" or 20 digits are not a count
+            raise ConfigError(f"--sweep {clip(key, 80)}={clip(value, 80)}: expected a whole number "
+                              f"from 1 to {INT64_MAX}") from None
     return options, sets
 
 

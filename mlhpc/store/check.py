@@ -27,6 +27,7 @@ import yaml
 
 from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import ConfigError
+from mlhpc.text import clip
 from mlhpc.report.score import compute_olympic_average
 
 #: figure -> (unit -> factor to the stored unit, "lower" or "higher" is better)
@@ -72,21 +73,21 @@ def _number(where: str, value: Any, optional: bool) -> float | None:
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{where}: expected a number{' or null' if optional else ''}, got {value!r}")
+        raise ConfigError(f"{where}: expected a number{' or null' if optional else ''}, got {clip(value, 80)}")
     return float(value)
 
 
 def _reference(where: str, system: str, benchmark: str, figure: str, spec: Any) -> Reference:
     if figure not in FIGURES:
-        raise ConfigError(f"{where}: unknown figure {figure!r} (one of {', '.join(FIGURES)})")
+        raise ConfigError(f"{where}: unknown figure {clip(repr(figure), 80)} (one of {', '.join(FIGURES)})")
     if isinstance(spec, dict):
         spec = [spec.get("value"), spec.get("lower"), spec.get("upper"), spec.get("unit")]
     if not isinstance(spec, list) or len(spec) != 4:
         raise ConfigError(f"{where}: expected [value, lower, upper, unit]")
     units, _ = FIGURES[figure]
-    unit = str(spec[3])
+    unit = spec[3] if isinstance(spec[3], str) else clip(spec[3], 80)  # never a huge value's str
     if unit not in units:
-        raise ConfigError(f"{where}: unit {unit!r} for {figure} (one of {', '.join(units)})")
+        raise ConfigError(f"{where}: unit {clip(repr(unit), 80)} for {figure} (one of {', '.join(units)})")
     factor = units[unit]
     return Reference(system, benchmark, figure, _number(where + " value", spec[0], False) * factor,  # type: ignore[operator]
                      _number(where + " lower", spec[1], True), _number(where + " upper", spec[2], True), unit)

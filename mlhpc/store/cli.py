@@ -36,7 +36,7 @@ def _filter_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--benchmark", default=None, help="Only this benchmark (its MLPerf name, as logged in "
                      "submission_benchmark)."),
         click.option("--system", default=None, help="Only this system name."),
-        click.option("--nodes", type=click.IntRange(min=1), default=None, help="Only runs on this many nodes."),
+        click.option("--nodes", type=click.IntRange(min=1, max=2**63 - 1), default=None, help="Only runs on this many nodes."),
         click.option("--status", default=None, help="Only runs with this status (success, aborted, incomplete)."),
         click.option("--source", type=click.Choice(["own", "published"]), default=None, help="Own or published runs."),
         click.option("--campaign", default=None, help="Only runs of this campaign id (scaling: the "
@@ -171,7 +171,7 @@ def scaling_command(mode: str, png: Path | None, fmt: str, url: str | None, **kw
 @results_group.command("check")
 @click.option("--references", "references", type=click.Path(path_type=Path), required=True,
               help="YAML: system -> benchmark -> figure: [value, lower, upper, unit] (ReFrame's form).")
-@click.option("--window", type=int, default=5, show_default=True, help="Judge the last N successful runs.")
+@click.option("--window", type=click.IntRange(min=1, max=2**63 - 1), default=5, show_default=True, help="Judge the last N successful runs.")
 @click.option("--since", default=None, help="Only runs started on or after this date (YYYY-MM-DD, UTC).")
 @click.option("--store", "url", default=None, help=STORE_HELP)
 @_friendly

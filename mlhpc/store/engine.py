@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import stat
 import time
 from collections.abc import Iterator
@@ -29,7 +30,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 
 from mlhpc.errors import MlhpcError
 from mlhpc.store import schema
-from mlhpc.text import mask_urls, show_url
+from mlhpc.text import clip, mask_urls, show_url
 
 ENV = "MLHPC_STORE"
 #: File systems whose locking SQLite cannot trust (types as /proc/mounts names them).
@@ -69,12 +70,30 @@ def resolve_url(url: str | None = None) -> str:
         return f"sqlite:///{default_path()}"
     if "://" not in value:  # a bare path is a SQLite file
         return f"sqlite:///{os.path.abspath(Path(value).expanduser())}"  # a link is refused, not resolved
+    _check_port(value)
     try:
         make_url(value)
-    except ArgumentError:
-        raise StoreError(f"store URL {show_url(value)}: not a database URL (expected "
-                         "dialect+driver://user@host/database, or a file path)") from None
+    except (ArgumentError, ValueError):  # ValueError: a port SQLAlchemy cannot read
+        raise StoreError(f"store URL {clip(show_url(value))}: not a database URL (expected "
+                         "dialect+driver://user@host:port/database, or a file path)") from None
     return value
+
+
+#: ``dialect://[user[:password]@]host[:port]``: the port's text, as SQLAlchemy's URL parser
+#: splits it (a bracketed IPv6 host keeps its colons).
+_PORT = re.compile(r"[^:/]+://(?:[^@/?#]*@)?(?:\[[^\]]*\]|[^:/?#]*)(?::(?P<port>[^/?#]*))?")
+
+
+def _check_port(value: str) -> None:
+    """Raise StoreError unless the URL's port, when it has one, is 1 .. 65535 in ASCII digits
+    (Python's ``int``, which SQLAlchemy uses, would take ``"٣"`` or ``"99999999999"``)."""
+    found = _PORT.match(value)
+    port = found.group("port") if found else None
+    if port is None or port == "":
+        return
+    if not (len(port) <= 5 and all("0" <= c <= "9" for c in port) and 1 <= int(port) <= 65535):
+        raise StoreError(f"store URL {clip(show_url(value))}: port {clip(repr(port), 40)} is not a "
+                         "number from 1 to 65535")
 
 
 def mount_type(path: Path, mounts: str = "/proc/mounts") -> str | None:
@@ -230,7 +249,7 @@ def open_store(url: str | None = None, *, migrate: bool = True) -> Store:
         else:
             engine, warnings = create_engine(resolved, pool_pre_ping=True), []
     except (ImportError, ArgumentError) as exc:
-        raise StoreError(f"store {shown}: {mask_urls(exc)}") from None
+        raise StoreError(f"store {clip(shown)}: {clip(mask_urls(exc))}") from None
     store = Store(url=shown, engine=engine, warnings=warnings)
     if migrate and not getattr(engine, "mlhpc_read_only", False):
         retrying(store, schema.migrate)

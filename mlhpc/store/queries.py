@@ -20,7 +20,7 @@ from sqlalchemy import Select, select
 from mlhpc.errors import ConfigError
 from mlhpc.store import schema
 from mlhpc.store.engine import Store, StoreError, read
-from mlhpc.text import terminal
+from mlhpc.text import clip, terminal
 
 #: The columns `list_runs` gives, in order (the JSON keys of ``mlhpc results list``).
 LIST_COLUMNS = ("run_id", "benchmark", "system", "nodes", "accelerators", "global_batch_size", "status",
@@ -49,27 +49,58 @@ class Filters:
     until_ms: float | None = None
 
 
-def parse_date_ms(value: str, end: bool = False) -> float:
-    """``YYYY-MM-DD`` or ISO 8601 -> ms since the epoch (UTC when no zone; a bare date's end
-    of day when ``end``).
+#: The largest whole number a selection, a run id or a store column holds (SQL BIGINT, int64).
+INT64_MAX = 2**63 - 1
+#: Dates a selection may name: datetime's range, less a day at each end (a zone or an end of
+#: day moves a date by up to a day).
+_DATES = (dt.datetime(1, 1, 2, tzinfo=dt.timezone.utc), dt.datetime(9999, 12, 30, tzinfo=dt.timezone.utc))
+
+
+def parse_count(text: str, what: str, least: int = 1) -> int:
+    """``text`` as a whole number of ASCII digits from ``least`` to `INT64_MAX` (what the store's
+    columns hold): ``"²"``, ``"٣"``, ``"+4"``, ``"1e3"`` or 20 digits are refused, not
+    read by Python's ``int``, which takes any Unicode digit and any size.
 
     Raises:
-        ConfigError: not a date.
+        ConfigError: ``WHAT: VALUE is not a whole number from LEAST to 9223372036854775807``.
     """
+    digits = text.strip()
+    if digits and len(digits) <= 19 and all("0" <= c <= "9" for c in digits):
+        value = int(digits)
+        if least <= value <= INT64_MAX:
+            return value
+    raise ConfigError(f"{what}: {clip(repr(text), 80)} is not a whole number from {least} to {INT64_MAX}")
+
+
+def parse_date_ms(value: str, end: bool = False) -> float:
+    """``YYYY-MM-DD`` or ISO 8601 -> ms since the epoch (UTC when no zone; a bare date's end
+    of day when ``end``), from 0001-01-02 to 9999-12-30 (datetime's range, a day kept at
+    each end for zones).
+
+    Raises:
+        ConfigError: not a date of ASCII digits, or outside that range.
+    """
+    text = value.strip()
     try:
-        when = dt.datetime.fromisoformat(value)
+        if not text.isascii():
+            raise ValueError(text)
+        when = dt.datetime.fromisoformat(text)
     except ValueError:
-        raise ConfigError(f"date {value!r}: expected YYYY-MM-DD or ISO 8601") from None
-    if end and len(value) == 10:
-        when += dt.timedelta(days=1)
+        raise ConfigError(f"date {clip(repr(value), 80)}: expected YYYY-MM-DD or ISO 8601") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.timezone.utc)
+    if not _DATES[0] <= when <= _DATES[1]:
+        raise ConfigError(f"date {clip(repr(value), 80)}: outside {_DATES[0].date()} .. "
+                          f"{_DATES[1].date()}; leave the bound out for no bound")
+    if end and len(text) == 10:
+        when += dt.timedelta(days=1)
     return when.timestamp() * 1000.0
 
 
 def parse_selection(expression: str) -> Filters:
     """``"benchmark=cosmoflow,system=x,nodes=4,since=2025-01-01"`` -> `Filters`; a bare word
-    (no ``=``) is a campaign id.
+    (no ``=``) is a campaign id. Every value is checked where it is read (`parse_count`,
+    `parse_date_ms`); a message shows at most a few hundred characters of the expression.
 
     Raises:
         ConfigError: an unknown key or a bad value, naming it.
@@ -78,19 +109,18 @@ def parse_selection(expression: str) -> Filters:
         return Filters(campaign=expression.strip())
     values: dict[str, Any] = {}
     names = {f.name for f in fields(Filters)} - {"since_ms", "until_ms"} | {"since", "until"}
+    shown = f"selection {clip(repr(expression), 120)}"
     for part in filter(None, (p.strip() for p in expression.split(","))):
         key, _, value = part.partition("=")
         key = key.strip()
         if key not in names:
-            raise ConfigError(f"selection {expression!r}: unknown key {key!r} (one of {', '.join(sorted(names))})")
+            raise ConfigError(f"{shown}: unknown key {clip(repr(key), 80)} (one of {', '.join(sorted(names))})")
         if key in ("since", "until"):
             values[f"{key}_ms"] = parse_date_ms(value.strip(), end=key == "until")
         elif key == "scaling" and value.strip() not in SCALING_MODES:
-            raise ConfigError(f"selection {expression!r}: scaling={value!r}: one of {', '.join(SCALING_MODES)}")
+            raise ConfigError(f"{shown}: scaling={clip(repr(value), 80)}: one of {', '.join(SCALING_MODES)}")
         elif key == "nodes":
-            if not value.strip().isdigit():
-                raise ConfigError(f"selection {expression!r}: nodes={value!r} is not a whole number")
-            values[key] = int(value)
+            values[key] = parse_count(value, f"{shown}: nodes")
         else:
             values[key] = value.strip()
     return Filters(**values)
@@ -165,7 +195,7 @@ def render_rows(rows: list[dict[str, Any]], fmt: str, columns: tuple[str, ...] =
         writer.writerows(rows)
         return out.getvalue()
     if fmt != "table":
-        raise ConfigError(f"format {fmt!r}: one of {', '.join(FORMATS)}")
+        raise ConfigError(f"format {clip(repr(fmt), 80)}: one of {', '.join(FORMATS)}")
     cells = [[_cell(row.get(c))[:12] if c == "log_sha256" else _cell(row.get(c)) for c in columns] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
@@ -181,18 +211,19 @@ def get_run(store: Store, ref: str) -> dict[str, Any]:
         StoreError: no such run, or the prefix is ambiguous.
     """
     c = schema.runs.c
-    if ref.isdigit():
-        query = select(schema.runs).where(c.run_id == int(ref))
-    elif len(ref) >= 8 and all(ch in "0123456789abcdef" for ch in ref.lower()):
+    shown = clip(repr(ref), 80)
+    if ref.isdigit():  # a run id: ASCII digits within int64 (`parse_count`; "²" is a digit too)
+        query = select(schema.runs).where(c.run_id == parse_count(ref, "run", least=0))
+    elif 8 <= len(ref) <= 64 and all(ch in "0123456789abcdef" for ch in ref.lower()):
         query = select(schema.runs).where(c.log_sha256.like(ref.lower() + "%"))
     else:
-        raise StoreError(f"run {ref!r}: give a run id or at least 8 hex digits of the log's SHA-256")
+        raise StoreError(f"run {shown}: give a run id or 8 to 64 hex digits of the log's SHA-256")
     with read(store) as conn:
         rows = [dict(r._mapping) for r in conn.execute(query.limit(2))]
     if not rows:
-        raise StoreError(f"run {ref!r}: not in the store {store.url}")
+        raise StoreError(f"run {shown}: not in the store {store.url}")
     if len(rows) > 1:
-        raise StoreError(f"run {ref!r}: more than one run's log hash starts so; give more digits")
+        raise StoreError(f"run {shown}: more than one run's log hash starts so; give more digits")
     row = rows[0]
     data = zlib.decompress(row.pop("log_zlib"))
     try:
