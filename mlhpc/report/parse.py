@@ -14,10 +14,13 @@ Every key set from MLPerf HPC v0.7 to v3.0 parses the same way; meaning is given
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import math
 import os
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,14 +128,19 @@ def cap_field(value: str) -> str:
 def oversize_line(path: Path | str) -> str | None:
     """``"LINE: N characters"`` for the first line of ``path`` longer than `MAX_RECORD_CHARS`,
     or None (also when the file cannot be read: the caller reports that its own way)."""
-    try:
-        data = read_log(path)
+    from mlhpc.data.inputs import input_chunks
+
+    lineno, length = 1, 0
+    try:  # streamed: only the current line's length is kept
+        for chunk in input_chunks(path, MAX_LOG_BYTES, None, "result log", LogFormatError):
+            for piece in chunk.split(b"\n")[:-1]:
+                if length + len(piece) > MAX_RECORD_CHARS:
+                    return f"line {lineno}: {length + len(piece)} characters"
+                lineno, length = lineno + 1, 0
+            length += len(chunk) - chunk.rfind(b"\n") - 1
     except LogFormatError:
         return None
-    for lineno, line in enumerate(data.split(b"\n"), start=1):
-        if len(line) > MAX_RECORD_CHARS:
-            return f"line {lineno}: {len(line)} characters"
-    return None
+    return f"line {lineno}: {length} characters" if length > MAX_RECORD_CHARS else None
 
 
 def _split_lines(text: str) -> list[str]:
@@ -187,13 +195,19 @@ def parse_text(text: str, path: str = "<text>") -> ParsedLog:
     lines = _split_lines(text)
     if lines and lines[-1] == "":
         lines.pop()
-    parsed.n_lines = len(lines)
-    record_index = 0
-    for lineno, line in enumerate(lines, start=1):
-        if len(line) > MAX_RECORD_CHARS:
-            if TOKEN in line:
-                parsed.malformed.append(Malformed(path, lineno, (
-                    f"record line of {len(line)} characters, over the {MAX_RECORD_CHARS} an MLLOG "
+    _take_lines(parsed, ((line, len(line), TOKEN in line) for line in lines))
+    return parsed
+
+
+def _take_lines(parsed: ParsedLog, lines: Iterable[tuple[str | None, int, bool]]) -> None:
+    """Add the records of ``lines`` to ``parsed``: per physical line its text (None for one
+    over `MAX_RECORD_CHARS`, not kept), its length in characters and whether it holds the token."""
+    record_index = lineno = 0
+    for lineno, (line, chars, has_token) in enumerate(lines, start=1):
+        if line is None or chars > MAX_RECORD_CHARS:
+            if has_token:
+                parsed.malformed.append(Malformed(parsed.path, lineno, (
+                    f"record line of {chars} characters, over the {MAX_RECORD_CHARS} an MLLOG "
                     "record may hold (not read)")))
                 record_index += 1
             continue
@@ -202,7 +216,7 @@ def parse_text(text: str, path: str = "<text>") -> ParsedLog:
             continue
         record, reason = _read_record(line[at + len(TOKEN):].strip())
         if record is None:
-            parsed.malformed.append(Malformed(path, lineno, reason))
+            parsed.malformed.append(Malformed(parsed.path, lineno, reason))
         else:
             event_type = record.get("event_type")
             parsed.events.append(Event(
@@ -210,7 +224,63 @@ def parse_text(text: str, path: str = "<text>") -> ParsedLog:
                 metadata=record["metadata"], lineno=lineno, record_index=record_index,
                 event_type=event_type if isinstance(event_type, str) else ""))
         record_index += 1
-    return parsed
+    parsed.n_lines = lineno
+
+
+#: Bytes of one line kept whole while a log is streamed: past it the line is longer than
+#: `MAX_RECORD_CHARS` characters in any encoding read (UTF-8 takes at most 4 bytes a character),
+#: so only its length and whether it holds the token are kept.
+_KEPT_LINE_BYTES = 4 * MAX_RECORD_CHARS + 4
+_BREAK = re.compile(rb"\r\n|\r|\n")
+
+
+class _LongLine:
+    """A line past `_KEPT_LINE_BYTES`, read on without keeping it: its characters counted and
+    the token looked for across pieces, through an incremental decoder (which raises
+    UnicodeDecodeError on bytes that are not UTF-8, as decoding the whole file would)."""
+
+    def __init__(self, encoding: str) -> None:
+        self.decoder = codecs.getincrementaldecoder(encoding)()
+        self.chars, self.has_token, self.tail = 0, False, ""
+
+    def feed(self, data: bytes, final: bool = False) -> None:
+        text = self.tail + self.decoder.decode(data, final)
+        self.chars += len(text) - len(self.tail)
+        self.has_token = self.has_token or TOKEN in text
+        self.tail = text[-(len(TOKEN) - 1):]
+
+
+def _stream_lines(chunks: Iterable[bytes], encoding: str) -> Iterator[tuple[str | None, int, bool]]:
+    """The physical lines of a log read in pieces (split as Python's text files split them,
+    `_split_lines`), as `_take_lines` takes them; no more than `_KEPT_LINE_BYTES` of one line
+    and one piece are held at a time, and each piece is scanned once."""
+    parts: list[bytes] = []
+    size, long_line, after_cr = 0, None, False
+    for chunk in chunks:
+        if after_cr and chunk[:1] == b"\n":  # the second half of a \r\n split between pieces
+            chunk = chunk[1:]
+        after_cr, start = chunk.endswith(b"\r"), 0
+        for brk in _BREAK.finditer(chunk):
+            parts.append(chunk[start:brk.start()])
+            yield _line(b"".join(parts), encoding, long_line)
+            parts, size, long_line, start = [], 0, None, brk.end()
+        if start < len(chunk):
+            parts.append(chunk[start:])
+            size += len(chunk) - start
+        if size > _KEPT_LINE_BYTES:
+            long_line = long_line or _LongLine(encoding)
+            long_line.feed(b"".join(parts))
+            parts, size = [], 0
+    if parts or long_line is not None:
+        yield _line(b"".join(parts), encoding, long_line)
+
+
+def _line(data: bytes, encoding: str, long_line: _LongLine | None) -> tuple[str | None, int, bool]:
+    if long_line is None:
+        text = data.decode(encoding)
+        return text, len(text), TOKEN in text
+    long_line.feed(data, final=True)
+    return None, long_line.chars, long_line.has_token
 
 
 def file_kind(path: Path | str) -> str:
@@ -250,6 +320,30 @@ def read_log(path: Path | str, root: Path | str | None = None, what: str = "resu
     return read_input(path, MAX_LOG_BYTES, root, what, LogFormatError)
 
 
+def log_sha256(path: Path | str, root: Path | str | None = None) -> str:
+    """Hex SHA-256 of a log's bytes, streamed through the one reader (the rules of `read_log`,
+    never held whole). Raises LogFormatError as `read_log`."""
+    from mlhpc.data.inputs import input_chunks
+
+    digest = hashlib.sha256()
+    for chunk in input_chunks(path, MAX_LOG_BYTES, root, "result log", LogFormatError):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def log_mentions(path: Path | str, needle: bytes, root: Path | str | None = None) -> bool:
+    """Whether a log's bytes hold ``needle``, streamed (the rules of `read_log`, never held
+    whole; a needle across two pieces is found). Raises LogFormatError as `read_log`."""
+    from mlhpc.data.inputs import input_chunks
+
+    tail = b""
+    for chunk in input_chunks(path, MAX_LOG_BYTES, root, "result log", LogFormatError):
+        if needle in tail + chunk[:len(needle)] or needle in chunk:
+            return True
+        tail = chunk[-(len(needle) - 1):] if len(needle) > 1 else b""
+    return False
+
+
 def decode_log(data: bytes, path: Path | str) -> ParsedLog:
     """`parse_text` of a log's bytes (UTF-8, falling back to Latin-1 as ``mlp_parser`` reads
     it), with ``sha256`` of the bytes."""
@@ -263,7 +357,11 @@ def decode_log(data: bytes, path: Path | str) -> ParsedLog:
 
 
 def parse_log(path: Path | str, root: Path | str | None = None) -> ParsedLog:
-    """Read (`read_log`) and parse one log file.
+    """Read and parse one log file, streamed: read through the one reader in pieces
+    (`mlhpc.data.inputs.input_chunks`, the rules of `read_log`), never held whole, a line over
+    `MAX_RECORD_CHARS` counted and not kept, so memory stays within a few pieces and the records
+    whatever the file's size up to `MAX_LOG_BYTES`. The same records, lines and SHA-256 as
+    `decode_log` of the file's bytes (a file that is not UTF-8 is read again as Latin-1).
 
     Args:
         path: a ``result_N.txt`` or any file of MLLOG lines.
@@ -275,7 +373,23 @@ def parse_log(path: Path | str, root: Path | str | None = None) -> ParsedLog:
     Raises:
         LogFormatError: as `read_log`.
     """
-    return decode_log(read_log(path, root), path)
+    from mlhpc.data.inputs import input_chunks
+
+    for encoding in ("utf-8", "latin-1"):  # Latin-1 for the whole file if any byte is not UTF-8
+        parsed, digest = ParsedLog(path=str(path)), hashlib.sha256()
+
+        def pieces() -> Iterator[bytes]:
+            for chunk in input_chunks(path, MAX_LOG_BYTES, root, "result log", LogFormatError):
+                digest.update(chunk)
+                yield chunk
+
+        try:
+            _take_lines(parsed, _stream_lines(pieces(), encoding))
+        except UnicodeDecodeError:
+            continue
+        parsed.sha256 = digest.hexdigest()
+        return parsed
+    raise AssertionError("Latin-1 decodes every byte")
 
 
 def read_scaling_factor(folder: Path) -> float:

@@ -20,7 +20,6 @@ When no verdict applies the reason says why, and no factor is applied:
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import threading
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mlhpc.report.compliance import mlperf_logging_version
-from mlhpc.report.parse import read_log
+from mlhpc.report.parse import log_sha256
 
 RCP_PASS = "pruned_rcps"
 _lock = threading.Lock()
@@ -99,7 +98,7 @@ class _Capture(logging.Handler):
 
 
 def _fingerprint(files: list[Path]) -> tuple[tuple[str, str], ...]:
-    return tuple((f.name, hashlib.sha256(read_log(f)).hexdigest()) for f in files)
+    return tuple((f.name, log_sha256(f)) for f in files)
 
 
 def _olympic(epochs: list[float]) -> float | None:

@@ -19,7 +19,7 @@ import yaml
 
 from mlhpc import rules
 from mlhpc.errors import LogFormatError
-from mlhpc.report.parse import Event, ParsedLog, cap_field, decode_log, parse_log, read_log
+from mlhpc.report.parse import Event, ParsedLog, cap_field, log_mentions, parse_log
 from mlhpc.report.plausible import implausible
 
 METRIC_KEYS = ("eval_error", "eval_accuracy")
@@ -77,12 +77,11 @@ def superseded_logs(files: list[Path]) -> set[str]:
     names: set[str] = set()
     for path in files:
         try:  # a FIFO, a device or a link out of the folder is named by the caller's parse_log
-            data = read_log(path, Path(path).parent)
+            if not log_mentions(path, b'"resume"', Path(path).parent):  # streamed, never held whole
+                continue
+            name = resumed_from(parse_log(path, Path(path).parent))
         except LogFormatError:
             continue
-        if b'"resume"' not in data:
-            continue
-        name = resumed_from(decode_log(data, path))
         if name:
             names.add(name)
     return names
