@@ -30,6 +30,7 @@ nothing is synthesised or read relative to the current folder.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -41,8 +42,14 @@ import torch
 from mlhpc.config import Config, from_dict
 from mlhpc.errors import ConfigError, DataError, OutputError
 from mlhpc.report.parse import parse_log
+from mlhpc.text import clip
 
 CHECKPOINT_PATTERN = "checkpoint_{}.pt"
+#: The largest epoch, step or history length a checkpoint may hold (int32: a run of more is
+#: not one a checkpoint came from).
+MAX_COUNT = 2**31 - 1
+#: The most timed seconds a checkpoint may carry (a year).
+MAX_ELAPSED_S = 365 * 24 * 3600.0
 CLAIM_PATTERN = "resumed_{}.json"
 _REQUIRED = {"config": dict, "epoch": int, "step": int, "model": dict, "optimizer": dict,
              "scheduler": dict}
@@ -94,22 +101,56 @@ class CheckpointState:
             if key not in state:
                 raise ConfigError(f"{source}: not an mlhpc checkpoint (no '{key}' entry)")
             if not isinstance(state[key], kind) or isinstance(state[key], bool):
-                raise ConfigError(f"{source}: '{key}' is a {type(state[key]).__name__}, "
+                raise ConfigError(f"{source}: {clip(repr(key), 40)} is a {type(state[key]).__name__}, "
                                   f"expected a {kind.__name__}")
-        if state["epoch"] < 1 or state["step"] < 0:
-            raise ConfigError(f"{source}: 'epoch' {state['epoch']} / 'step' {state['step']} out of range")
-        try:
-            history = [(int(e), float(v)) for e, v in state.get("history", [])]
-            elapsed_s = float(state.get("elapsed_s", 0.0))
-        except (TypeError, ValueError):
-            raise ConfigError(f"{source}: 'history' or 'elapsed_s' malformed") from None
+        if not (1 <= state["epoch"] <= MAX_COUNT and 0 <= state["step"] <= MAX_COUNT):
+            raise ConfigError(f"{source}: 'epoch' {clip(state['epoch'], 40)} / 'step' {clip(state['step'], 40)} "
+                              f"out of range (epoch 1 .. {MAX_COUNT}, step 0 .. {MAX_COUNT})")
+        history, elapsed_s = _history(state, source), state.get("elapsed_s", 0.0)
+        if not _number_in(elapsed_s, 0.0, MAX_ELAPSED_S):
+            raise ConfigError(f"{source}: 'elapsed_s' {clip(elapsed_s, 40)} is not a number of seconds "
+                              f"from 0 to {MAX_ELAPSED_S:g}")
+        if not isinstance(state.get("result_file"), (str, type(None))):
+            raise ConfigError(f"{source}: 'result_file' is a {type(state['result_file']).__name__}, not a name")
         rng = state.get("torch_rng")
-        if rng is not None and not (isinstance(rng, torch.Tensor) and rng.dtype == torch.uint8):
-            raise ConfigError(f"{source}: 'torch_rng' is not a uint8 tensor")
+        if rng is not None and not (isinstance(rng, torch.Tensor) and rng.dtype == torch.uint8
+                                    and rng.shape == torch.get_rng_state().shape):
+            raise ConfigError(f"{source}: 'torch_rng' is not torch's RNG state (a uint8 tensor of "
+                              f"{torch.get_rng_state().numel()} bytes)")
+        _check_weights(state["model"], source)
         return cls(config=state["config"], epoch=state["epoch"], step=state["step"],
-                   history=history, result_file=state.get("result_file"), elapsed_s=elapsed_s,
+                   history=history, result_file=state.get("result_file"), elapsed_s=float(elapsed_s),
                    model=state["model"], optimizer=state["optimizer"], scheduler=state["scheduler"],
                    torch_rng=rng)
+
+
+def _number_in(value: Any, low: float, high: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+
+
+def _history(state: dict[str, Any], source: str) -> list[tuple[int, float]]:
+    """``state["history"]`` as ``[(epoch, metric value)]``: epochs 1 .. `MAX_COUNT`, values
+    finite. Raises ConfigError naming ``source``."""
+    raw = state.get("history", [])
+    if not isinstance(raw, list) or len(raw) > MAX_COUNT:
+        raise ConfigError(f"{source}: 'history' is not a list of [epoch, value] pairs")
+    history = []
+    for entry in raw:
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and type(entry[0]) is int
+                and 1 <= entry[0] <= MAX_COUNT and _number_in(entry[1], -math.inf, math.inf)
+                and math.isfinite(entry[1])):
+            raise ConfigError(f"{source}: 'history' entry {clip(entry, 80)} is not [epoch 1 .. "
+                              f"{MAX_COUNT}, finite value]")
+        history.append((entry[0], float(entry[1])))
+    return history
+
+
+def _check_weights(model: dict[str, Any], source: str) -> None:
+    """Raise ConfigError unless ``model`` is a state dict: names to tensors."""
+    for name, value in model.items():
+        if not isinstance(name, str) or not isinstance(value, torch.Tensor):
+            raise ConfigError(f"{source}: 'model' entry {clip(name, 80)} is a {type(value).__name__}, "
+                              "not a tensor (not a state dict)")
 
 
 @dataclass
@@ -181,12 +222,12 @@ def restore(state: CheckpointState, model: torch.nn.Module, optimizer: Any, sche
         model.load_state_dict(state.model)
         optimizer.load_state_dict(state.optimizer)
         scheduler.load_state_dict(state.scheduler)
-    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
-        first = " ".join(str(exc).split())[:300]
+        if state.torch_rng is not None:
+            torch.set_rng_state(state.torch_rng)
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        first = clip(" ".join(str(exc).split()))
         raise ConfigError(f"{source}: the saved state does not fit the model its config builds "
                           f"({first})") from None
-    if state.torch_rng is not None:
-        torch.set_rng_state(state.torch_rng)
 
 
 def _index(path: Path) -> str:
@@ -277,7 +318,8 @@ def load_resume(target: Path) -> tuple[Config, Resume]:
     try:
         raw = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for a damaged or foreign file
-        raise ConfigError(f"--resume {path}: cannot read checkpoint ({type(exc).__name__})") from None
+        what = "an empty file" if path.stat().st_size == 0 else type(exc).__name__
+        raise ConfigError(f"--resume {path}: cannot read checkpoint ({what})") from None
     state = CheckpointState.from_dict(raw, source=f"--resume {path}")
     tree = dict(state.config)
     tree["output"] = {**(tree.get("output") or {}), "dir": str(path.parent)}

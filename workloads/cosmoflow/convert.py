@@ -174,8 +174,8 @@ class CosmoFlowDataTools(DataTools):
 
     def check_file(self, path: Path, fmt: str, full: bool) -> FileCheck:
         """Metadata and labels (TFRecord: headers only, unless ``full``; a GZIP TFRecord's
-        stream inflated once, its GZIP CRC and every record header checked,
-        `tfrecord_io.count_gzip_frames`); ``full`` reads every sample and checks counts >= 0
+        stream inflated once, its GZIP CRC, every record header and every record's data CRC
+        checked in that one pass, `tfrecord_io.count_gzip_frames`); ``full`` reads every sample and checks counts >= 0
         and finite labels. Raises DataError."""
         reader = readers.reader(fmt)
         info = reader.inspect(path, full=full or fmt != "tfrecord")

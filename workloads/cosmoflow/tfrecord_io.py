@@ -195,30 +195,49 @@ def count_frames(path: Path) -> int:
 
 class _FrameWalk:
     """Record framing walked over a byte stream fed in pieces: each header's length CRC
-    checked, data and footer skipped, records counted."""
+    checked, each record's data CRC computed as its bytes pass (incremental CRC-32C, nothing
+    kept) and checked against its footer, records counted."""
 
     def __init__(self, path: Path) -> None:
-        self.path, self.records, self.offset, self.skip, self.head = path, 0, 0, 0, b""
+        self.path, self.records, self.offset = path, 0, 0
+        self.head, self.foot = b"", b""  # the header and footer being read
+        self.data_left, self.crc = 0, 0  # data bytes of the record still to come, their CRC
 
     def feed(self, piece: bytes) -> None:
         at = 0
         while at < len(piece):
-            if self.skip:
-                step = min(self.skip, len(piece) - at)
-                self.skip, at, self.offset = self.skip - step, at + step, self.offset + step
-                continue
-            take = min(_HEADER.size - len(self.head), len(piece) - at)
-            self.head, at, self.offset = self.head + piece[at:at + take], at + take, self.offset + take
-            if len(self.head) == _HEADER.size:
-                length, length_crc = _HEADER.unpack(self.head)
-                if masked_crc(self.head[:8]) != length_crc:
-                    raise DataError(f"{self.path}: record {self.records}: length CRC mismatch at byte "
-                                    f"{self.offset - _HEADER.size} of the inflated stream (corrupt)")
-                self.skip, self.head, self.records = length + _FOOTER.size, b"", self.records + 1
+            if self.data_left:
+                step = min(self.data_left, len(piece) - at)
+                self.crc = _crc32c.crc32c(piece[at:at + step], self.crc)
+                self.data_left, at, self.offset = self.data_left - step, at + step, self.offset + step
+            elif len(self.head) == _HEADER.size:  # header done, data done: the footer
+                take = min(_FOOTER.size - len(self.foot), len(piece) - at)
+                self.foot, at, self.offset = self.foot + piece[at:at + take], at + take, self.offset + take
+                if len(self.foot) == _FOOTER.size:
+                    self._check_data()
+            else:
+                take = min(_HEADER.size - len(self.head), len(piece) - at)
+                self.head, at, self.offset = self.head + piece[at:at + take], at + take, self.offset + take
+                if len(self.head) == _HEADER.size:
+                    self._start_record()
+
+    def _start_record(self) -> None:
+        length, length_crc = _HEADER.unpack(self.head)
+        if masked_crc(self.head[:8]) != length_crc:
+            raise DataError(f"{self.path}: record {self.records}: length CRC mismatch at byte "
+                            f"{self.offset - _HEADER.size} of the inflated stream (corrupt)")
+        self.data_left, self.crc, self.foot = length, 0, b""
+
+    def _check_data(self) -> None:
+        (data_crc,) = _FOOTER.unpack(self.foot)
+        if (((self.crc >> 15) | (self.crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF != data_crc:
+            raise DataError(f"{self.path}: record {self.records}: data CRC mismatch (the file is "
+                            "corrupt; its GZIP stream is intact, so it was written so: make it again)")
+        self.head, self.foot, self.records = b"", b"", self.records + 1
 
     def finish(self) -> int:
-        if self.head or self.skip:
-            raise DataError(f"{self.path}: record {self.records - (1 if self.skip else 0)}: truncated "
+        if self.head or self.foot or self.data_left:
+            raise DataError(f"{self.path}: record {self.records}: truncated "
                             "(runs past the end of the inflated stream)")
         return self.records
 
@@ -226,14 +245,16 @@ class _FrameWalk:
 def count_gzip_frames(path: Path) -> int:
     """The number of records of a GZIP TFRecord file, its stream inflated once, `_BLOCK_BYTES`
     of it at a time (output discarded): every GZIP member's CRC-32 and size trailer (RFC 1952)
-    verified by zlib, and every record's header read and its length CRC checked, the frames
-    ending exactly where the inflated data do (`count_frames`'s checks, inside the stream).
-    The records' data CRCs are the full check's (`records`).
+    verified by zlib, every record's header read and its length CRC checked, and every record's
+    data CRC-32C computed in the same pass and checked against its footer (every byte is
+    inflated anyway: the CRC costs little more), the frames ending exactly where the inflated
+    data do (`count_frames`'s checks, inside the stream).
 
     Raises:
         DataError: naming ``path``: refused by the one reader (a link out of its folder, not a
             regular file), a corrupt or truncated stream, a GZIP CRC or size mismatch, bytes
-            after the last member, or the framing errors of `count_frames`.
+            after the last member, the framing errors of `count_frames`, or a record's data CRC
+            mismatch (naming the record).
     """
     walk = _FrameWalk(path)
     blocks = input_chunks(path, MAX_FILE_BYTES, Path(path).parent, "TFRecord file", DataError,
