@@ -68,7 +68,7 @@ def test_a_destination_that_is_another_dataset_is_refused_untouched(tmp_path, sr
     assert made.exit_code == 0, made.output
     before = _tree(other)
     line = _one_error_line(_stage(src, other))
-    assert f"{other}: the staging destination holds files and is no staged copy of yours" in line
+    assert f"the staging destination {other} holds files mlhpc did not stage and is no staged copy of yours" in line
     assert _tree(other) == before
     with pytest.raises(StagingError, match="not a staged copy of yours"):
         remove_copy(other)

@@ -210,7 +210,8 @@ def remove_claimed(folder: Path, kind: str, what: str, recorded: Iterable[str] =
 
 def prune_claimed(folder: Path, kind: str, keep: set[str], recorded: Iterable[str] = ()) -> int:
     """Delete the files under claimed ``folder`` that its claim or ``recorded`` list and ``keep``
-    does not (mlhpc's own state at the top stays), and folders left empty; returns the count.
+    does not, and what unfinished mlhpc writers left there (`mlhpc.data.files.is_part_file`);
+    mlhpc's own state at the top stays; then folders left empty. Returns the count.
 
     Raises:
         RemovalRefused: no valid claim of ``kind``; nothing was deleted.
@@ -238,7 +239,8 @@ def _delete_listed(claim: Claim, recorded: frozenset[str], keep: frozenset[str],
             rel = prefix + name
             ours = (claim.whole or rel in listed or any(rel.startswith(p) for p in in_part)
                     or (is_part_file(name)) or (state and is_state_file(rel)))
-            if not ours or rel in keep or rel == CLAIM_NAME or (not state and is_state_file(rel)):
+            if not ours or rel in keep or rel == CLAIM_NAME or \
+                    (not state and is_state_file(rel) and not is_part_file(name)):
                 continue
             info = os.lstat(name, dir_fd=root_fd)
             os.unlink(name, dir_fd=root_fd)

@@ -100,10 +100,13 @@ def _claim(dest: Path, write: bool) -> None:
         return
     claim = read_claim(dest, COPY_KIND)
     if claim is None:
+        first = min((e.name for e in os.scandir(dest) if e.name != LOCK_NAME and not is_part_file(e.name)),
+                    default=".")
         raise StagingError(
-            f"{dest}: the staging destination holds files and is no staged copy of yours "
-            f"({claim_problem(dest, COPY_KIND)}); staging prunes its destination to the plan, "
-            "so give it an empty folder (data.staging.dest, e.g. /dev/shm/mlhpc-{node_rank})")
+            f"{dest / first}: the staging destination {dest} holds files mlhpc did not stage and is "
+            f"no staged copy of yours ({claim_problem(dest, COPY_KIND)}); staging prunes its "
+            "destination to the plan, so give it an empty folder (data.staging.dest, e.g. "
+            "/dev/shm/mlhpc-{node_rank})")
     recorded = recorded_files(dest)
     strays = foreign(claim, recorded)
     if strays:
