@@ -8,26 +8,27 @@ Usage, on a machine with one CUDA GPU (no argument needed; about 8 minutes at mo
 
 It writes one JSON file (``--json``, default ``gpu-<UTC date and time>.json`` here) and prints one
 line per figure. Parts, in order, each in its own process under its own time budget (seconds on a
-GPU; the part is stopped at its budget and said ``timed out``, so a slow part cannot starve the
-rest; `BUDGETS_S` sums to 480):
+GPU; the part is stopped at its budget, 5 s of grace past it, and said ``timed out``, keeping the
+figures it had written as it went, so a slow part cannot starve the rest; `BUDGETS_S` sums to
+460 s, 495 s at most with the grace):
 
 - ``machine`` (20): GPU name, memory, driver, CUDA, cuDNN and torch versions, TF32 switches, the
   peak bf16 and fp32 FLOP/s of `mlhpc.run.step.device_peak` (the data-sheet table
   `KNOWN_PEAKS_FLOP_PER_S` for known GPUs), what NVML reads;
-- ``steps`` (cosmoflow 80, deepcam 80, oc20 35, openfold 70): each workload at its reference size
-  (benchmarks/gpu_steps.py: CosmoFlow 128^3 x 4, batch 8; DeepCAM 768 x 1152 x 16, batch 4;
+- ``steps`` (cosmoflow 70, deepcam 80, oc20 30, openfold 60): each workload at its reference size
+  (benchmarks/gpu_steps.py: CosmoFlow 128^3 x 4, batch 8; DeepCAM 768 x 1152 x 16, batch 2;
   DimeNet++ at the reference widths on slabs of 80 atoms, batch 8; OpenFold at crop 256 with
   the reference widths, Evoformer measured at 2 and 4 blocks and scaled to 48, said so), one
   training step (the harness's `train_step`) in fp32 (torch's defaults: TF32 in cuDNN
   convolutions, not in matrix products) and in bf16 autocast: median step time, samples/s,
   counted FLOPs and MFU, ``torch.cuda.max_memory_allocated``; torch.compile against eager (bf16)
   for CosmoFlow and DeepCAM, the compile time apart;
-- ``harness`` (130): `mlhpc run` of each mini config, bounded (benchmarks/gpu_harness.py: small
+- ``harness`` (140): `mlhpc run` of each mini config, bounded (benchmarks/gpu_harness.py: small
   embedded data, one epoch, a reachable target; ``train.amp: true``, the device chosen by the
   config, the `DeviceLoader`, power sampled through NVML), each exit status, summary, energy to
   train and MLCommons' checker verdict; a process group of one rank (NCCL on CUDA) with one
   all-reduce;
-- ``compare`` (65): benchmarks/side_by_side.py's comparisons on the device for each mini config:
+- ``compare`` (60): benchmarks/side_by_side.py's comparisons on the device for each mini config:
   the harness's step against a bare loop, DimeNet++ against torch-geometric's, and whether the
   loader (with the machine's cores as workers) keeps the step fed: its samples/s over the
   samples/s the step consumes (goal >= 2), and, by bytes, over what the reference-size bf16 step
@@ -90,8 +91,10 @@ WORKLOADS = ("cosmoflow", "deepcam", "oc20", "openfold")
 TINY_END_TO_END = ("cosmoflow", "oc20")
 PARTS = ("machine", "steps", "harness", "compare")
 #: Seconds each part may take on a GPU (``--tiny``: `TINY_BUDGETS_S`); steps per workload.
-BUDGETS_S = {"machine": 20, "steps:cosmoflow": 80, "steps:deepcam": 80, "steps:oc20": 35,
-             "steps:openfold": 70, "harness": 130, "compare": 65}
+BUDGETS_S = {"machine": 20, "steps:cosmoflow": 70, "steps:deepcam": 80, "steps:oc20": 30,
+             "steps:openfold": 60, "harness": 140, "compare": 60}
+#: Seconds a part's process may outlive its budget (its start, its last write) before it is stopped.
+GRACE_S = 5
 TINY_BUDGETS_S = {"machine": 60, "steps:cosmoflow": 60, "steps:deepcam": 60, "steps:oc20": 60,
                   "steps:openfold": 90, "harness": 240, "compare": 180}
 GiB = 2**30
@@ -99,6 +102,17 @@ GiB = 2**30
 
 class BadInput(Exception):
     """One line for stderr; exit status 2."""
+
+
+def part_file(args: argparse.Namespace) -> Path:
+    name = args.part if args.workload is None else f"{args.part}-{args.workload}"
+    return args.work / f"part-{name}.json"
+
+
+def save(args: argparse.Namespace, found: dict[str, Any]) -> None:
+    """A part's figures so far, written at once (atomically): a part stopped at its budget
+    keeps what it had measured."""
+    write_text_atomic(part_file(args), json.dumps(found, indent=1, default=str))
 
 
 def device() -> torch.device:
@@ -165,21 +179,25 @@ def part_steps(args: argparse.Namespace) -> dict[str, Any]:
     cases = gpu_steps.TINY if args.tiny else gpu_steps.REFERENCE
     chosen = [args.workload] if args.workload else list(args.workloads)
     machine = json.loads(read_text_input(args.work / "machine.json", what="machine figures"))
+    peaks = machine.get("peaks") or gpu_steps.peaks(dev)  # the machine part may have failed
     note = ("skipped on a CPU: compiling takes minutes there (benchmarks/side_by_side.py "
             "measures it); the GPU run measures it") if dev.type == "cpu" else None
-    out, end = {}, time.perf_counter() + 0.9 * args.seconds
+    out: dict[str, Any] = {}
+    end = time.perf_counter() + 0.9 * args.seconds
     for k, workload in enumerate(chosen):
         torch.manual_seed(0)
         case = next(c for c in cases if c.workload == workload)
         seconds = (end - time.perf_counter()) / (len(chosen) - k)
         measurements = 4 + 2 * case.compile + 4 * (case.scaled_blocks is not None)
-        plan = {"warmup": 1 if args.tiny else 3, "steps": 2 if args.tiny else 20,
+        out[workload] = {"sample_bytes": gpu_steps.sample_bytes(case, dev)}
+        whole = out if args.workload is None else out[workload]
+        plan = {"warmup": 1 if args.tiny or case.scaled_blocks else 3,
+                "steps": 2 if args.tiny else 20,
                 "batch": case.batch, "slice_s": 0.9 * seconds / measurements,
-                "part_deadline": time.perf_counter() + seconds}
-        result = gpu_steps.measure_case(case, dev, plan, machine["peaks"], note)
-        result["sample_bytes"] = gpu_steps.sample_bytes(case, dev)
+                "part_deadline": time.perf_counter() + seconds, "out": out[workload],
+                "save": lambda whole=whole: save(args, whole)}
+        result = gpu_steps.measure_case(case, dev, plan, peaks, note)
         _step_lines(workload, result)
-        out[workload] = result
     return out[args.workload] if args.workload else out
 
 
@@ -191,11 +209,13 @@ def part_harness(args: argparse.Namespace) -> dict[str, Any]:
     group = process_group_check(device())
     echo(f"process group {group['backend']} (world size 1): {'ok' if group['ok'] else 'FAILED'}"
          + ("" if group["ok"] else f" ({group['why']})"))
-    runs = {}
+    runs: dict[str, Any] = {}
+    found = {"process_group": group, "runs": runs}
     for k, workload in enumerate(args.workloads):
         share = (deadline - time.perf_counter()) / (len(args.workloads) - k)
         row = mini_run(workload, args.work, args.tiny, share)
         runs[workload] = row
+        save(args, found)
         if not row["ok"]:
             echo(f"run {workload}: FAILED ({row.get('why') or row.get('status')}; checker "
                  f"{row.get('checker', {}).get('last_line', '-')})")
@@ -204,7 +224,7 @@ def part_harness(args: argparse.Namespace) -> dict[str, Any]:
         verdict = "SUCCESS" if row["checker"]["ok"] else "only the reference target failed (bounded run)"
         echo(f"run {workload}: exit 0, {row['status']}, {row['time_to_train_s']:.3g} s to train, "
              f"energy {'%.4g J' % energy if energy is not None else 'not measured'}, checker: {verdict}")
-    return {"process_group": group, "runs": runs}
+    return found
 
 
 def part_compare(args: argparse.Namespace) -> dict[str, Any]:
@@ -221,6 +241,7 @@ def part_compare(args: argparse.Namespace) -> dict[str, Any]:
             echo(f"compare {workload}: FAILED ({out[workload]['failed']})")
             continue
         out[workload] = row
+        save(args, out)
         for name in ("harness", "model", "data-vs-training"):
             if name in row and "ratio" in row[name]:
                 echo(f"compare {workload} {name}: {row[name]['ratio']:.3g} (mlhpc "
@@ -268,11 +289,13 @@ def run_part(args: argparse.Namespace, part: str, workload: str | None, seconds:
     cmd += ["--tiny"] if args.tiny else []
     start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, timeout=seconds + 15, check=False, stdout=sys.stdout,
+        proc = subprocess.run(cmd, timeout=seconds + GRACE_S, check=False, stdout=sys.stdout,
                               stderr=subprocess.PIPE, text=True)
     except subprocess.TimeoutExpired:
-        echo(f"{name}: timed out after its budget of {seconds:.0f} s (stopped)")
-        return {"timed_out_s": seconds}
+        echo(f"{name}: timed out after its budget of {seconds:.0f} s (stopped; what it had "
+             f"measured is kept)")
+        kept = json.loads(read_text_input(result, what="part figures")) if result.is_file() else {}
+        return {**kept, "timed_out_s": seconds}
     if proc.returncode != 0 or not result.is_file():
         tail = (proc.stderr or "").strip().splitlines()
         why = tail[-1] if tail else f"exit status {proc.returncode}"
@@ -370,9 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse(argv)
         if args.part:  # one part, in its own process (run_part)
-            found = PART_FUNCTIONS[args.part](args)
-            name = args.part if args.workload is None else f"{args.part}-{args.workload}"
-            write_text_atomic(args.work / f"part-{name}.json", json.dumps(found, indent=1, default=str))
+            save(args, PART_FUNCTIONS[args.part](args))
             return 0
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         out = args.json or Path(f"gpu-{stamp}.json")

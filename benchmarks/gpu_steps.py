@@ -116,7 +116,7 @@ MAKERS: dict[str, Callable[[Case, torch.device, torch.Generator], Batch]] = {
 REFERENCE: tuple[Case, ...] = (
     Case("cosmoflow", "configs/cosmoflow.yaml", (), 8, {"side": 128}, True,
          "128^3 x 4 cubes, reference widths (configs/cosmoflow.yaml)"),
-    Case("deepcam", "configs/deepcam.yaml", (), 4, {"height": 768, "width": 1152}, True,
+    Case("deepcam", "configs/deepcam.yaml", (), 2, {"height": 768, "width": 1152}, True,
          "768 x 1152 x 16 fields, reference widths (configs/deepcam.yaml)"),
     Case("oc20", "configs/opencatalyst.yaml", (), 8, {"atoms": 80}, False,
          "DimeNet++ at the reference widths (hidden 192, 3 blocks, cutoff 6 A), random slabs "
@@ -228,6 +228,7 @@ def measure_precision(config: cfg.Config, batch: Batch, precision: str, plan: di
     deadline = min(plan["part_deadline"], time.perf_counter() + plan["slice_s"])
     try:
         step, model = build_step(config, device, precision, compile_setting)
+        torch.manual_seed(1234)  # the same random draws (OpenFold's recycling) in every measurement
         timing = time_steps(step, batch, plan["warmup"], plan["steps"], deadline)
     except Exception as exc:  # noqa: BLE001 - a failure is this figure's result, said in one line
         return {"skipped": _one_line(exc)}
@@ -236,6 +237,7 @@ def measure_precision(config: cfg.Config, batch: Batch, precision: str, plan: di
             torch.cuda.empty_cache()
     del step, model
     return {"step_s": timing.step_s, "samples_per_s": plan["batch"] / timing.step_s,
+            "mean_step_s": statistics.fmean(timing.times_s),
             "steps_timed": len(timing.times_s), "times_s": timing.times_s,
             "warmup_s": timing.warmup_s, "peak_memory_bytes": timing.peak_memory_bytes}
 
@@ -282,9 +284,13 @@ def _with_blocks(case: Case, blocks: int) -> Case:
 
 
 def _precisions(config: cfg.Config, batch: Batch, plan: dict[str, Any], flops: float,
-                peak: dict[str, Any]) -> dict[str, Any]:
-    return {p: with_mfu(measure_precision(config, batch, p, plan), flops, peak[p]["flop_per_s"])
-            for p in ("fp32", "bf16")}
+                peak: dict[str, Any], into: dict[str, Any]) -> dict[str, Any]:
+    """fp32 then bf16 figures into ``into`` (returned), ``plan["save"]()`` after each, so that
+    a part stopped at its budget keeps what it measured."""
+    for p in ("fp32", "bf16"):
+        into[p] = with_mfu(measure_precision(config, batch, p, plan), flops, peak[p]["flop_per_s"])
+        plan.get("save", lambda: None)()
+    return into
 
 
 def measure_case(case: Case, device: torch.device, plan: dict[str, Any], peak: dict[str, Any],
@@ -298,8 +304,10 @@ def measure_case(case: Case, device: torch.device, plan: dict[str, Any], peak: d
     config = load_config(case)
     batch = random_batch(case, device)
     flops = count_flops(case, config, batch)
-    out: dict[str, Any] = {"size": case.size_words, "batch": case.batch, "train_flops_per_sample": flops,
-                           "precisions": _precisions(config, batch, plan, flops, peak)}
+    out: dict[str, Any] = plan.get("out", {})
+    out.update({"size": case.size_words, "batch": case.batch, "train_flops_per_sample": flops,
+                "precisions": {}})
+    _precisions(config, batch, plan, flops, peak, out["precisions"])
     if not case.compile:
         return out
     if compile_note is not None:
@@ -311,21 +319,25 @@ def measure_case(case: Case, device: torch.device, plan: dict[str, Any], peak: d
         compiled["compile_s"] = max(0.0, compiled["warmup_s"] - 2 * compiled["step_s"])
         compiled["speedup_over_eager"] = eager["step_s"] / compiled["step_s"]
     out["compile"] = compiled
+    plan.get("save", lambda: None)()
     return out
 
 
 def _scaled(case: Case, device: torch.device, plan: dict[str, Any], peak: dict[str, Any]
             ) -> dict[str, Any]:
     """OpenFold at ``case.scaled_blocks`` Evoformer depths (a, b), and each precision's step
-    time and FLOPs carried linearly to the reference depth N: ``t_b + (N - b) (t_b - t_a) / (b - a)``."""
+    time and FLOPs carried linearly to the reference depth N: ``t_b + (N - b) (t_b - t_a) / (b - a)``.
+    The step times are means, not medians: each step draws its recycling iterations (0 to
+    ``num_recycling_iters``, as the reference), the same draws at both depths (one seed)."""
     depth = load_config(case).model.evoformer_blocks
     batch = random_batch(case, device)
     measured = {}
     for blocks in case.scaled_blocks or ():
         config = load_config(_with_blocks(case, blocks))
         flops = count_flops(case, config, batch)
-        measured[blocks] = {"train_flops_per_sample": flops,
-                            "precisions": _precisions(config, batch, plan, flops, peak)}
+        measured[blocks] = {"train_flops_per_sample": flops, "precisions": {}}
+        plan.get("out", {})["measured"] = measured
+        _precisions(config, batch, plan, flops, peak, measured[blocks]["precisions"])
     a, b = case.scaled_blocks or (0, 0)
     per = (depth - b) / (b - a)
     flops = measured[b]["train_flops_per_sample"] + per * (
@@ -336,12 +348,14 @@ def _scaled(case: Case, device: torch.device, plan: dict[str, Any], peak: dict[s
         if "step_s" not in ra or "step_s" not in rb:
             scaled[precision] = {"skipped": rb.get("skipped") or ra.get("skipped")}
             continue
-        step_s = rb["step_s"] + per * (rb["step_s"] - ra["step_s"])
+        step_s = rb["mean_step_s"] + per * (rb["mean_step_s"] - ra["mean_step_s"])
         scaled[precision] = with_mfu({"step_s": step_s, "samples_per_s": case.batch / step_s,
                                       "peak_memory_bytes_at_measured_depth": rb["peak_memory_bytes"]},
                                      flops, peak[precision]["flop_per_s"])
-    return {"size": case.size_words, "batch": case.batch, "reference_evoformer_blocks": depth,
-            "measured_evoformer_blocks": [a, b], "measured": measured,
-            "train_flops_per_sample": flops, "precisions": scaled,
-            "scaled": f"Evoformer measured at {a} and {b} blocks, step time and FLOPs carried "
-                      f"linearly to the reference's {depth}"}
+    out: dict[str, Any] = plan.get("out", {})
+    out.update({"size": case.size_words, "batch": case.batch, "reference_evoformer_blocks": depth,
+                "measured_evoformer_blocks": [a, b], "measured": measured,
+                "train_flops_per_sample": flops, "precisions": scaled,
+                "scaled": f"Evoformer measured at {a} and {b} blocks, step time and FLOPs "
+                          f"carried linearly to the reference's {depth}"})
+    return out
