@@ -340,3 +340,25 @@ def test_an_hhr_residue_number_out_of_range_is_one_line(tiny, number):
     hhr.write_text(HHR_HIT.format(name="aa02_A", q="ACDE").replace("T aa02_A            1 ",
                                                                     f"T aa02_A            {number} "))
     _refused_once(_check(tiny, "--full"), str(hhr), f"residue number '{number[:20]}' is not within")
+
+
+@pytest.mark.parametrize("content", ["empty", "list", "tensor", "model_int", "empty_dict"])
+def test_a_starting_checkpoint_that_is_not_a_state_dict_is_one_line(tmp_path, content):
+    """model.init_checkpoint: an empty file, or one that holds something other than names to
+    tensors, is one ConfigError line naming the file (exit 2 through the CLI), never a traceback."""
+    import torch
+
+    from mlhpc import config as mlhpc_config
+    from mlhpc.errors import ConfigError
+    from mlhpc_workloads.openfold.training import build_model
+
+    path = tmp_path / "init.pt"
+    if content == "empty":
+        path.write_bytes(b"")
+    else:
+        torch.save({"list": [1, 2], "tensor": torch.zeros(3), "model_int": {"model": 5},
+                    "empty_dict": {}}[content], path)
+    config = mlhpc_config.load(REPO / "configs" / "openfold-mini.yaml",
+                               (f"model.init_checkpoint={path}", "model.init_checkpoint_sha256=null"))
+    with pytest.raises(ConfigError, match=r"init.pt: model.init_checkpoint cannot be loaded"):
+        build_model(config.model)

@@ -174,12 +174,25 @@ def build_model(cfg: Any) -> AveragedAlphaFold:
     if path is not None:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
-            net.load_state_dict(state.get("model", state) if isinstance(state, dict) else state)
-        except (OSError, RuntimeError, ValueError, KeyError, AttributeError,
+            net.load_state_dict(_weights(state))
+        except (OSError, RuntimeError, ValueError, KeyError, AttributeError, EOFError, TypeError,
                 pickle.UnpicklingError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if isinstance(exc, EOFError):
+                reason = "an empty or truncated file"
             raise ConfigError(f"{path}: model.init_checkpoint cannot be loaded ({reason[:200]})") from None
     return AveragedAlphaFold(net, cfg.swa_decay_rate)
+
+
+def _weights(state: Any) -> dict[str, torch.Tensor]:
+    """The state dict of a checkpoint file's contents: names to tensors, bare or under
+    ``"model"``. Raises ValueError for anything else."""
+    weights = state.get("model", state) if isinstance(state, dict) else state
+    if not isinstance(weights, dict) or not weights or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()):
+        raise ValueError("not a state dict of the network: expected names to tensors, bare or "
+                         "under 'model'")
+    return weights
 
 
 def build_optimizer(model: AveragedAlphaFold, config: Any, steps_per_epoch: int):
