@@ -96,7 +96,7 @@ BUDGETS_S = {"machine": 20, "steps:cosmoflow": 70, "steps:deepcam": 80, "steps:o
 #: Seconds a part's process may outlive its budget (its start, its last write) before it is stopped.
 GRACE_S = 5
 TINY_BUDGETS_S = {"machine": 60, "steps:cosmoflow": 60, "steps:deepcam": 60, "steps:oc20": 60,
-                  "steps:openfold": 90, "harness": 240, "compare": 180}
+                  "steps:openfold": 90, "harness": 300, "compare": 200}
 GiB = 2**30
 
 

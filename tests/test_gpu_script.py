@@ -22,19 +22,19 @@ import gpu_steps  # noqa: E402
 from mlhpc import config as cfg  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
-    folder = tmp_path_factory.mktemp("gpu-tiny")
-    out = folder / "gpu.json"
+def test_tiny_run_passes_on_the_cpu(tmp_path):
+    """One ``--tiny`` run (about 45 s of one core), every part checked."""
+    out = tmp_path / "gpu.json"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu.py"), "--tiny",
-                           "--json", str(out), "--work", str(folder / "work")],
-                          capture_output=True, text=True, timeout=600, cwd=folder, check=False)
+                           "--json", str(out), "--work", str(tmp_path / "work")],
+                          capture_output=True, text=True, timeout=840, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc, json.loads(out.read_text())
+    report = json.loads(out.read_text())
+    _steps_timed_every_workload_in_fp32_and_bf16(proc, report)
+    _runs_passed_the_checker_and_the_comparisons_said_their_ratios(proc, report)
 
 
-def test_tiny_steps_time_every_workload_in_fp32_and_bf16(tiny):
-    proc, report = tiny
+def _steps_timed_every_workload_in_fp32_and_bf16(proc: subprocess.CompletedProcess, report: dict) -> None:
     assert set(report["steps"]) == set(gpu.WORKLOADS)
     for workload, row in report["steps"].items():
         assert row["train_flops_per_sample"] > 0 and row["sample_bytes"] > 0, workload
@@ -54,8 +54,8 @@ def test_tiny_steps_time_every_workload_in_fp32_and_bf16(tiny):
     assert peaks["fp32"]["flop_per_s"] > 0 and peaks["bf16"]["source"]
 
 
-def test_tiny_runs_pass_the_checker_and_the_comparisons_say_their_ratios(tiny):
-    proc, report = tiny
+def _runs_passed_the_checker_and_the_comparisons_said_their_ratios(
+        proc: subprocess.CompletedProcess, report: dict) -> None:
     assert report["ok"] and report["harness"]["process_group"] == {
         **report["harness"]["process_group"], "backend": "gloo", "ok": True}
     runs = report["harness"]["runs"]
