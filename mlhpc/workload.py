@@ -280,6 +280,11 @@ class Workload:
         model_settings: ``model section -> {name: value}``, the settings a report shows of the
             model (those that decide the input it takes and its memory layout); default every
             field (`every_model_setting`).
+        reference_train_flops_per_sample: ``(FLOPs, what a sample is)``: training (forward +
+            backward) FLOPs per sample of the reference model at the reference size, as mlhpc
+            counts them (`mlhpc.run.step.count_flops_on_meta`), for figures of published logs,
+            which hold no FLOPs (HPC AI500's Valid FLOPS); None where the work depends on each
+            sample (a graph, a protein's crop and alignments).
         evaluate_at_start: the run evaluates the model it starts from once, after run_start and
             before the first step, logged at ``epoch_num`` 0, as the reference does when it
             continues a partly trained checkpoint (OpenFold: mlcommons/hpc ``openfold/train.py``;
@@ -304,6 +309,7 @@ class Workload:
     model_settings: Callable[[Any], dict[str, Any]] = every_model_setting
     data_tools: DataTools | None = None
     evaluate_at_start: bool = False
+    reference_train_flops_per_sample: tuple[float, str] | None = None
 
     def __post_init__(self) -> None:
         if self.data_tools is not None and not isinstance(self.data_tools, DataTools):

@@ -156,9 +156,6 @@ NAMED: dict[tuple[str, str], str] = {
     **{("mlhpc/rules.py", name): "the rules' table per ruleset quotes each round's benchmarks "
        "(runs per benchmark; OpenFold's epoch_num counts samples)"
        for name in ("cosmoflow", "deepcam", "oc20", "openfold")},
-    **{("mlhpc/report/validflops.py", name): "HPC AI500's Valid FLOPS of a published log, which "
-       "holds no FLOPs: a table of the reference models' counted FLOPs per sample per benchmark"
-       for name in ("cosmoflow", "deepcam")},
 }
 
 

@@ -17,7 +17,7 @@ from mlhpc.errors import ConfigError
 from mlhpc.power.sampler import mllog_line
 from mlhpc.report import ReportOptions, build_report, run_report
 from mlhpc.report.render import render, to_markdown, to_text
-from mlhpc.report.validflops import REFERENCE_TRAIN_FLOPS_PER_SAMPLE, quality_penalty
+from mlhpc.report.validflops import quality_penalty, reference_flops
 
 METRIC = {"cosmoflow": "eval_error", "deepcam": "eval_accuracy", "openfold": "eval_accuracy"}
 
@@ -153,7 +153,7 @@ def test_published_logs_use_the_reference_count_closed_division_only(tmp_path):
         (tmp_path / name / "result_0.txt").write_text(_log(bench, [0.2, 0.12], division=division, train_samples=1000))
     report = build_report([tmp_path / "closed", tmp_path / "open"], compliance=False)
     closed, open_ = (f.runs[0].valid_flops for f in report.folders)
-    per_sample = REFERENCE_TRAIN_FLOPS_PER_SAMPLE["cosmoflow"][0]
+    per_sample = reference_flops("cosmoflow")[0]
     assert closed.train_flops_per_sample == per_sample and "reference model" in closed.flops_source
     assert closed.valid_flops_per_s == pytest.approx(per_sample * 2000 / 4.7)
     assert open_.valid_flops_per_s is None and "open division" in open_.note
@@ -231,4 +231,4 @@ def test_the_reference_counts_are_recounted(repo, bench, config, x_shape, y_shap
     conf, workload = cfg.load(repo / "configs" / config, ()), get(bench)
     y = torch.zeros(y_shape) if bench == "cosmoflow" else torch.zeros(y_shape, dtype=torch.long)
     counted = count_flops_on_meta(workload.build_model(conf.model), torch.zeros(x_shape), workload.build_loss(conf), y)
-    assert counted.train_flops == REFERENCE_TRAIN_FLOPS_PER_SAMPLE[bench][0]
+    assert counted.train_flops == reference_flops(bench)[0]

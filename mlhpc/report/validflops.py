@@ -26,7 +26,7 @@ last ``epoch_stop``; energy to train where power was measured (`mlhpc.report.ene
 sample are not in a log: an mlhpc run's side file ``measured_N.json`` holds the training
 (forward + backward) FLOPs per sample counted on its own model (`perf.train_flops_per_sample`);
 for a published log the reference model's count at the reference size, where mlhpc knows it
-(`REFERENCE_TRAIN_FLOPS_PER_SAMPLE`: CosmoFlow's and DeepCAM's; OC20's work depends on each
+(`Workload.reference_train_flops_per_sample`: CosmoFlow's and DeepCAM's; OC20's work depends on each
 graph and OpenFold's on each protein's crop and alignments, so neither has one; closed division
 only: an open submission may change the model). `ValidFlops.flops_source` says which.
 
@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlhpc.data.inputs import read_text_input
-from mlhpc.errors import DataError
+from mlhpc.errors import ConfigError, DataError
 from mlhpc.report.parse import Event
 from mlhpc.report.plausible import implausible
 
@@ -63,17 +63,6 @@ if TYPE_CHECKING:
 DEFAULT_EXPONENT = 5.0
 #: Where an mlhpc run's FLOPs per sample come from.
 SIDE_FILE_SOURCE = "measured_N.json: counted on the run's own model"
-#: Training (forward + backward) FLOPs per sample of each MLPerf benchmark's reference model at
-#: the reference size, as mlhpc counts them (`mlhpc.run.step.count_flops_on_meta` on the meta
-#: device, torch 2.13, the model and loss of the reference config; counted 2026-11-27 and
-#: recounted by tests/test_valid_flops.py). A benchmark whose work depends on each sample (a
-#: graph, a protein's crop and alignments) has none: see the module docstring.
-REFERENCE_TRAIN_FLOPS_PER_SAMPLE: dict[str, tuple[float, str]] = {
-    "cosmoflow": (192_090_785_280.0, "4 x 128^3 universe"),
-    "deepcam": (4_409_062_993_920.0, "16 x 768 x 1152 climate image"),
-}
-
-
 @dataclass(frozen=True)
 class ValidFlops:
     """HPC AI500's figures of one run (see the module docstring).
@@ -162,13 +151,27 @@ def side_file_flops(log: Path) -> float | None:
     return None
 
 
+def reference_flops(benchmark: str) -> tuple[float, str] | None:
+    """The registered workload's `Workload.reference_train_flops_per_sample` (counted on the
+    reference model at the reference size, torch 2.13, meta device; recounted by
+    tests/test_valid_flops.py), or None (no such workload, or none declared)."""
+    from mlhpc.workload import get, names
+
+    if benchmark not in names():
+        return None
+    try:
+        return get(benchmark).reference_train_flops_per_sample
+    except ConfigError:
+        return None
+
+
 def flops_per_sample(run: "RunSummary", log: Path) -> tuple[float | None, str]:
     """``(training FLOPs per sample, where it came from)``: the run's side file, else the
     reference count of a closed-division benchmark, else ``(None, why not)``."""
     counted = side_file_flops(log)
     if counted is not None:
         return counted, SIDE_FILE_SOURCE
-    reference = REFERENCE_TRAIN_FLOPS_PER_SAMPLE.get(run.benchmark or "")
+    reference = reference_flops(run.benchmark or "")
     if reference is None:
         return None, f"no counted FLOPs per sample for {run.benchmark or 'an unnamed benchmark'}"
     if (run.division or "closed") != "closed":

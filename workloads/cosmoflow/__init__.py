@@ -85,4 +85,5 @@ WORKLOAD = Workload(
     reference_samples=REFERENCE_SAMPLES,
     departures=departures,
     data_tools=DATA_TOOLS,
+    reference_train_flops_per_sample=(192_090_785_280.0, "4 x 128^3 universe"),  # counted, mlhpc.run.step.count_flops_on_meta
 )

@@ -91,4 +91,5 @@ WORKLOAD = Workload(
     reference_samples=REFERENCE_SAMPLES,
     departures=departures,
     data_tools=DATA_TOOLS,
+    reference_train_flops_per_sample=(4_409_062_993_920.0, "16 x 768 x 1152 climate image"),  # counted, mlhpc.run.step.count_flops_on_meta
 )
