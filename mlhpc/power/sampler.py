@@ -36,7 +36,7 @@ from mlhpc.data.claims import remove_own_part
 from mlhpc.data.files import check_output_folder, open_dir, open_root, part_path, reason
 from mlhpc.config.power import POWER_DIR, PowerConfig
 from mlhpc.power.sources import COUNTER, NodeMeter, Source, SourceError, close_nvml, find_nvml, find_rapl
-from mlhpc.report.plausible import implausible
+from mlhpc.log.plausible import implausible
 
 if TYPE_CHECKING:
     from mlhpc.runtime import Runtime

@@ -24,7 +24,7 @@ from mlperf_logging.mllog import constants
 
 from mlhpc.errors import LogFormatError
 from mlhpc.report.parse import Event, parse_log
-from mlhpc.report.plausible import implausible
+from mlhpc.log.plausible import implausible
 
 if TYPE_CHECKING:
     from mlhpc.report.runs import RunSummary

@@ -27,7 +27,7 @@ from typing import Any
 
 from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import LogFormatError
-from mlhpc.report.plausible import log_value_problem
+from mlhpc.log.plausible import log_value_problem
 
 TOKEN = ":::MLLOG "
 
@@ -170,7 +170,7 @@ def _read_record(payload: str) -> tuple[dict[str, Any] | None, str]:
     if not math.isfinite(time_ms):
         return None, f"record {record['key']!r}: time_ms {record['time_ms']!r} is not finite"
     problem = log_value_problem(record.get("value")) or log_value_problem(record.get("metadata"))
-    if problem:  # the one range check (`mlhpc.report.plausible`)
+    if problem:  # the one range check (`mlhpc.log.plausible`)
         return None, f"refused value after {TOKEN.strip()}: {problem}"
     metadata = record.get("metadata")
     if metadata is None:

@@ -20,7 +20,7 @@ import yaml
 from mlhpc import rules
 from mlhpc.errors import LogFormatError
 from mlhpc.report.parse import Event, ParsedLog, cap_field, log_mentions, parse_log
-from mlhpc.report.plausible import implausible
+from mlhpc.log.plausible import implausible
 
 METRIC_KEYS = ("eval_error", "eval_accuracy")
 
@@ -120,7 +120,7 @@ class RunSummary:
         benchmark / org / division / platform / status_submission: the ``submission_*`` values.
         status: ``"success"``, ``"aborted"`` (run_stop with another status), ``"incomplete"``
             (no run_stop, or no run_start) or ``"invalid"`` (an implausible time to train, e.g.
-            run_stop before run_start: `mlhpc.report.plausible`; ``reason`` says why).
+            run_stop before run_start: `mlhpc.log.plausible`; ``reason`` says why).
         run_start_ms / run_stop_ms: first ``run_start`` and first ``run_stop`` (ms since epoch).
         time_to_train_s: ``run_stop_ms - run_start_ms`` in seconds (``None`` if either is missing).
         staging_s / init_s: ``staging_start..staging_stop`` and ``init_start..init_stop``.
@@ -390,7 +390,7 @@ def _read_start_stop(run: RunSummary, parsed: ParsedLog) -> None:
         reason = stop.metadata.get("reason")
         run.reason = reason if isinstance(reason, str) else None
         problem = implausible("time_to_train_s", run.time_to_train_s)
-        if problem:  # never scored nor stored as a success (`mlhpc.report.plausible`)
+        if problem:  # never scored nor stored as a success (`mlhpc.log.plausible`)
             early = " (run_stop before run_start)" if run.time_to_train_s < 0 else ""
             run.status, run.reason, run.time_to_train_s = "invalid", f"refused: {problem}{early}", None
         run.last_epoch = _number(stop.metadata.get("epoch_num"))

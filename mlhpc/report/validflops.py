@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import ConfigError, DataError
 from mlhpc.report.parse import Event
-from mlhpc.report.plausible import implausible
+from mlhpc.log.plausible import implausible
 
 if TYPE_CHECKING:
     from mlhpc.report.runs import RunSummary
