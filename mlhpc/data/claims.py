@@ -99,41 +99,45 @@ def write_claim(folder: Path, kind: str, files: Iterable[str] = (), whole: bool 
 
 def claim_problem(folder: Path, kind: str) -> Optional[str]:
     """Why ``folder`` holds no valid claim of ``kind`` for this user (one phrase), or None."""
-    folder = Path(folder)
-    try:
-        info = os.lstat(folder)
-    except OSError:
-        return "not found"
-    if not stat.S_ISDIR(info.st_mode):
-        return "not a folder (a link or a file)"
-    if info.st_uid != os.geteuid() or stat.S_IMODE(info.st_mode) & 0o022:
-        return "not a private folder of yours"
-    try:
-        doc = json.loads(read_text_input(folder / CLAIM_NAME, MAX_CLAIM_BYTES, folder, "claim record"))
-    except (MlhpcError, ValueError, RecursionError):
-        return f"no claim record of mlhpc ({CLAIM_NAME}) in it"
-    if not isinstance(doc, dict) or doc.get("format") != CLAIM_FORMAT:
-        return f"{CLAIM_NAME} is not a claim record of mlhpc"
-    where = doc.get("folder") if isinstance(doc.get("folder"), dict) else {}
-    if (where.get("dev"), where.get("ino")) != (info.st_dev, info.st_ino):
-        return "its claim record was written for another folder"
-    if doc.get("uid") != os.geteuid():
-        return "claimed by another user"
-    if doc.get("kind") != kind:
-        return f"claimed as {str(doc.get('kind'))[:40]!r}, not {kind!r}"
-    if not isinstance(doc.get("files"), list) or not all(isinstance(f, str) for f in doc["files"]):
-        return f"{CLAIM_NAME} lists no files"
-    return None
+    return _checked(Path(folder), kind)[0]
 
 
 def read_claim(folder: Path, kind: str) -> Optional[Claim]:
     """``folder``'s claim of ``kind`` when it is valid for this user and this folder (see
     `claim_problem`), else None."""
-    if claim_problem(folder, kind) is not None:
+    problem, doc = _checked(Path(folder), kind)
+    if problem is not None:
         return None
-    doc = json.loads(read_text_input(Path(folder) / CLAIM_NAME, MAX_CLAIM_BYTES, folder, "claim record"))
     return Claim(Path(folder), kind, frozenset(doc["files"]), doc.get("whole") is True,
                  str(doc.get("user"))[:64], str(doc.get("made_at"))[:32])
+
+
+def _checked(folder: Path, kind: str) -> tuple[Optional[str], dict[str, Any]]:
+    """``(why the claim is not valid, or None; the record read)``, the record read once."""
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return "not found", {}
+    if not stat.S_ISDIR(info.st_mode):
+        return "not a folder (a link or a file)", {}
+    if info.st_uid != os.geteuid() or stat.S_IMODE(info.st_mode) & 0o022:
+        return "not a private folder of yours", {}
+    try:
+        doc = json.loads(read_text_input(folder / CLAIM_NAME, MAX_CLAIM_BYTES, folder, "claim record"))
+    except (MlhpcError, ValueError, RecursionError):
+        return f"no claim record of mlhpc ({CLAIM_NAME}) in it", {}
+    if not isinstance(doc, dict) or doc.get("format") != CLAIM_FORMAT:
+        return f"{CLAIM_NAME} is not a claim record of mlhpc", {}
+    where = doc.get("folder") if isinstance(doc.get("folder"), dict) else {}
+    if (where.get("dev"), where.get("ino")) != (info.st_dev, info.st_ino):
+        return "its claim record was written for another folder", doc
+    if doc.get("uid") != os.geteuid():
+        return "claimed by another user", doc
+    if doc.get("kind") != kind:
+        return f"claimed as {str(doc.get('kind'))[:40]!r}, not {kind!r}", doc
+    if not isinstance(doc.get("files"), list) or not all(isinstance(f, str) for f in doc["files"]):
+        return f"{CLAIM_NAME} lists no files", doc
+    return None, doc
 
 
 def _entries(folder: Path) -> list[tuple[str, bool]]:
