@@ -16,7 +16,10 @@ from typing import Any
 import click
 
 from mlhpc import rules
+from mlhpc.data.cli import data_group  # the data commands live with their package, as below
 from mlhpc.errors import ConfigError, one_line_errors
+from mlhpc.report.cli import report_command
+from mlhpc.store.cli import results_group
 from mlhpc.text import console, echo
 
 SET_HELP = "Override a config value, e.g. --set train.max_epochs=5 (repeatable)."
@@ -333,12 +336,9 @@ def config_reference_command(out_path: Path | None) -> None:
         echo(f"wrote {out_path}")
 
 
-from mlhpc.data.cli import data_group  # noqa: E402 (the data commands live with their package)
-from mlhpc.report.cli import report_command  # noqa: E402 (the report command lives with its package)
-
 main.add_command(report_command)
 main.add_command(data_group)
-main.add_command(__import__("mlhpc.store.cli", fromlist=["results_group"]).results_group)  # mlhpc results
+main.add_command(results_group)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

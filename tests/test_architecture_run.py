@@ -48,11 +48,11 @@ REFLECTION: dict[str, str] = {
         "for the config reference's allowed-values column",
     "mlhpc/config/reference.py::getattr(m, name, None)": "pydantic's field metadata (bounds), "
         "read for the config reference's allowed-values column",
-    "mlhpc/report/mlperf_adapter.py::getattr(_module(module), attribute)": "the adapter checks "
+    "mlhpc/log/mlperf_adapter.py::getattr(_module(module), attribute)": "the adapter checks "
         "that mlperf_logging still has the internals it uses",
-    "mlhpc/report/mlperf_adapter.py::hasattr(checker, m)": "the adapter checks mlperf_logging's "
+    "mlhpc/log/mlperf_adapter.py::hasattr(checker, m)": "the adapter checks mlperf_logging's "
         "checker methods",
-    "mlhpc/report/mlperf_adapter.py::hasattr(checker, a)": "the adapter checks mlperf_logging's "
+    "mlhpc/log/mlperf_adapter.py::hasattr(checker, a)": "the adapter checks mlperf_logging's "
         "checker attributes",
     "mlhpc/report/__init__.py::getattr(options, name)": "the report's own options dataclass, "
         "field by field",
@@ -65,7 +65,7 @@ REFLECTION: dict[str, str] = {
         "field",
     "mlhpc/data/files.py::hasattr(_buffers, 'pair')": "a thread-local copy buffer made on first "
         "use in each thread",
-    "mlhpc/run/mllog.py::getattr(self._mllogger, kind)": "mlperf_logging's logger: start, end or "
+    "mlhpc/log/writer.py::getattr(self._mllogger, kind)": "mlperf_logging's logger: start, end or "
         "event by name",
     "mlhpc/run/profile.py::getattr(e, device_attr, 0)": "torch.profiler's event, whose device time "
         "field is named differently across torch versions",
@@ -91,7 +91,7 @@ def test_the_harness_reflects_on_no_workload_object():
     """No ``getattr``, ``hasattr``, ``vars`` or ``inspect`` under mlhpc/ but those `REFLECTION`
     lists (each on the harness's own objects or a library's), and each of those still there."""
     found = [key for path in _sources() for key in _reflection(path.read_text(), _rel(path))]
-    adapter = "mlhpc/report/mlperf_adapter.py::import inspect"  # mlperf_logging's signatures
+    adapter = "mlhpc/log/mlperf_adapter.py::import inspect"  # mlperf_logging's signatures
     unlisted = [key for key in found if key not in REFLECTION and key != adapter]
     assert not unlisted, f"reflection not in REFLECTION (declare the hook instead): {unlisted}"
     assert not sorted(set(REFLECTION) - set(found)), "REFLECTION lists calls no longer there"

@@ -341,7 +341,7 @@ def test_a_huge_config_is_refused(tmp_path: Path) -> None:
 
 
 def test_report_caps_a_giant_log_line(tmp_path: Path) -> None:
-    from mlhpc.report.parse import MAX_RECORD_CHARS, parse_text
+    from mlhpc.log.parse import MAX_RECORD_CHARS, parse_text
 
     line = ':::MLLOG {"key": "submission_platform", "value": "' + "x[" * MAX_RECORD_CHARS + '", "time_ms": 1}'
     parsed = parse_text(line + "\n", "giant.txt")

@@ -4,7 +4,7 @@ import threading
 import pytest
 
 from mlhpc.runtime import Runtime
-from mlhpc.run.mllog import ComplianceLog, open_next_result
+from mlhpc.log.writer import ComplianceLog, open_next_result
 
 
 def test_result_files_are_never_reused(tmp_path):
@@ -59,7 +59,7 @@ def test_a_record_that_cannot_be_written_is_raised_not_printed_by_logging(capsys
     import io
     import logging
 
-    from mlhpc.run.mllog import _FlushingHandler
+    from mlhpc.log.writer import _FlushingHandler
 
     class Interrupted(Exception):
         pass

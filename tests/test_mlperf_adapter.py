@@ -1,5 +1,5 @@
 """mlperf_logging's internals that mlhpc relies on, checked in one place: a new release that
-changes one of them fails here, naming it (mlhpc/report/mlperf_adapter.py)."""
+changes one of them fails here, naming it (mlhpc/log/mlperf_adapter.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlhpc.report import mlperf_adapter
+from mlhpc.log import mlperf_adapter
 
 
 def test_everything_relied_on_is_there():

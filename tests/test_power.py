@@ -26,8 +26,8 @@ from mlhpc.power.sampler import Sampler, mllog_line
 from mlhpc.power.sources import COUNTER, GAUGE, NodeMeter, SourceError, find_nvml, find_rapl
 from mlhpc.report import ReportOptions, build_report, run_report
 from mlhpc.report.cli import report_command
-from mlhpc.report.parse import parse_log
-from mlhpc.report.runs import official_start_stop
+from mlhpc.log.parse import parse_log
+from mlhpc.log.summary import official_start_stop
 from mlhpc.runtime import Runtime
 
 REPO = Path(__file__).resolve().parents[1]

@@ -312,7 +312,7 @@ def test_cli_renders_the_table_once(monkeypatch):
 
 
 def test_quality_targets_come_from_mlperf_logging_rule_files():
-    from mlhpc.report.runs import quality_target
+    from mlhpc.log.summary import quality_target
 
     assert quality_target("cosmoflow") == ("eval_error", 0.124, "min")
     assert quality_target("deepcam") == ("eval_accuracy", 0.82, "max")

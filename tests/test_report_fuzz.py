@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mlhpc.report.compliance import check_run
-from mlhpc.report.parse import TOKEN, parse_text
-from mlhpc.report.runs import summarize_run
+from mlhpc.log.parse import TOKEN, parse_text
+from mlhpc.log.summary import summarize_run
 from mlhpc.report.score import score_folder
 
 SAMPLE = (Path(__file__).parent / "data" / "report" / "cosmoflow-mini-runs" / "result_0.txt").read_text()

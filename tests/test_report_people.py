@@ -190,8 +190,8 @@ def test_no_power_counter_is_one_note_in_table_csv_and_markdown_with_energy_dash
 
 def _power_files(folder: Path, watts_per_node: list[float]) -> None:
     """power/result_N/node_K.txt for each log: a constant reading each second over its run."""
-    from mlhpc.report.parse import parse_log
-    from mlhpc.report.runs import official_start_stop
+    from mlhpc.log.parse import parse_log
+    from mlhpc.log.summary import official_start_stop
 
     for log in sorted(folder.glob("result_*.txt")):
         start, stop = (int(t) for t in official_start_stop(parse_log(log).events))

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from torch.utils.flop_counter import FlopCounterMode
 
 from mlhpc import config as cfg
-from mlhpc.report.roofline import Ceilings, Roofline, RooflinePoint, roofline_figure
+from mlhpc.run.roofline_figure import Ceilings, Roofline, RooflinePoint, roofline_figure
 from mlhpc.run.profile import profile
 from mlhpc.run.roofline import KernelSizes, OperatorTally, measure_ceilings, roofline, tally_step
 from mlhpc.run.step import Step

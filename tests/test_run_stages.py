@@ -9,7 +9,7 @@ import pytest
 
 from mlhpc import config as cfg
 from mlhpc.errors import ConfigError
-from mlhpc.run.mllog import ComplianceLog
+from mlhpc.log.writer import ComplianceLog
 from mlhpc.run.train import run
 from mlhpc.runtime import Runtime
 

@@ -249,7 +249,7 @@ def test_a_planted_power_link_is_not_written_through(tmp_path):
 
 
 def test_a_stale_power_folder_makes_its_slot_taken(tmp_path):
-    from mlhpc.run.mllog import open_next_result
+    from mlhpc.log.writer import open_next_result
 
     (tmp_path / "power" / "result_0").mkdir(parents=True)
     path, handle = open_next_result(tmp_path)

@@ -111,7 +111,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("mlhpc/run/outcome.py", "unlink"): "the run's own log: an empty one it claimed O_EXCL and never "
         "wrote, or the old name once a hard link set the bytes aside under failed/",
     ("mlhpc/run/env.py", "read_text"): "/proc/cpuinfo, a kernel file, read for the environment record",
-    ("mlhpc/run/mllog.py", "os.open"): "claims result_N.txt with O_CREAT|O_EXCL|O_NOFOLLOW; the log grows "
+    ("mlhpc/log/writer.py", "os.open"): "claims result_N.txt with O_CREAT|O_EXCL|O_NOFOLLOW; the log grows "
         "line by line as the run goes (a rename at the end would hide a crashed run's log)",
     ("mlhpc/run/outcome.py", "os.link"): "sets a failed log aside with a hard link that never replaces "
         "a file (exclusive), then removes the original name",
@@ -126,7 +126,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         "max_energy_range_uj): kernel files of a few bytes",
     ("mlhpc/report/package.py", "shutil.copytree"): "copies the package mlhpc just wrote (write_under, "
         "no link followed) into a fresh private temporary folder for package_checker",
-    ("mlhpc/report/runs.py", "read_text"): "mlperf_logging's own rule files, read from its installed "
+    ("mlhpc/log/summary.py", "read_text"): "mlperf_logging's own rule files, read from its installed "
         "package",
     ("mlhpc/slurm.py", "read_text"): "mlhpc's own sbatch template, read from its installed package "
         "(importlib.resources)",

@@ -334,14 +334,14 @@ def test_a_log_near_its_cap_is_read_streaming(tmp_path):
     record = ':::MLLOG {"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME", "key": "k", "value": 1}\n'
     with open(log, "w") as handle:
         handle.write(record + ("x" * 199 + "\n") * (24 << 20 >> 8) + ":::MLLOG " + "z" * 300_000 + "\n" + record)
-    probe = ("import resource, sys; from mlhpc.report.parse import parse_log; "
+    probe = ("import resource, sys; from mlhpc.log.parse import parse_log; "
              "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; p = parse_log(sys.argv[1]); "
              "grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base; "
              "print(grew, len(p.events), p.n_lines, p.sha256, *(m.reason for m in p.malformed))")
     out = subprocess.run([sys.executable, "-c", probe, str(log)], capture_output=True, text=True,
                          check=True).stdout.split(" ", 4)
     assert int(out[0]) < 12 << 10, f"parse_log grew by {out[0]} KiB"
-    from mlhpc.report.parse import decode_log
+    from mlhpc.log.parse import decode_log
 
     whole = decode_log(log.read_bytes(), str(log))
     assert (int(out[1]), int(out[2]), out[3]) == (2, whole.n_lines, whole.sha256)
@@ -357,7 +357,7 @@ def test_a_log_near_its_cap_is_read_streaming(tmp_path):
 @pytest.mark.parametrize("piece_bytes", [3, 1 << 20])
 def test_the_streamed_parse_equals_the_whole_file_parse(tmp_path, monkeypatch, data, piece_bytes):
     from mlhpc.data import inputs
-    from mlhpc.report import parse
+    from mlhpc.log import parse
 
     chunks = inputs.input_chunks
     monkeypatch.setattr(inputs, "input_chunks", lambda *a, **k: chunks(*a, **{**k, "chunk_bytes": piece_bytes}))

@@ -2,7 +2,7 @@
 from outside (a log value, a power reading, a time to train, an energy) is plausible or refused
 with a reason, never stored as a success.
 
-- `log_value_problem`: numbers in a log record (`mlhpc.report.parse`): an integer beyond 64 bits
+- `log_value_problem`: numbers in a log record (`mlhpc.log.parse`): an integer beyond 64 bits
   (a 30-digit integer) makes the record malformed, with the reason. ``NaN``, ``Infinity`` (and
   ``1e999``) are read as ``mlp_parser`` reads them; a figure made from one is refused by
   `implausible`.

@@ -306,7 +306,7 @@ def _start(config: PowerConfig, rt: Runtime, name: str, out_dir: Path, clock: Cl
 def _claim_folder(out_dir: Path, parts: tuple[str, ...]) -> None:
     """Create ``out_dir/power`` (``0700`` where missing) without following a link: a planted
     ``power`` link is refused (OSError ELOOP), never written through. ``power/result_N`` itself
-    was claimed with the run's log (`mlhpc.run.mllog.RUN_FILES`) and is made by the publisher."""
+    was claimed with the run's log (`mlhpc.log.writer.RUN_FILES`) and is made by the publisher."""
     root = open_root(out_dir)
     try:
         check_output_folder(root, out_dir)

@@ -5,7 +5,7 @@ Nothing here matches patterns in a program's output. The job script writes the e
 the launched ``mlhpc run`` (or ``mlhpc stage``) to `EXIT_STATUS_FILE` (`exit_status_commands`,
 run right after the launcher line: Slurm's ``squeue`` scheduler reports no exit status of its
 own). The log is read and scored by `mlhpc.report.score.score_folder`, the code ``mlhpc report``
-runs on a folder: `mlhpc.report.parse` (the one log reader), `mlhpc.report.runs` (time to train,
+runs on a folder: `mlhpc.log.parse` (the one log reader), `mlhpc.log.summary` (time to train,
 staging, epochs to target, samples/s), `mlhpc.report.energy` (energy to train from the
 ``power/`` side files) and MLCommons' compliance checker through `mlhpc.report.compliance` and
 its adapter. The figures a check reports are therefore the ones ``mlhpc report`` prints for the
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import MlhpcError
-from mlhpc.report.runs import RunSummary
+from mlhpc.log.summary import RunSummary
 from mlhpc.report.score import score_folder
 from mlhpc.text import one_line
 

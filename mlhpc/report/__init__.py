@@ -2,14 +2,14 @@
 
 Modules, one step each:
 
-- `parse`: ``:::MLLOG`` lines -> events (malformed lines listed with file and line, never raised);
-- `runs`: one log -> `RunSummary` (time to train, staging, init, epochs, evaluation, residual);
+- (the log room, `mlhpc.log`: `parse` reads ``:::MLLOG`` lines into events and `summary` one log
+  into a `RunSummary`; the report reads through it, as the store does);
 - `energy`: the power logs beside a result -> energy to train, as result_summarizer integrates them;
 - `validflops`: HPC AI500's Valid FLOPS and Valid FLOPS per watt of each run and folder;
 - `compliance`: MLCommons' compliance checker per log; `rcp`: reference convergence points;
 - `score`: result folders -> strong (olympic mean) and weak (models/min) scores, exactly as
   MLCommons' result_summarizer;
-- `render`, `plots`: output; `roofline`: the roofline figure `mlhpc profile --roofline` draws;
+- `render`, `plots`: output;
   `package`: mlhpc run folders -> a submission package.
 
 `run_report` is the one call the CLI makes.
@@ -24,9 +24,9 @@ from rich.console import Group
 
 from mlhpc.errors import ConfigError
 from mlhpc.report.package import PackageResult, check_package, package_runs
-from mlhpc.report.parse import Event, Malformed, ParsedLog, parse_log, parse_text
+from mlhpc.log.parse import Event, Malformed, ParsedLog, parse_log, parse_text
 from mlhpc.report.render import render, tables
-from mlhpc.report.runs import RunSummary, summarize_run
+from mlhpc.log.summary import RunSummary, summarize_run
 from mlhpc.report.score import FolderResult, Report, build_report
 from mlhpc.report.validflops import DEFAULT_EXPONENT, check_exponent
 

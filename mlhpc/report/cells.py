@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable
 
-from mlhpc.report.runs import RunSummary
+from mlhpc.log.summary import RunSummary
 from mlhpc.report.score import FolderResult, Report
 from mlhpc.report.validflops import exponent_of
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from mlhpc.data.files import make_private_dir, write_text_atomic
 from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import ConfigError, DataError
-from mlhpc.report.parse import TOKEN, ParsedLog
+from mlhpc.log.parse import TOKEN, ParsedLog
 
 SUPPORTED_RULESETS = ("1.0.0", "2.0.0", "3.0.0")
 DEFAULT_RULESET = "3.0.0"
@@ -129,7 +129,7 @@ def check_run(parsed: ParsedLog, ruleset: str = DEFAULT_RULESET) -> Verdict:
     fails ("Log lines had parsing errors."), then every rule file is applied.
 
     Args:
-        parsed: the log, from `mlhpc.report.parse.parse_log`.
+        parsed: the log, from `mlhpc.log.parse.parse_log`.
         ruleset: ``"1.0.0"``, ``"2.0.0"`` or ``"3.0.0"``.
 
     Returns:
@@ -152,7 +152,7 @@ def check_run(parsed: ParsedLog, ruleset: str = DEFAULT_RULESET) -> Verdict:
 
 
 def _check(parsed: ParsedLog, ruleset: str) -> Verdict:
-    from mlhpc.report.mlperf_adapter import compliance_checker
+    from mlhpc.log.mlperf_adapter import compliance_checker
 
     mlp_compliance, LogLine = compliance_checker()
 

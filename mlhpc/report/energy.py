@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 from mlperf_logging.mllog import constants
 
 from mlhpc.errors import LogFormatError
-from mlhpc.report.parse import Event, parse_log
+from mlhpc.log.parse import Event, parse_log
 from mlhpc.log.plausible import implausible
 
 if TYPE_CHECKING:
-    from mlhpc.report.runs import RunSummary
+    from mlhpc.log.summary import RunSummary
 
 POWER_DIR = "power"
 CONVERSION_EFF = "conversion_eff"  # no constant in mlperf_logging.mllog.constants
@@ -180,7 +180,7 @@ def attach_energy(run: "RunSummary", log: Path, events: list[Event]) -> None:
     """Set ``run``'s energy fields from the power logs beside ``log`` (`run_energy`), with the
     time to train as result_summarizer takes it (`official_start_stop`) and each epoch's energy
     from the epoch records of ``events``."""
-    from mlhpc.report.runs import _pair, official_start_stop
+    from mlhpc.log.summary import _pair, official_start_stop
 
     start, stop = official_start_stop(events)
     ttt_ms = None if start is None or stop is None else stop - start

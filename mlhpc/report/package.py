@@ -54,9 +54,9 @@ from mlhpc.data.files import (
 from mlhpc.data.inputs import open_input, read_text_input, walk_files
 from mlhpc.errors import ConfigError, LogFormatError
 from mlhpc.report.energy import POWER_DIR, is_power_log, power_folder
-from mlhpc.report.mlperf_adapter import package_checker_command
-from mlhpc.report.parse import MAX_LOG_BYTES, parse_log
-from mlhpc.report.runs import RunSummary, is_resumed, summarize_run, superseded_logs
+from mlhpc.log.mlperf_adapter import package_checker_command
+from mlhpc.log.parse import MAX_LOG_BYTES, parse_log
+from mlhpc.log.summary import RunSummary, is_resumed, summarize_run, superseded_logs
 from mlhpc.report.score import RESULT_RE, _natural, sidecars
 from mlhpc.text import clip
 

@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 
 from mlhpc.data.files import atomic_output, reason
 from mlhpc.errors import ConfigError
-from mlhpc.report.runs import RunSummary
+from mlhpc.log.summary import RunSummary
 from mlhpc.report.score import FolderResult, Report
 from mlhpc.text import file_name, plot_text
 

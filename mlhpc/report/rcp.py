@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mlhpc.report.compliance import mlperf_logging_version
-from mlhpc.report.parse import log_sha256
+from mlhpc.log.parse import log_sha256
 
 RCP_PASS = "pruned_rcps"
 _lock = threading.Lock()
@@ -76,14 +76,14 @@ class RcpVerdict:
 
 def rcp_rulesets() -> tuple[str, ...]:
     """The hpc rulesets for which the installed mlperf_logging ships RCP files."""
-    from mlhpc.report import mlperf_adapter
+    from mlhpc.log import mlperf_adapter
 
     return mlperf_adapter.rcp_rulesets()
 
 
 def has_rcps(benchmark: str | None, ruleset: str) -> bool:
     """mlperf_logging ships ``hpc_<ruleset>/rcps_<benchmark>.json``."""
-    from mlhpc.report import mlperf_adapter
+    from mlhpc.log import mlperf_adapter
 
     return bool(benchmark) and (mlperf_adapter.rcp_dir(ruleset) / f"rcps_{benchmark}.json").is_file()
 
@@ -123,7 +123,7 @@ def _run_checker(folder: Path, ruleset: str) -> tuple[tuple[Any, Any, Any], tupl
     """``check_directory``'s ``(passed, message, normalization)``, ``get_submission_epochs``'
     ``(global batch size, epochs)`` and the log records the checker wrote meanwhile (the root
     logger is swapped under a lock, as the checker logs through it)."""
-    from mlhpc.report.mlperf_adapter import rcp_checker as adapter_rcp
+    from mlhpc.log.mlperf_adapter import rcp_checker as adapter_rcp
 
     rcp_checker = adapter_rcp()
 
@@ -196,7 +196,7 @@ def check_folder(folder: Path | str, *, benchmark: str | None, ruleset: str | No
         key = None
     if key is not None and key in _cache:
         return _cache[key]
-    from mlhpc.report.parse import MAX_RECORD_CHARS, oversize_line
+    from mlhpc.log.parse import MAX_RECORD_CHARS, oversize_line
 
     for path in files:  # the checker's regular expressions would run for minutes over such a line
         too_long = oversize_line(path)

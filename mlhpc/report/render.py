@@ -51,7 +51,7 @@ from mlhpc.report.cells import (
 )
 from mlhpc.report.compact import compact_views, fit_widths
 from mlhpc.report.energy import POWER_NOTE_PREFIX
-from mlhpc.report.runs import RunSummary
+from mlhpc.log.summary import RunSummary
 from mlhpc.report.score import FolderResult, Report
 from mlhpc.report.validflops import exponent_of
 from mlhpc.text import cell, console, joined, styled

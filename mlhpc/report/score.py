@@ -21,9 +21,9 @@ Source followed: ``mlperf_logging/result_summarizer/result_summarizer.py`` (hpc 
   ships no hpc ruleset for v0.7: compliance is "not checked", no RCP applies.
 
 Rows are keyed on the folders, never on names inside the logs: round + submitter + system folder
-+ division + benchmark. A log marked resumed (`mlhpc.report.runs.is_resumed`) is kept apart: it
++ division + benchmark. A log marked resumed (`mlhpc.log.summary.is_resumed`) is kept apart: it
 is listed, never scored as an ordinary run of its folder, and so is the stopped attempt it
-continues (`mlhpc.report.runs.superseded_logs`), which is not a failed run of the folder.
+continues (`mlhpc.log.summary.superseded_logs`), which is not a failed run of the folder.
 
 mlhpc's own run folders (any other folder holding ``result_*.txt``) are scored like a strong
 result and shown run by run.
@@ -44,9 +44,9 @@ from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import DataError, LogFormatError
 from mlhpc.report.compliance import check_run, not_checked_reason, round_of, ruleset_for
 from mlhpc.report.energy import attach_energy, score_energy
-from mlhpc.report.parse import ParsedLog, file_kind, parse_log, read_scaling_factor
+from mlhpc.log.parse import ParsedLog, file_kind, parse_log, read_scaling_factor
 from mlhpc.report.rcp import RcpVerdict, check_folder
-from mlhpc.report.runs import (RunSummary, is_resumed, official_instance_scale, official_start_stop,
+from mlhpc.log.summary import (RunSummary, is_resumed, official_instance_scale, official_start_stop,
                                summarize_run, superseded_logs)
 from mlhpc.report.validflops import DEFAULT_EXPONENT, attach_valid_flops, folder_valid_flops
 

@@ -18,7 +18,7 @@ past its target gets its FLOPS, no bonus (the cap at 1 keeps a relaxed target fr
 the figure). It is a system figure, not an MLPerf score: MLPerf ranks by time to train to a
 fixed target, with no credit for FLOPs.
 
-From one log (`mlhpc.report.runs.RunSummary`): time to train (run_stop - run_start); the
+From one log (`mlhpc.log.summary.RunSummary`): time to train (run_stop - run_start); the
 quality reached (the last quality-metric record before run_stop) and its target; samples
 trained, counted as the report counts samples/s: ``train_samples`` x the epochs in the timed
 region, or for a benchmark whose ``epoch_num`` counts samples (OpenFold) the ``epoch_num`` of the
@@ -53,11 +53,11 @@ from typing import TYPE_CHECKING, Any
 
 from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import ConfigError, DataError
-from mlhpc.report.parse import Event
+from mlhpc.log.parse import Event
 from mlhpc.log.plausible import implausible
 
 if TYPE_CHECKING:
-    from mlhpc.report.runs import RunSummary
+    from mlhpc.log.summary import RunSummary
 
 #: HPC AI500's exponent of the quality penalty.
 DEFAULT_EXPONENT = 5.0

@@ -33,7 +33,7 @@ from mlhpc.data import stage as staging
 from mlhpc.errors import DataError
 from mlhpc.run import checkpoint
 from mlhpc.run.job import Job, ProgressFn
-from mlhpc.run.mllog import ComplianceLog, constants
+from mlhpc.log.writer import ComplianceLog, constants
 from mlhpc.run.step import FlopCount, Step, count_flops_on_meta, precision, wrap_model
 from mlhpc.runtime import Runtime
 from mlhpc.workload import Workload, WorkloadDataset

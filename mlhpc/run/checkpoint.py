@@ -41,7 +41,7 @@ import torch
 
 from mlhpc.config import Config, from_dict
 from mlhpc.errors import ConfigError, DataError, OutputError
-from mlhpc.report.parse import parse_log
+from mlhpc.log.parse import parse_log
 from mlhpc.text import clip
 
 CHECKPOINT_PATTERN = "checkpoint_{}.pt"

@@ -26,7 +26,7 @@ from mlhpc import runtime
 from mlhpc.errors import MlhpcError
 from mlhpc.run import checkpoint
 from mlhpc.run.assemble import Parts
-from mlhpc.run.mllog import ComplianceLog, constants
+from mlhpc.log.writer import ComplianceLog, constants
 from mlhpc.run import env as envinfo
 from mlhpc.run import result as results
 from mlhpc.run.result import RunFiles, RunResult

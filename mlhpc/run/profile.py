@@ -29,7 +29,7 @@ from mlhpc.run.result import check_output_dir
 
 from mlhpc.run import assemble
 from mlhpc.data.files import atomic_output
-from mlhpc.report.roofline import Roofline, write_roofline
+from mlhpc.run.roofline_figure import Roofline, write_roofline
 from mlhpc.config import Config
 from mlhpc.errors import ConfigError, OutputError
 from mlhpc.data.embedded import ensure_data
@@ -59,7 +59,7 @@ class ProfileResult:
     precision: str = "fp32"  # "bf16": autocast, as train.amp on CUDA
     compile: str | None = None  # the torch.compile mode, None: eager
     notes: list[str] = field(default_factory=list)
-    roofline: dict[str, Any] | None = None  # `mlhpc.report.roofline.Roofline.to_dict`, with --roofline
+    roofline: dict[str, Any] | None = None  # `mlhpc.run.roofline_figure.Roofline.to_dict`, with --roofline
     roofline_png: str | None = None
 
     def to_dict(self) -> dict[str, Any]:

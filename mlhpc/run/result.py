@@ -1,15 +1,15 @@
 """A run's files and its result, read back from its log.
 
 The log is the one source of a run's result (docs/architecture.md, "How a run flows"): `load` parses
-``result_N.txt`` with `mlhpc.report.parse.parse_log` and summarises it with
-`mlhpc.report.runs.summarize_run`, exactly as ``mlhpc report`` does, and adds what a log cannot
+``result_N.txt`` with `mlhpc.log.parse.parse_log` and summarises it with
+`mlhpc.log.summary.summarize_run`, exactly as ``mlhpc report`` does, and adds what a log cannot
 hold from one side file written once at the end of the run, ``measured_N.json``: FLOPs per sample
 and the device peak (so MFU = FLOPs x the log's samples/s / peak), data-path switches, the staging
 detail per node, the departures from the reference, where a resumed run came from. The end-of-run
 table, ``summary_N.json`` and ``mlhpc report`` therefore cannot disagree.
 
-The files of run N in an output folder are one set (`mlhpc.run.mllog.RUN_FILES`), claimed together
-through ``result_N.txt`` (created with O_EXCL, `mlhpc.run.mllog.open_next_result`, only when no file of
+The files of run N in an output folder are one set (`mlhpc.log.writer.RUN_FILES`), claimed together
+through ``result_N.txt`` (created with O_EXCL, `mlhpc.log.writer.open_next_result`, only when no file of
 set N exists) and never overwritten (each side file is written once, exclusively, through
 `write_text_atomic`): ``result_N.txt`` (the MLLOG), ``measured_N.json``,
 ``summary_N.json``, ``config_N.yaml`` (the resolved config), ``env_N.json`` (software, hardware,
@@ -44,7 +44,7 @@ from mlhpc.data.claims import remove_own_part
 from mlhpc.data.files import part_path
 from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import LogFormatError, OutputError
-from mlhpc.report.runs import read_summary
+from mlhpc.log.summary import read_summary
 
 
 #: A run writes a log, a summary, a config and an environment record (tens of kB) and maybe a
@@ -231,7 +231,7 @@ def derived_perf(perf: dict[str, Any], samples_per_s: float, world_size: int) ->
 
 
 def summary_dict(run: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
-    """The run's summary: ``run`` (`mlhpc.report.runs.RunSummary.to_dict`: the names ``mlhpc
+    """The run's summary: ``run`` (`mlhpc.log.summary.RunSummary.to_dict`: the names ``mlhpc
     report --format json`` uses), the side file's measurements, and the rates that follow."""
     out = {**run, **{k: v for k, v in measured.items() if k != "perf"}}
     out["perf"] = derived_perf(measured.get("perf", {}), run.get("samples_per_s") or 0.0,

@@ -6,7 +6,7 @@ measured with a large GEMM and a large convolution, the two kernels that dominat
 at the run's precision; the memory ceiling with the bandwidth of a large copy. On a GPU the same
 code measures that GPU's ceilings.
 
-Under them (`mlhpc.report.roofline.Roofline`, drawn by `mlhpc.report.roofline.write_roofline`):
+Under them (`mlhpc.run.roofline_figure.Roofline`, drawn by `mlhpc.run.roofline_figure.write_roofline`):
 
 - the training step: its FLOPs and bytes summed over its operators, over the seconds of the
   step as `mlhpc run` runs it (`mlhpc.run.step.train_step`: compiled, DDP, autocast);
@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from mlhpc.report.roofline import Ceilings, Roofline, RooflinePoint
+from mlhpc.run.roofline_figure import Ceilings, Roofline, RooflinePoint
 from mlhpc.run.step import Step, autocast, measure_matmul_peak
 
 #: Operators drawn under the step.

@@ -51,7 +51,8 @@ from mlhpc.run import checkpoint
 from mlhpc.run.assemble import Parts, build, ensure_source, sources_named, stage, steps_per_pass
 from mlhpc.run.evaluate import evaluate
 from mlhpc.run.job import Job, ProgressFn
-from mlhpc.run.mllog import ComplianceLog, constants, log_hyperparameters, log_init, log_samples
+from mlhpc.log.writer import ComplianceLog, constants
+from mlhpc.run.mllog import log_hyperparameters, log_init, log_samples
 from mlhpc.run.outcome import Outcome, RunInterrupted, Stop, agree, close_failed, finish
 from mlhpc.run.result import RunFiles, RunResult, check_output_dir
 from mlhpc.run.step import autocast, train_step

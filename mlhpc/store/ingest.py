@@ -3,9 +3,9 @@
 The figures come from `mlhpc.report` (`score_folder`, which parses each log with `parse_log`
 and summarises it with `summarize_run`, energy included), never from a second reading of the
 log; the folder's place in the MLCommons layout gives round, submitter, system and its
-description. Each log is read by the report's one reader (`mlhpc.report.parse.read_log`) and
+description. Each log is read by the report's one reader (`mlhpc.log.parse.read_log`) and
 refused, with one line naming it, when it is a link, not a regular file, larger than
-`mlhpc.report.parse.MAX_LOG_BYTES`, holds no MLLOG record, has a malformed
+`mlhpc.log.parse.MAX_LOG_BYTES`, holds no MLLOG record, has a malformed
 record line, or names no benchmark; the other logs are ingested. A folder's rows go in one
 transaction: a kill leaves the folder wholly in or wholly out. A log already present (same
 SHA-256 of its bytes) is not added again.
@@ -25,8 +25,8 @@ from sqlalchemy import Connection, select
 
 from mlhpc.data.inputs import SIDE_FILE_BYTES, read_input, read_text_input
 from mlhpc.errors import DataError, LogFormatError
-from mlhpc.report.parse import ParsedLog, decode_log, read_log
-from mlhpc.report.runs import RunSummary
+from mlhpc.log.parse import ParsedLog, decode_log, read_log
+from mlhpc.log.summary import RunSummary
 from mlhpc.report.score import FolderResult, find_result_folders, score_folder, sidecars
 from mlhpc.store import schema
 from mlhpc.store.engine import Store, retrying

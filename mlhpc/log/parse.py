@@ -9,7 +9,7 @@ a record needs ``time_ms`` (a number of milliseconds since the epoch) and ``key`
 ``mlp_parser``, a record without ``value`` or ``metadata`` is kept (``None`` and ``{}``) and a
 broken line never stops the parse: it is listed in `ParsedLog.malformed` with its file and line.
 Every key set from MLPerf HPC v0.7 to v3.0 parses the same way; meaning is given to keys later
-(`mlhpc.report.runs`).
+(`mlhpc.log.summary`).
 """
 
 from __future__ import annotations

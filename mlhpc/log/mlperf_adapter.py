@@ -109,7 +109,7 @@ def self_check() -> list[str]:
         problems += [f"make_checker(...).{m}: missing" for m in CHECKER_METHODS if not hasattr(checker, m)]
         problems += [f"make_checker(...).{a}: missing" for a in CHECKER_ATTRIBUTES if not hasattr(checker, a)]
         mlp.enqueued_configs.clear()
-    # the file names `mlhpc.report.runs` and `mlhpc.report.rcp` build from a log's benchmark
+    # the file names `mlhpc.log.summary` and `mlhpc.report.rcp` build from a log's benchmark
     for folder, pattern in ((rules_dir("3.0.0"), "closed_*.yaml"), (rcp_dir("3.0.0"), "rcps_*.json")):
         if not any(path.is_file() for path in folder.glob(pattern)):
             problems.append(f"{folder / pattern}: rule file layout changed (no such file)")

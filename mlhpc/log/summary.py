@@ -19,7 +19,7 @@ import yaml
 
 from mlhpc import rules
 from mlhpc.errors import LogFormatError
-from mlhpc.report.parse import Event, ParsedLog, cap_field, log_mentions, parse_log
+from mlhpc.log.parse import Event, ParsedLog, cap_field, log_mentions, parse_log
 from mlhpc.log.plausible import implausible
 
 METRIC_KEYS = ("eval_error", "eval_accuracy")
@@ -38,7 +38,7 @@ def quality_target(benchmark: str | None, ruleset: str = "3.0.0") -> tuple[str, 
     """
     if not benchmark:
         return None
-    from mlhpc.report.mlperf_adapter import rules_dir
+    from mlhpc.log.mlperf_adapter import rules_dir
 
     path = rules_dir(ruleset) / f"closed_{benchmark}.yaml"
     try:
@@ -476,7 +476,7 @@ def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
     """Summarize one parsed log.
 
     Args:
-        parsed: from `mlhpc.report.parse.parse_log`.
+        parsed: from `mlhpc.log.parse.parse_log`.
         target: the quality target to show (default: the closed-division target of the logged
             benchmark in mlperf_logging's rules, `quality_target`).
 
