@@ -41,14 +41,13 @@ FORMAT_HELP = "A table for people, JSON for scripts."
 @main.command("list")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True, help=FORMAT_HELP)
-@click.option("--json", "as_json", is_flag=True, hidden=True, help="Old spelling of --format json.")
 @_friendly
-def list_command(fmt: str, as_json: bool) -> None:
+def list_command(fmt: str) -> None:
     """The registered workloads: data formats, configs (under ./configs) and quality targets."""
     from mlhpc.config.catalog import describe
 
     rows = describe()
-    if as_json or fmt == "json":
+    if fmt == "json":
         echo(json.dumps(rows, indent=2))
         return
     import shutil

@@ -158,7 +158,7 @@ def test_stage_copies_the_lmdb_folders_for_one_node(tiny, tmp_path):
         assert (dest / rel).read_bytes() == (tiny / rel).read_bytes()
     train, val = oc20_data.find_split_dirs(dest)
     assert _records(train) == _records(tiny / "train") and _records(val) == _records(tiny / "validation")
-    check = CliRunner().invoke(main, ["data", "check", "oc20", str(dest), "--full", "--json"])
+    check = CliRunner().invoke(main, ["data", "check", "oc20", str(dest), "--full", "--format", "json"])
     assert check.exit_code == 0, check.output
     assert json.loads(check.stdout)["splits"]["train"]["samples"] == 48
     again = CliRunner().invoke(main, ["stage", str(MINI), *TINY, "--set", f"data.path={tiny}",

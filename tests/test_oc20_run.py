@@ -52,7 +52,7 @@ def test_reference_config_builds_the_reference_model_and_trains_a_step(repo, min
 
 
 def test_data_commands_on_the_lmdb_format(mini_data, tmp_path):
-    check = CliRunner().invoke(main, ["data", "check", "oc20", str(mini_data), "--full", "--json"])
+    check = CliRunner().invoke(main, ["data", "check", "oc20", str(mini_data), "--full", "--format", "json"])
     assert check.exit_code == 0, check.output
     report = json.loads(check.stdout)
     assert report["format"] == "lmdb" and report["splits"]["train"]["samples"] == 48
@@ -83,7 +83,7 @@ def test_prepare_makes_lmdb_from_extxyz(tmp_path):
     out = CliRunner().invoke(main, ["data", "prepare", "oc20", str(raw), str(tmp_path / "lmdb"),
                                     "--option", "validation_fraction=0.2"])
     assert out.exit_code == 0, out.output
-    check = CliRunner().invoke(main, ["data", "check", "oc20", str(tmp_path / "lmdb"), "--full", "--json"])
+    check = CliRunner().invoke(main, ["data", "check", "oc20", str(tmp_path / "lmdb"), "--full", "--format", "json"])
     assert check.exit_code == 0, check.output
     splits = json.loads(check.stdout)["splits"]
     assert splits["train"]["samples"] == 8 and splits["validation"]["samples"] == 4

@@ -40,7 +40,7 @@ def tiny(tmp_path_factory) -> Path:
 
 
 def test_data_check_reads_the_embedded_files(tiny):
-    out = CliRunner().invoke(main, ["data", "check", "openfold", str(tiny), "--full", "--json"])
+    out = CliRunner().invoke(main, ["data", "check", "openfold", str(tiny), "--full", "--format", "json"])
     assert out.exit_code == 0, out.output
     splits = json.loads(out.stdout)["splits"]
     assert splits["train"]["samples"] == 6 and splits["validation"]["samples"] == 3
@@ -176,7 +176,7 @@ def test_stage_copies_structures_and_alignments_for_one_node(tiny, tmp_path):
     assert len(files) == 2 * 9
     for rel in files:
         assert (dest / rel).read_bytes() == (tiny / rel).read_bytes()
-    check = CliRunner().invoke(main, ["data", "check", "openfold", str(dest), "--full", "--json"])
+    check = CliRunner().invoke(main, ["data", "check", "openfold", str(dest), "--full", "--format", "json"])
     assert check.exit_code == 0, check.output
     assert json.loads(check.stdout)["splits"]["validation"]["samples"] == 3
 

@@ -1,5 +1,5 @@
 """The results store (mlhpc/store/) on SQLite: ingest own and published runs, idempotence,
-hostile logs, concurrent writers, a kill mid-ingest, a migrated old store, compare, scaling,
+hostile logs, concurrent writers, a kill mid-ingest, an older store refused, compare, scaling,
 check and record_run. tests/test_store_postgres.py runs the core ones against PostgreSQL."""
 
 from __future__ import annotations
@@ -209,26 +209,36 @@ def test_kill_mid_ingest_leaves_store_consistent(tmp_path):
     assert result.already == 3 * len(per_folder) and len(result.added) == 3 * (len(folders) - len(per_folder))
 
 
-def test_old_store_is_migrated(tmp_path):
-    from sqlalchemy import create_engine, inspect, text
+def test_older_store_is_refused_unchanged(tmp_path):
+    """A store that records an older schema version (one mlhpc never released) is one line and
+    exit status 2, from the command and from open_store, with nothing in it changed."""
+    from mlhpc.store import StoreError, schema
 
-    from mlhpc.store import schema
+    db = tmp_path / "old.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at VARCHAR(40) NOT NULL)")
+        conn.executemany("INSERT INTO schema_version VALUES (?, '2024-01-01T00:00:00+00:00')", [(1,), (2,), (3,)])
+        conn.execute("CREATE TABLE runs (run_id INTEGER PRIMARY KEY, log_sha256 VARCHAR(64) NOT NULL UNIQUE, "
+                     "time_to_train_s FLOAT)")
+        conn.execute("INSERT INTO runs (log_sha256, time_to_train_s) VALUES (?, 1.5)", ("ab" * 32,))
+    conn.close()
 
-    url = f"sqlite:///{tmp_path / 'old.db'}"
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        assert schema.migrate(conn, upto=1) == [1]
-        conn.execute(text(
-            "INSERT INTO runs (log_sha256, source, status, ingested_at, log_bytes, log_zlib, benchmark, "
-            "time_to_train_s) VALUES (:h, 'own', 'success', '2024-01-01T00:00:00+00:00', 1, :z, 'cosmoflow', 1.5)"),
-            {"h": "ab" * 32, "z": zlib.compress(b"x")})
-    assert "campaign_id" not in {c["name"] for c in inspect(engine).get_columns("runs")}
-    engine.dispose()
-    store = open_store(url)
-    with store.engine.connect() as conn:
-        assert [v for (v,) in conn.execute(text("select version from schema_version order by version"))] == [1, 2, 3, 4]
-        assert conn.execute(text("select time_to_train_s, campaign_id from runs")).one() == (1.5, None)
-    assert json.loads(invoke("list", "--store", url, "--format", "json").output)[0]["time_to_train_s"] == 1.5
+    def dump() -> list[str]:
+        with sqlite3.connect(db) as conn:
+            lines = list(conn.iterdump())
+        conn.close()
+        return lines
+
+    before = dump()
+    url = f"sqlite:///{db}"
+    result = CliRunner().invoke(results_group, ["list", "--store", url])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines() == [
+        f"mlhpc: error: the results store at {url} has schema version 3; this mlhpc reads version "
+        f"{schema.SCHEMA_VERSION}: make a new store (--store URL or MLHPC_STORE=URL)"]
+    with pytest.raises(StoreError, match="has schema version 3"):
+        open_store(url)
+    assert dump() == before
 
 
 def compare_verdicts(url: str, tmp_path: Path) -> None:

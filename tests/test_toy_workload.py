@@ -64,7 +64,7 @@ def test_a_third_workload_runs_through_the_contract_alone(site: Path, tmp_path: 
                     "--to", "toynpy", cwd=tmp_path)
     assert convert.returncode == 0, convert.stderr
     assert len(list((tmp_path / "npy" / "train").glob("*.toynpy"))) == 4
-    again = mlhpc(site, "data", "check", "toy", str(tmp_path / "npy"), "--json", cwd=tmp_path)
+    again = mlhpc(site, "data", "check", "toy", str(tmp_path / "npy"), "--format", "json", cwd=tmp_path)
     assert again.returncode == 0 and json.loads(again.stdout)["format"] == "toynpy", again.stderr
 
     staged = mlhpc(site, "stage", str(config), "--set", f"data.path={tmp_path / 'npy'}",

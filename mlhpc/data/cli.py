@@ -86,10 +86,9 @@ def _data_tools_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 @click.option("--format", "fmt", default="table", show_default=True, metavar="[table|json]",
               help=FORMAT_HELP + " (A form of the files here, as `mlhpc list` shows them, is read as "
                    "--form.)")
-@click.option("--json", "as_json", is_flag=True, hidden=True, help="Old spelling of --format json.")
 @_friendly
 def check_command(workload_name: str, path: Path, full: bool, form: str, workers: int,
-                  fmt: str, as_json: bool) -> None:
+                  fmt: str) -> None:
     """Check a dataset folder (its split folders): form, samples, shapes, bytes, bad files.
 
     \b
@@ -107,7 +106,7 @@ def check_command(workload_name: str, path: Path, full: bool, form: str, workers
     from mlhpc.workload import get
 
     workload = get(workload_name)
-    fmt, form = _output_and_form("json" if as_json else fmt, form, workload)
+    fmt, form = _output_and_form(fmt, form, workload)
     report = _data_tools_call(data_check.check, workload, path, full=full, fmt=form,
                               workers=workers)
     if fmt == "json":

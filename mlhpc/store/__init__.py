@@ -3,7 +3,7 @@ counts and with MLCommons' published rounds.
 
 Modules, one job each:
 
-- `schema`: the tables and their migrations (a ``schema_version`` table);
+- `schema`: the tables (and a ``schema_version`` table: the version a store was made with);
 - `engine`: the store's URL (``--store``, ``$MLHPC_STORE``, the default SQLite file), opening it,
   SQLite's WAL, busy timeout and retried write transactions, the network-file-system warning;
 - `ingest`: run folders and MLCommons trees -> rows (figures from `mlhpc.report`), logs refused

@@ -192,7 +192,7 @@ def _read_only_engine(path: Path) -> Engine:
                                    check_same_thread=False)
 
     engine = create_engine("sqlite://", creator=connect)
-    engine.mlhpc_read_only = True  # open_store then reads it as it is (no migration)
+    engine.mlhpc_read_only = True  # open_store then reads it as it is (nothing created)
     return engine
 
 
@@ -236,11 +236,14 @@ def shown_url(url: str | None = None) -> str:
     return show_url(resolve_url(url))
 
 
-def open_store(url: str | None = None, *, migrate: bool = True) -> Store:
-    """Open (and create or migrate) the store at ``url`` (see `resolve_url`).
+def open_store(url: str | None = None) -> Store:
+    """Open the store at ``url`` (see `resolve_url`), making its tables when it is new
+    (`mlhpc.store.schema.create`); a read-only SQLite file is opened as it is.
 
     Raises:
-        StoreError: switched off, a bad URL, a missing driver, or the database cannot be reached.
+        StoreError: switched off, a bad URL, a missing driver, the database cannot be reached,
+            or its schema version is not `mlhpc.store.schema.SCHEMA_VERSION` (`check_version`:
+            nothing in it is changed).
     """
     resolved, shown = resolve_url(url), shown_url(url)
     try:
@@ -251,9 +254,30 @@ def open_store(url: str | None = None, *, migrate: bool = True) -> Store:
     except (ImportError, ArgumentError) as exc:
         raise StoreError(f"store {clip(shown)}: {clip(mask_urls(exc))}") from None
     store = Store(url=shown, engine=engine, warnings=warnings)
-    if migrate and not getattr(engine, "mlhpc_read_only", False):
-        retrying(store, schema.migrate)
+    try:
+        if getattr(engine, "mlhpc_read_only", False):
+            with read(store) as conn:
+                check_version(store, schema.current_version(conn) or schema.SCHEMA_VERSION)
+        else:
+            check_version(store, retrying(store, schema.create))
+    except BaseException:
+        store.close()
+        raise
     return store
+
+
+def check_version(store: Store, version: int) -> None:
+    """Refuse a store that records another schema version than this mlhpc's: an older one (made
+    before a release that changed the tables) or a newer one (made by a later mlhpc).
+
+    Raises:
+        StoreError: one line naming the store, its version and this mlhpc's, and what to do.
+    """
+    if version == schema.SCHEMA_VERSION:
+        return
+    remedy = "upgrade mlhpc, or make" if version > schema.SCHEMA_VERSION else "make"
+    raise StoreError(f"the results store at {clip(store.url)} has schema version {version}; this mlhpc "
+                     f"reads version {schema.SCHEMA_VERSION}: {remedy} a new store (--store URL or {ENV}=URL)")
 
 
 def _locked(exc: BaseException) -> bool:

@@ -1,19 +1,17 @@
-"""The store's tables and their migrations (a small ``schema_version`` table, one row per step).
+"""The store's tables: ``runs`` and a small ``schema_version`` table.
 
-Version 1 held the run and its log; version 2 added ``energy_to_train_j`` and ``campaign_id``
-(an index on it); version 3 ``departs_from_reference`` (how an own run's config departs from the
-reference run, e.g. a mini config: ``; ``-joined, from its ``measured_N.json``; None for a run
-that does not, or whose side file is gone); version 4 HPC AI500's ``valid_flops_per_s``,
-``valid_flops_per_w`` and the ``valid_flops_exponent`` they were made with
-(`mlhpc.report.validflops`; None where FLOPs per sample are not known). `migrate` applies the missing steps in one transaction, under a lock that
-serialises concurrent first openings (SQLite ``BEGIN IMMEDIATE``, PostgreSQL an advisory
-transaction lock), so several processes opening a new store at once create it once.
+``schema_version`` holds the version of the tables a store was made with (`SCHEMA_VERSION`), so
+that a later release can tell which tables it opens and migrate them; this release reads and
+writes its own version only. `create` makes the current tables of a new (empty) store in the
+caller's transaction, under a lock that serialises concurrent first openings (SQLite
+``BEGIN IMMEDIATE``, PostgreSQL an advisory transaction lock), so several processes opening a
+new store at once create it once; for a store already made it changes nothing and returns the
+version it records (`mlhpc.store.engine.open_store` refuses one that is not `SCHEMA_VERSION`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
 
 from sqlalchemy import (
     Column,
@@ -33,7 +31,7 @@ from sqlalchemy import (
 
 #: The schema version this code reads and writes.
 SCHEMA_VERSION = 4
-#: An arbitrary 64-bit key for PostgreSQL's advisory lock around migrations.
+#: An arbitrary 64-bit key for PostgreSQL's advisory lock around a store's creation.
 _PG_LOCK_KEY = 0x6D6C687063
 
 metadata = MetaData()
@@ -44,7 +42,11 @@ schema_version = Table(
     Column("applied_at", String(40), nullable=False),
 )
 
-#: One row per run, keyed by the SHA-256 of its log's bytes.
+#: One row per run, keyed by the SHA-256 of its log's bytes. ``departs_from_reference``: how an
+#: own run's config departs from the reference run, e.g. a mini config (``; ``-joined, from its
+#: ``measured_N.json``; None for a run that does not, or whose side file is gone);
+#: ``valid_flops_*``: HPC AI500's Valid FLOPS, per watt, and the exponent they were made with
+#: (`mlhpc.report.validflops`; None where FLOPs per sample are not known).
 runs = Table(
     "runs", metadata,
     Column("run_id", Integer, primary_key=True, autoincrement=True),
@@ -69,21 +71,13 @@ runs = Table(
     Column("ingested_at", String(40), nullable=False),
     Column("log_bytes", Integer, nullable=False),
     Column("log_zlib", LargeBinary, nullable=False),
+    Column("energy_to_train_j", Float), Column("campaign_id", String(128)),
+    Column("departs_from_reference", Text),
+    Column("valid_flops_per_s", Float), Column("valid_flops_per_w", Float), Column("valid_flops_exponent", Float),
     Index("ix_runs_benchmark_system", "benchmark", "system"),
     Index("ix_runs_run_start", "run_start_ms"),
+    Index("ix_runs_campaign", "campaign_id"),
 )
-
-#: Columns each migration step adds to ``runs`` (step 1 creates the tables without them).
-_ADDED = {2: (("energy_to_train_j", "FLOAT"), ("campaign_id", "VARCHAR(128)")),
-          3: (("departs_from_reference", "TEXT"),),
-          4: (("valid_flops_per_s", "FLOAT"), ("valid_flops_per_w", "FLOAT"), ("valid_flops_exponent", "FLOAT"))}
-
-runs.append_column(Column("energy_to_train_j", Float))
-runs.append_column(Column("campaign_id", String(128)))
-runs.append_column(Column("departs_from_reference", Text))
-for _name in ("valid_flops_per_s", "valid_flops_per_w", "valid_flops_exponent"):
-    runs.append_column(Column(_name, Float))
-Index("ix_runs_campaign", runs.c.campaign_id)
 
 
 def now_utc() -> str:
@@ -91,63 +85,30 @@ def now_utc() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _step_1(conn: Connection) -> None:
-    """Create both tables as version 1 had them (without the columns of later steps)."""
-    later = {name for cols in _ADDED.values() for name, _ in cols}
-    meta = MetaData()
-    Table("schema_version", meta, *[c._copy() for c in schema_version.columns])
-    Table("runs", meta, *[c._copy() for c in runs.columns if c.name not in later],
-          Index("ix_runs_benchmark_system", "benchmark", "system"), Index("ix_runs_run_start", "run_start_ms"))
-    meta.create_all(conn)
-
-
-def _step_2(conn: Connection) -> None:
-    for name, sql_type in _ADDED[2]:
-        conn.execute(text(f"ALTER TABLE runs ADD COLUMN {name} {sql_type}"))
-    conn.execute(text("CREATE INDEX ix_runs_campaign ON runs (campaign_id)"))
-
-
-def _add_columns(version: int) -> Callable[[Connection], None]:
-    """The migration step that adds the columns ``_ADDED[version]`` lists."""
-    def step(conn: Connection) -> None:
-        for name, sql_type in _ADDED[version]:
-            conn.execute(text(f"ALTER TABLE runs ADD COLUMN {name} {sql_type}"))
-    return step
-
-
-STEPS: dict[int, Callable[[Connection], None]] = {1: _step_1, 2: _step_2, 3: _add_columns(3), 4: _add_columns(4)}
-
-
 def current_version(conn: Connection) -> int:
-    """The highest applied version (0 for an empty database)."""
+    """The version the store records (its highest ``schema_version`` row; 0 for an empty database)."""
     if not inspect(conn).has_table("schema_version"):
         return 0
     value = conn.execute(select(schema_version.c.version).order_by(schema_version.c.version.desc())).scalar()
     return int(value or 0)
 
 
-def migrate(conn: Connection, upto: int = SCHEMA_VERSION) -> list[int]:
-    """Apply the missing migration steps up to ``upto`` inside the caller's transaction.
+def create(conn: Connection) -> int:
+    """Make the current tables of an empty store inside the caller's transaction, and record
+    `SCHEMA_VERSION` in ``schema_version``; a store already made is left as it is.
 
     Args:
         conn: a connection inside a write transaction (SQLite: begun IMMEDIATE).
-        upto: the version to reach (tests make older stores with it).
 
     Returns:
-        the versions applied (empty when the store was current).
-
-    Raises:
-        RuntimeError: the store is newer than this code (its version above `SCHEMA_VERSION`).
+        the version the store records: `SCHEMA_VERSION` for one just made, else its own (the
+        caller refuses a store whose version is not `SCHEMA_VERSION`).
     """
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LOCK_KEY})
     have = current_version(conn)
-    if have > SCHEMA_VERSION:
-        raise RuntimeError(f"the results store has schema version {have}; this mlhpc reads up to "
-                           f"{SCHEMA_VERSION}: upgrade mlhpc")
-    applied = []
-    for version in range(have + 1, upto + 1):
-        STEPS[version](conn)
-        conn.execute(schema_version.insert().values(version=version, applied_at=now_utc()))
-        applied.append(version)
-    return applied
+    if have:
+        return have
+    metadata.create_all(conn)
+    conn.execute(schema_version.insert().values(version=SCHEMA_VERSION, applied_at=now_utc()))
+    return SCHEMA_VERSION
