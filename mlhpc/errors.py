@@ -5,18 +5,94 @@ line on stderr and exits with status 2 (`error_line`, the one place where errors
 anything else escaping is a bug. No message grows with its input: ``str(error)`` is at most
 `mlhpc.text.MAX_LINE_CHARS` characters (`mlhpc.text.clip_line`), whatever value it was built
 from, and every value the line shows is escaped for a terminal and its credentials masked.
+
+An error that names its subject keeps it as fields (``path``: the file or folder; ``key``: an entry
+in it; ``sample``: a sample's index in it; `Where`) and renders its message from them, so that a
+caller may re-point the subject (`MlhpcError.repoint`: a file read from a staged copy named by its
+source file, `mlhpc.run.assemble.name_source`) without searching the text.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
+from dataclasses import dataclass
 from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Where:
+    """The subject an error names: ``path`` (a file or folder, as given), ``key`` (an entry in
+    it) and ``sample`` (a sample's index in it), each None where it has none. ``str``:
+    ``PATH[ sample N][: key 'K']``, the head of the error's message."""
+
+    path: Any
+    key: Any = None
+    sample: Any = None
+
+    def __str__(self) -> str:
+        text = f"{self.path}" if self.sample is None else f"{self.path} sample {self.sample}"
+        return text if self.key is None else f"{text}: key '{self.key}'"
 
 
 class MlhpcError(Exception):
     """Base class: a user-facing problem with one clear message naming the file, key or sample.
-    Its text (``str``) is one line of at most `mlhpc.text.MAX_LINE_CHARS` characters."""
+    Its text (``str``) is one line of at most `mlhpc.text.MAX_LINE_CHARS` characters.
+
+    ``MlhpcError(message)``: the message as given. With ``path`` (and ``key``, ``sample``): the
+    message is rendered from the subject (`Where`) and ``message``, the detail after it:
+    ``PATH[ sample N][: key 'K']: DETAIL`` (`render`); ``copy``, once `repoint` has set it, is
+    the file actually read, shown in brackets after the message."""
+
+    def __init__(self, message: str = "", *, path: Any = None, key: Any = None, sample: Any = None) -> None:
+        self.detail = message
+        self.where = Where(path, key, sample) if path is not None else None
+        self.copy: Any = None
+        super().__init__(self.render())
+
+    @classmethod
+    def at(cls, where: "Where | str", detail: str) -> "MlhpcError":
+        """The error ``WHERE: DETAIL`` of class ``cls``: its subject's fields kept when ``where``
+        is a `Where`, the text alone when it is a plain text."""
+        if isinstance(where, Where):
+            return cls(detail, path=where.path, key=where.key, sample=where.sample)
+        return cls(f"{where}: {detail}")
+
+    @property
+    def path(self) -> Any:
+        """The file or folder the error names (None: it names none as a field)."""
+        return self.where.path if self.where is not None else None
+
+    @property
+    def key(self) -> Any:
+        """The entry of `path` the error names, or None."""
+        return self.where.key if self.where is not None else None
+
+    @property
+    def sample(self) -> Any:
+        """The index of the sample in `path` the error names, or None."""
+        return self.where.sample if self.where is not None else None
+
+    def render(self) -> str:
+        """The message: the detail alone without a subject, else ``WHERE: DETAIL`` (``WHERE``
+        alone for an empty detail), then `` [read from the staged copy COPY]`` once re-pointed."""
+        if self.where is None:
+            return self.detail
+        text = f"{self.where}: {self.detail}" if self.detail else f"{self.where}"
+        return text if self.copy is None else f"{text} [read from the staged copy {self.copy}]"
+
+    def repoint(self, path: Any, copy: Any) -> None:
+        """Name ``path`` as the subject's file instead (the file ``copy`` was made from), the
+        file read (``copy``) in brackets after the message; re-rendered, nothing else changed.
+
+        Raises:
+            ValueError: the error names no subject (``path`` None).
+        """
+        if self.where is None:
+            raise ValueError("repoint: the error names no path")
+        self.where = Where(path, self.where.key, self.where.sample)
+        self.copy = copy
+        self.args = (self.render(), *self.args[1:])
 
     def __str__(self) -> str:
         from mlhpc.text import clip_line

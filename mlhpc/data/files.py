@@ -220,10 +220,10 @@ def dest_error(path: Path, exc: OSError, src: Path | None = None) -> StagingErro
     """A StagingError naming ``path`` and the cause of ``exc`` (and the source being copied)."""
     what = f" (copying {src})" if src is not None else ""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return StagingError(f"{path}: staging destination full (no space left on device){what}")
+        return StagingError(f"staging destination full (no space left on device){what}", path=path)
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return StagingError(f"{path}: staging destination not writable ({reason(exc)}){what}")
-    return StagingError(f"{path}: cannot write staged file ({reason(exc)}){what}")
+        return StagingError(f"staging destination not writable ({reason(exc)}){what}", path=path)
+    return StagingError(f"cannot write staged file ({reason(exc)}){what}", path=path)
 
 
 def unlink_quietly(path: Path) -> None:
@@ -284,13 +284,13 @@ def refuse_overlap(source: Path, dest: Path, what: str, error: type[MlhpcError])
     """
     src, dst = resolved(source), resolved(dest)
     if src == dst:
-        raise error(f"{dest}: {what} destination is its source folder; choose another folder")
+        raise error(f"{what} destination is its source folder; choose another folder", path=dest)
     if is_under(dst, src):
-        raise error(f"{dest}: {what} destination lies inside its source {source}; choose a folder "
-                    "outside it")
+        raise error(f"{what} destination lies inside its source {source}; choose a folder "
+                    "outside it", path=dest)
     if is_under(src, dst):
-        raise error(f"{dest}: {what} destination contains its source {source}; choose a folder "
-                    "outside it")
+        raise error(f"{what} destination contains its source {source}; choose a folder "
+                    "outside it", path=dest)
 
 
 def _owner(uid: int) -> str:
@@ -311,16 +311,16 @@ def check_private_dir(path: Path, error: type[MlhpcError], what: str) -> None:
     try:
         st = os.lstat(path)
     except OSError as exc:
-        raise error(f"{path}: {what} folder cannot be inspected ({reason(exc)})") from None
+        raise error(f"{what} folder cannot be inspected ({reason(exc)})", path=path) from None
     if stat.S_ISLNK(st.st_mode):
-        raise error(f"{path}: {what} folder is a symbolic link; give the real folder")
+        raise error(f"{what} folder is a symbolic link; give the real folder", path=path)
     if not stat.S_ISDIR(st.st_mode):
-        raise error(f"{path}: {what} folder is not a folder")
+        raise error(f"{what} folder is not a folder", path=path)
     mode = stat.S_IMODE(st.st_mode)
     if st.st_uid != os.geteuid() or mode & 0o022:
-        raise error(f"{path}: {what} folder is owned by {_owner(st.st_uid)} with mode {mode:04o}; "
+        raise error(f"{what} folder is owned by {_owner(st.st_uid)} with mode {mode:04o}; "
                     f"it must be owned by you, {_owner(os.geteuid())}, and writable by nobody else "
-                    "(remove it, or choose another folder)")
+                    "(remove it, or choose another folder)", path=path)
 
 
 def make_private_dir(path: Path, error: type[MlhpcError], what: str,
@@ -344,14 +344,14 @@ def make_private_dir(path: Path, error: type[MlhpcError], what: str,
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         cause = "a file is in the way" if isinstance(exc, FileExistsError) else reason(exc)
-        raise error(f"{path}: {failure} ({cause})") from None
+        raise error(f"{failure} ({cause})", path=path) from None
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         if not path.is_symlink() and not path.is_dir():
-            raise error(f"{path}: {failure} (a file is in the way)") from None
+            raise error(f"{failure} (a file is in the way)", path=path) from None
     except OSError as exc:
-        raise error(f"{path}: {failure} ({reason(exc)})") from None
+        raise error(f"{failure} ({reason(exc)})", path=path) from None
     check_private_dir(path, error, what)
 
 

@@ -46,13 +46,13 @@ def split_dirs(tools: DataTools, root: Path) -> list[str]:
 
     root = Path(root)
     if not root.is_dir():
-        raise DataError(f"{root}: dataset folder does not exist")
+        raise DataError("dataset folder does not exist", path=root)
     require_complete(root)
     names = tuple(tools.find_splits(root))
     missing = [s for s in names if not (root / s).is_dir()]
     if missing:
-        raise DataError(f"{root}: no {missing[0]}/ folder; a dataset folder holds "
-                        f"{' and '.join(n + '/' for n in names)}")
+        raise DataError(f"no {missing[0]}/ folder; a dataset folder holds "
+                        f"{' and '.join(n + '/' for n in names)}", path=root)
     return list(names)
 
 
@@ -70,7 +70,7 @@ def detect(tools: DataTools, root: Path, fmt: str = "auto") -> str:
     found = {split: tools.detect(Path(root) / split) for split in split_dirs(tools, root)}
     if len(set(found.values())) > 1:
         described = ", ".join(f"{k}/ holds {v} files" for k, v in found.items())
-        raise DataError(f"{root}: {described}; convert one of them")
+        raise DataError(f"{described}; convert one of them", path=root)
     return next(iter(found.values()))
 
 
@@ -88,10 +88,10 @@ def list_split(tools: DataTools, root: Path, split: str, form: str) -> list[Path
     folder = Path(root) / split
     files = tools.list_files(folder, form)
     if not files:
-        raise DataError(f"{folder}: no {form} files (an empty split)")
+        raise DataError(f"no {form} files (an empty split)", path=folder)
     top = resolved(root)
     for path in files:
         if Path(path).is_symlink() or not is_under(resolved(path), top):
-            raise DataError(f"{path}: a symbolic link in the dataset (to {resolved(path)}); data "
-                            "files are never read through links")
+            raise DataError(f"a symbolic link in the dataset (to {resolved(path)}); data "
+                            "files are never read through links", path=path)
     return files

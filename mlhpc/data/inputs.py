@@ -73,21 +73,21 @@ def open_input(path: Path | str, cap_bytes: int, root: Path | str | None = None,
     path = Path(path)
     top = Path(os.path.realpath(root)) if root is not None else None
     if top is not None and os.path.islink(path) and not is_under(resolved(path), top):
-        raise error(f"{path}: {what} is a symbolic link out of {root} (to {resolved(path)}); refused")
+        raise error(f"{what} is a symbolic link out of {root} (to {resolved(path)}); refused", path=path)
     try:
         fd = os.open(path, _FLAGS)
     except OSError as exc:
         why = "a symbolic link loop" if exc.errno == errno.ELOOP else reason(exc)
-        raise error(f"{path}: cannot read {what} ({why})") from None
+        raise error(f"cannot read {what} ({why})", path=path) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise error(f"{path}: {what} is {_kind(info.st_mode)}, not a regular file; refused")
+            raise error(f"{what} is {_kind(info.st_mode)}, not a regular file; refused", path=path)
         if top is not None and not is_under(_real_path(fd, path), top):
-            raise error(f"{path}: {what} is a symbolic link out of {root}; refused")
+            raise error(f"{what} is a symbolic link out of {root}; refused", path=path)
         if info.st_size > cap_bytes:
-            raise error(f"{path}: {what} of {info.st_size} bytes, over the {cap_bytes} bytes "
-                        f"a {what} may hold; refused")
+            raise error(f"{what} of {info.st_size} bytes, over the {cap_bytes} bytes "
+                        f"a {what} may hold; refused", path=path)
     except BaseException:
         os.close(fd)
         raise
@@ -112,11 +112,11 @@ def input_chunks(path: Path | str, cap_bytes: int, root: Path | str | None = Non
         while chunk := os.read(fd, min(chunk_bytes, cap_bytes + 1 - total) or 1):
             total += len(chunk)
             if total > cap_bytes:
-                raise error(f"{path}: {what} grew past the {cap_bytes} bytes a {what} may hold "
-                            "while read; refused")
+                raise error(f"{what} grew past the {cap_bytes} bytes a {what} may hold "
+                            "while read; refused", path=path)
             yield chunk
     except OSError as exc:
-        raise error(f"{path}: cannot read {what} ({reason(exc)})") from None
+        raise error(f"cannot read {what} ({reason(exc)})", path=path) from None
     finally:
         os.close(fd)
 
@@ -141,8 +141,8 @@ def inflated_chunks(path: Path | str, cap_bytes: int, inflated_cap_bytes: int,
                 piece = inflater.decompress(data, _INFLATE_PIECE_BYTES)
                 fed, total = True, total + len(piece)
                 if total > inflated_cap_bytes:
-                    raise error(f"{path}: {what} inflates to more than the {inflated_cap_bytes} "
-                                f"bytes a {what} may hold; refused")
+                    raise error(f"{what} inflates to more than the {inflated_cap_bytes} "
+                                f"bytes a {what} may hold; refused", path=path)
                 if piece:
                     yield piece
                 if inflater.eof:  # a member ends; another may follow
@@ -154,9 +154,9 @@ def inflated_chunks(path: Path | str, cap_bytes: int, inflated_cap_bytes: int,
                     if not data and len(piece) < _INFLATE_PIECE_BYTES:
                         break
     except zlib.error as exc:
-        raise error(f"{path}: {what} is not readable GZIP data ({exc})") from None
+        raise error(f"{what} is not readable GZIP data ({exc})", path=path) from None
     if fed and not inflater.eof:
-        raise error(f"{path}: {what} ends inside its GZIP stream (a truncated file?)")
+        raise error(f"{what} ends inside its GZIP stream (a truncated file?)", path=path)
 
 
 def read_input(path: Path | str, cap_bytes: int, root: Path | str | None = None,
@@ -209,7 +209,7 @@ def _walk(folder: Path, prefix: str, top: Path, error: type[MlhpcError], follow:
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError as exc:
-        raise error(f"{folder}: cannot list folder ({reason(exc)})") from None
+        raise error(f"cannot list folder ({reason(exc)})", path=folder) from None
     for entry in entries:
         rel = prefix + entry.name
         path = Path(entry.path)
@@ -218,7 +218,7 @@ def _walk(folder: Path, prefix: str, top: Path, error: type[MlhpcError], follow:
                 _check_link(path, top, error, follow)
             st = os.stat(path)
         except OSError as exc:
-            raise error(f"{path}: cannot stat ({reason(exc)})") from None
+            raise error(f"cannot stat ({reason(exc)})", path=path) from None
         if stat.S_ISDIR(st.st_mode):
             yield from _walk(path, rel + "/", top, error, follow)
         elif stat.S_ISREG(st.st_mode):
@@ -228,11 +228,11 @@ def _walk(folder: Path, prefix: str, top: Path, error: type[MlhpcError], follow:
 def _check_link(path: Path, top: Path, error: type[MlhpcError], follow: bool) -> None:
     target = resolved(path)
     if not follow:
-        raise error(f"{path}: symbolic link in the source (to {os.readlink(path)}); links are not "
+        raise error(f"symbolic link in the source (to {os.readlink(path)}); links are not "
                     "followed (copy the file, or allow links to files inside the source with "
-                    "--set data.staging.follow_links=true)")
+                    "--set data.staging.follow_links=true)", path=path)
     if not is_under(target, top) or target == top:
-        raise error(f"{path}: symbolic link points outside the source tree (to {target}); refused")
+        raise error(f"symbolic link points outside the source tree (to {target}); refused", path=path)
     if target.is_dir():
-        raise error(f"{path}: symbolic link to a folder ({target}); a linked folder would be read "
-                    "twice, so it is refused even with data.staging.follow_links=true")
+        raise error(f"symbolic link to a folder ({target}); a linked folder would be read "
+                    "twice, so it is refused even with data.staging.follow_links=true", path=path)

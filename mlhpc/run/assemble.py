@@ -254,24 +254,19 @@ def sources_named(staged: staging.StagingResult | None) -> Iterator[None]:
 
 
 def name_source(staged: staging.StagingResult | None, exc: BaseException) -> None:
-    """Make a `DataError` that names a file of this node's staged copy (``staged.dest``) name
-    the file it was copied from instead, the copy in brackets, as `sample_name`
-    does: ``SOURCE/train/f.lmdb: key '3': ... [read from the staged copy DEST/train/f.lmdb]``.
-    The first path under the copy is mapped by its path relative to the copy; a path with no
-    such file in the source (a converted copy) is left as it is."""
-    if not isinstance(exc, DataError) or staged is None or not exc.args or \
-            "[read from the staged copy" in str(exc.args[0]):  # named already (`sample_name`)
+    """Make a `DataError` whose subject (its ``path`` field, `mlhpc.errors.MlhpcError.repoint`)
+    is a file of this node's staged copy (``staged.dest``) name the file it was copied from
+    instead, the copy in brackets, as `sample_name` does:
+    ``SOURCE/train/f.lmdb: key '3': ... [read from the staged copy DEST/train/f.lmdb]``. The
+    file is mapped by its path relative to the copy (`staged_source`); an error with no path
+    field, one re-pointed already, or a path with no such file in the source (a converted copy)
+    is left as it is. Nothing is searched in the message's text."""
+    if not isinstance(exc, DataError) or staged is None or exc.path is None or exc.copy is not None:
         return
-    dest, message = str(staged.dest).rstrip("/"), str(exc.args[0])
-    start = message.find(dest + "/")
-    if start < 0:
-        return
-    end = next((i for i in range(start, len(message)) if message[i] in ": \t"), len(message))
-    copy = message[start:end]
-    original = staged_source(copy, dest, staged.source)
+    copy = exc.path
+    original = staged_source(copy, staged.dest, staged.source)
     if original is not None and original.is_file():
-        exc.args = (f"{message[:start]}{original}{message[end:]} [read from the staged copy {copy}]",
-                    *exc.args[1:])
+        exc.repoint(original, copy)
 
 
 def staged_source(path: str | Path, dest: str | Path, source: str | Path) -> Path | None:

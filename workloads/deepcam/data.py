@@ -68,12 +68,12 @@ def detect_format(folder: Path) -> str:
     names. Raises DataError: missing folder, neither, or both."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise DataError(f"{folder}: dataset folder not found (expected {SAMPLE_GLOB} or {NPY_GLOB} files)")
+        raise DataError(f"dataset folder not found (expected {SAMPLE_GLOB} or {NPY_GLOB} files)", path=folder)
     found = {fmt for fmt, glob in (("hdf5", SAMPLE_GLOB), ("npy", NPY_GLOB))
              if next(folder.glob(glob), None) is not None}
     if len(found) != 1:
         what = "both data-*.h5 and data-*.npy" if found else f"no {SAMPLE_GLOB} or {NPY_GLOB} files"
-        raise DataError(f"{folder}: {what} in the dataset folder (an empty split, or set data.format)")
+        raise DataError(f"{what} in the dataset folder (an empty split, or set data.format)", path=folder)
     return found.pop()
 
 
@@ -92,13 +92,13 @@ def list_samples(folder: Path, limit: int | None = None, fmt: str = "hdf5") -> l
     folder = Path(folder)
     glob = SAMPLE_GLOB if fmt == "hdf5" else NPY_GLOB
     if not folder.is_dir():
-        raise DataError(f"{folder}: dataset folder not found (expected {glob} files)")
+        raise DataError(f"dataset folder not found (expected {glob} files)", path=folder)
     files = sorted(folder.glob(glob))
     if not files:
-        raise DataError(f"{folder}: no {glob} files in dataset folder (an empty split)")
+        raise DataError(f"no {glob} files in dataset folder (an empty split)", path=folder)
     if limit is not None:
         if len(files) < limit:
-            raise DataError(f"{folder}: {len(files)} samples found, the config asks for {limit}")
+            raise DataError(f"{len(files)} samples found, the config asks for {limit}", path=folder)
         files = files[:limit]
     return files
 
@@ -116,23 +116,23 @@ def read_stats(path: Path, channels: int = len(CHANNELS)) -> tuple[np.ndarray, n
     """
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: statistics file not found (expected climate/minval, climate/maxval)")
+        raise DataError("statistics file not found (expected climate/minval, climate/maxval)", path=path)
     try:
         with h5py.File(path, "r") as f:
             arrays = {}
             for key in ("climate/minval", "climate/maxval"):
                 if key not in f:
-                    raise DataError(f"{path}: dataset {key} missing")
+                    raise DataError(f"dataset {key} missing", path=path)
                 arrays[key] = np.asarray(f[key][...], dtype=np.float64)
     except OSError as exc:
-        raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
+        raise DataError(f"not a readable HDF5 file ({exc})", path=path) from None
     lo, hi = arrays["climate/minval"], arrays["climate/maxval"]
     for key, arr in arrays.items():
         if arr.shape != (channels,):
-            raise DataError(f"{path}: {key} has shape {arr.shape}, expected ({channels},)")
+            raise DataError(f"{key} has shape {arr.shape}, expected ({channels},)", path=path)
     bad = np.flatnonzero(~(hi > lo))
     if bad.size:
-        raise DataError(f"{path}: channel {int(bad[0])} has maxval <= minval; cannot normalise")
+        raise DataError(f"channel {int(bad[0])} has maxval <= minval; cannot normalise", path=path)
     return lo.astype(np.float32), (1.0 / (hi - lo)).astype(np.float32)
 
 
@@ -217,7 +217,7 @@ class CamDataset(WorkloadDataset):
                 data, label = self._datasets(f, path)
                 return tuple(data.shape), tuple(label.shape)
         except OSError as exc:
-            raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
+            raise DataError(f"not a readable HDF5 file ({exc})", path=path) from None
 
     def _datasets(self, f: h5py.File, path: Path) -> tuple[h5py.Dataset, h5py.Dataset]:
         """The two datasets of an open sample file, each looked up once, layout checked."""
@@ -225,7 +225,7 @@ class CamDataset(WorkloadDataset):
         for key in (DATA_KEY, LABEL_KEY):
             item = f.get(key)
             if not isinstance(item, h5py.Dataset):
-                raise DataError(f"{path}: dataset {key} missing")
+                raise DataError(f"dataset {key} missing", path=path)
             found.append(item)
         data, label = found
         _check_layout(data, label, self.channels, (f"{path}: {DATA_KEY}", f"{path}: {LABEL_KEY}"))
@@ -244,11 +244,11 @@ class CamDataset(WorkloadDataset):
         for file in (path, label_file(path)):
             if not file.is_file():
                 what = "missing labels for " + path.name if file != path else "missing"
-                raise DataError(f"{file}: {what}")
+                raise DataError(f"{what}", path=file)
             try:
                 arrays.append(np.load(file, mmap_mode="r", allow_pickle=False))
             except (OSError, ValueError, EOFError) as exc:
-                raise DataError(f"{file}: not a readable .npy file ({str(exc)[:120]})") from None
+                raise DataError(f"not a readable .npy file ({str(exc)[:120]})", path=file) from None
         data, label = arrays
         _check_layout(data, label, self.channels, (f"{path}: array", f"{label_file(path)}: array"))
         return data, label
@@ -290,8 +290,8 @@ class CamDataset(WorkloadDataset):
         if self.format == "npy":
             data_map, label_map = self._npy(path)
             if data_map.shape != self.data_shape:
-                raise DataError(f"{path}: array of shape {data_map.shape}, expected "
-                                f"{self.data_shape} like {self.files[0].name}")
+                raise DataError(f"array of shape {data_map.shape}, expected "
+                                f"{self.data_shape} like {self.files[0].name}", path=path)
             np.copyto(data, data_map)
             np.copyto(label, label_map, casting="unsafe")
         else:
@@ -305,14 +305,14 @@ class CamDataset(WorkloadDataset):
             with h5py.File(path, "r") as f:
                 data_ds, label_ds = self._datasets(f, path)
                 if data_ds.shape != self.data_shape:
-                    raise DataError(f"{path}: {DATA_KEY} has shape {data_ds.shape}, "
-                                    f"expected {self.data_shape} like {self.files[0].name}")
+                    raise DataError(f"{DATA_KEY} has shape {data_ds.shape}, "
+                                    f"expected {self.data_shape} like {self.files[0].name}", path=path)
                 # the whole extent, straight into the rows (h5py's read_direct without its
                 # selection objects; the memory type is the destination's, so HDF5 converts)
                 data_ds.id.read(h5py.h5s.ALL, h5py.h5s.ALL, data)
                 label_ds.id.read(h5py.h5s.ALL, h5py.h5s.ALL, label)
         except OSError as exc:
-            raise DataError(f"{path}: cannot read sample ({exc})") from None
+            raise DataError(f"cannot read sample ({exc})", path=path) from None
 
     def _check_values(self, index: int, path: Path, data: np.ndarray, label: np.ndarray) -> None:
         """Labels in range always; input values finite the first time this process reads it."""
@@ -322,13 +322,13 @@ class CamDataset(WorkloadDataset):
             finite = np.isfinite(data)
             if not finite.all():
                 y, x, c = (int(v[0]) for v in np.nonzero(~finite))
-                raise DataError(f"{path}: sample {index}: input {data[y, x, c]} at pixel ({y}, {x}) "
-                                f"channel {c} ({CHANNELS[c] if c < len(CHANNELS) else c}) is not finite")
+                raise DataError(f"sample {index}: input {data[y, x, c]} at pixel ({y}, {x}) "
+                                f"channel {c} ({CHANNELS[c] if c < len(CHANNELS) else c}) is not finite", path=path)
             self._checked.add(index)
         lo, hi = int(label.min()), int(label.max())
         if lo < 0 or hi >= self.num_classes:
             bad = lo if lo < 0 else hi
-            raise DataError(f"{path}: {LABEL_KEY} holds class {bad}, expected 0..{self.num_classes - 1}")
+            raise DataError(f"{LABEL_KEY} holds class {bad}, expected 0..{self.num_classes - 1}", path=path)
 
     def device_transform(self, data: torch.Tensor) -> torch.Tensor:
         """Normalise a batch where it lies (`mlhpc.data.loader`): float32 ``(B, H, W, C)`` as stored ->
@@ -364,6 +364,6 @@ def build_datasets(config: "Config", runtime: "Runtime", data_dir: Path) -> tupl
     train = CamDataset(train_files, stats, num_classes=classes, channels=channels, fmt=fmt)
     val = CamDataset(val_files, stats, num_classes=classes, channels=channels, fmt=fmt)
     if val.data_shape != train.data_shape:
-        raise DataError(f"{val.files[0]}: {DATA_KEY} has shape {val.data_shape}, "
-                        f"expected {train.data_shape} like the training samples")
+        raise DataError(f"{DATA_KEY} has shape {val.data_shape}, "
+                        f"expected {train.data_shape} like the training samples", path=val.files[0])
     return train, val

@@ -33,7 +33,7 @@ def find_split_dirs(data_dir: Path) -> tuple[Path, Path]:
     """
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
-        raise DataError(f"{data_dir}: data folder not found (expected train and val folders of *.lmdb)")
+        raise DataError("data folder not found (expected train and val folders of *.lmdb)", path=data_dir)
     root = data_dir.resolve()
     found: dict[str, list[Path]] = {"train": [], "val": []}
     for entry in sorted(data_dir.iterdir()):
@@ -42,17 +42,17 @@ def find_split_dirs(data_dir: Path) -> tuple[Path, Path]:
             continue
         words = [w for w in found if w in name]
         if len(words) == 2:
-            raise DataError(f"{entry}: the name holds both 'train' and 'val'; rename the folder")
+            raise DataError("the name holds both 'train' and 'val'; rename the folder", path=entry)
         if words and entry.is_symlink() and root not in entry.resolve().parents:
-            raise DataError(f"{entry}: symbolic link leads outside {data_dir}; copy the folder instead")
+            raise DataError(f"symbolic link leads outside {data_dir}; copy the folder instead", path=entry)
         for word in words:
             found[word].append(entry)
     for word, folders in found.items():
         if not folders:
-            raise DataError(f"{data_dir}: no folder whose name holds {word!r} (expected *.lmdb folders)")
+            raise DataError(f"no folder whose name holds {word!r} (expected *.lmdb folders)", path=data_dir)
         if len(folders) > 1:
             names = ", ".join(p.name for p in folders)
-            raise DataError(f"{data_dir}: several folders hold {word!r} ({names}); keep one")
+            raise DataError(f"several folders hold {word!r} ({names}); keep one", path=data_dir)
     return found["train"][0], found["val"][0]
 
 
@@ -78,7 +78,7 @@ class Oc20Dataset(WorkloadDataset):
         self.records = LmdbFolder(folder)
         self.folder = Path(folder)
         if limit is not None and limit > len(self.records):
-            raise DataError(f"{folder}: {len(self.records)} structures, the config asks for {limit}")
+            raise DataError(f"{len(self.records)} structures, the config asks for {limit}", path=folder)
         self.length = len(self.records) if limit is None else limit
 
     def __len__(self) -> int:

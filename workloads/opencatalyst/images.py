@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlhpc.errors import DataError
+from mlhpc.errors import DataError, Where
 
 MAX_PERIODIC_IMAGES = 13**3
 MAX_IMAGE_PAIRS = 1 << 23
@@ -56,7 +56,7 @@ def image_count(reach: np.ndarray) -> float:
     return float(np.prod(2.0 * np.asarray(reach, dtype=np.float64) + 1.0))
 
 
-def check_images(cell: np.ndarray, pbc: np.ndarray, atoms: int, radius: float, where: str) -> np.ndarray:
+def check_images(cell: np.ndarray, pbc: np.ndarray, atoms: int, radius: float, where: Where | str) -> np.ndarray:
     """The reach of a search (`image_reach`) after checking its images and distances against
     `MAX_PERIODIC_IMAGES` and `MAX_IMAGE_PAIRS`, from the cell alone.
 
@@ -70,12 +70,12 @@ def check_images(cell: np.ndarray, pbc: np.ndarray, atoms: int, radius: float, w
     images = image_count(reach)
     shown = " x ".join("inf" if not np.isfinite(r) else str(int(2 * r + 1)) for r in reach)
     if not images <= MAX_PERIODIC_IMAGES:
-        raise DataError(f"{where}: the cell's periodic images within {radius:g} A number {images:.3g} "
+        raise DataError.at(where, f"the cell's periodic images within {radius:g} A number {images:.3g} "
                         f"({shown}), over the bound of {MAX_PERIODIC_IMAGES}: a cell this thin is no "
                         "catalyst structure")
     pairs = images * atoms * atoms
     if pairs > MAX_IMAGE_PAIRS:
-        raise DataError(f"{where}: a {radius:g} A search over {shown} images of {atoms} atoms computes "
+        raise DataError.at(where, f"a {radius:g} A search over {shown} images of {atoms} atoms computes "
                         f"{pairs:.3g} distances, over the bound of {MAX_IMAGE_PAIRS}")
     return reach.astype(np.int64)
 

@@ -51,7 +51,7 @@ import torch
 
 from mlhpc.data.claims import remove_own_part
 from mlhpc.data.files import disk_full, part_path
-from mlhpc.errors import DataError
+from mlhpc.errors import DataError, Where
 
 from .encode import LAYOUTS, encode_record
 from .lmdb_verify import MAX_FILE_BYTES, verify_pages
@@ -94,11 +94,11 @@ def _open_checked(path: Path, size: int) -> lmdb.Environment:
         env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=False,
                         meminit=False, max_readers=1)
     except lmdb.Error as exc:
-        raise DataError(f"{path}: not a readable LMDB file ({why(exc)})") from None
+        raise DataError(f"not a readable LMDB file ({why(exc)})", path=path) from None
     need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
     if size < need:
         env.close()
-        raise DataError(f"{path}: truncated LMDB file ({size} bytes, its pages need {need})")
+        raise DataError(f"truncated LMDB file ({size} bytes, its pages need {need})", path=path)
     return env
 
 
@@ -121,7 +121,7 @@ def open_lmdb(path: Path) -> lmdb.Environment:
     try:
         st = path.stat()
     except OSError as exc:
-        raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        raise DataError(f"cannot be read ({exc.strerror or exc})", path=path) from None
     ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     key = os.path.realpath(path)
     cached = _ENVS.pop(key, None)
@@ -154,16 +154,17 @@ def record_count(env: lmdb.Environment, path: Path) -> int:
         with env.begin() as txn:
             raw = txn.get(LENGTH_KEY)
     except lmdb.Error as exc:
-        raise DataError(f"{path}: key 'length': corrupt LMDB ({why(exc)})") from None
+        raise DataError(f"corrupt LMDB ({why(exc)})", path=path, key="length") from None
     if raw is None:
         return entries
     try:
         length = RecordUnpickler(io.BytesIO(raw)).load()
     except Exception as exc:  # noqa: BLE001 - a corrupt value raises any kind
-        raise DataError(f"{path}: key 'length': not a pickled count ({type(exc).__name__}: {why(exc)})") from None
+        raise DataError(f"not a pickled count ({type(exc).__name__}: {why(exc)})", path=path,
+                        key="length") from None
     if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length < entries:
         shown = length if type(length) is int else f"a pickled {type(length).__name__}"  # never its repr:
-        raise DataError(f"{path}: key 'length' is {shown}, the file holds {entries} entries")  # deep or huge
+        raise DataError(f"key 'length' is {shown}, the file holds {entries} entries", path=path)  # deep or huge
     return length
 
 
@@ -175,9 +176,9 @@ def read_blob(env: lmdb.Environment, path: Path, index: int) -> bytes:
         with env.begin(buffers=False) as txn:
             blob = txn.get(key)
     except lmdb.Error as exc:
-        raise DataError(f"{path}: key '{index}': corrupt LMDB ({why(exc)})") from None
+        raise DataError(f"corrupt LMDB ({why(exc)})", path=path, key=index) from None
     if blob is None:
-        raise DataError(f"{path}: key '{index}' missing (the file's length says it holds it)")
+        raise DataError(f"key '{index}' missing (the file's length says it holds it)", path=path)
     return blob
 
 
@@ -191,15 +192,15 @@ def list_lmdb_files(folder: Path) -> list[Path]:
     """
     folder = Path(folder)
     if not folder.is_dir():
-        raise DataError(f"{folder}: dataset folder not found (expected *.lmdb files)")
+        raise DataError("dataset folder not found (expected *.lmdb files)", path=folder)
     root = folder.resolve()
     files = sorted(p for p in folder.glob("*.lmdb") if not p.name.startswith("."))
     for path in files:
         if path.is_symlink() and root not in path.resolve().parents:
-            raise DataError(f"{path}: symbolic link leads outside {folder}; copy the file instead")
+            raise DataError(f"symbolic link leads outside {folder}; copy the file instead", path=path)
     files = [p for p in files if p.is_file()]
     if not files:
-        raise DataError(f"{folder}: no *.lmdb files in the dataset folder")
+        raise DataError("no *.lmdb files in the dataset folder", path=folder)
     return files
 
 
@@ -233,7 +234,7 @@ def check_file(path: Path, full: bool) -> LmdbCheck:
     count = record_count(env, path)
     shape: tuple[int, ...] = ()
     for index in range(count if full else min(count, 1)):
-        record = decode_record(read_blob(env, path, index), f"{path}: key '{index}'")
+        record = decode_record(read_blob(env, path, index), Where(path, key=index))
         shape = shape or tuple(record["pos"].shape)
     return LmdbCheck(count, shape, path.stat().st_size)
 
@@ -266,8 +267,8 @@ def _put_all(env: lmdb.Environment, items: list[tuple[bytes, bytes]], path: Path
         except lmdb.MapFullError:
             size = 2 * env.info()["map_size"]
             if size > MAX_FILE_BYTES:
-                raise DataError(f"{path}: the records need an LMDB file over {MAX_FILE_BYTES} bytes, "
-                                "the largest the reader opens; write fewer records per file") from None
+                raise DataError(f"the records need an LMDB file over {MAX_FILE_BYTES} bytes, "
+                                "the largest the reader opens; write fewer records per file", path=path) from None
             env.set_mapsize(size)
 
 
@@ -367,7 +368,7 @@ class LmdbFolder:
         file_no, local = self.position(index)
         path = self.files[file_no]
         env = open_lmdb(path)
-        where = f"{path}: key '{local}'"
+        where = Where(path, key=local)
         fields = load_record(read_blob(env, path, local), where)
         checked_env, checked = self._checked.get(file_no, (None, set()))
         if checked_env is not env:

@@ -44,8 +44,8 @@ class _Pages:
         self.count = len(data) // psize
 
     def bad(self, pgno: int, what: str) -> DataError:
-        return DataError(f"{self.path}: corrupt LMDB file (page {pgno}: {what}); refused before "
-                         "reading it")
+        return DataError(f"corrupt LMDB file (page {pgno}: {what}); refused before "
+                         "reading it", path=self.path)
 
     def header(self, pgno: int, kinds: int) -> tuple[int, int, int]:
         """``(flags, lower, upper)`` of page ``pgno``, which must be inside the file, name
@@ -115,7 +115,7 @@ def verify_pages(path: Path) -> None:
     try:
         size = os.fstat(fd).st_size
         if size < 2 * 512:
-            raise DataError(f"{path}: not a readable LMDB file ({size} bytes)")
+            raise DataError(f"not a readable LMDB file ({size} bytes)", path=path)
         with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as data:
             _verify(data, path)
     finally:
@@ -126,12 +126,12 @@ def _verify(data: mmap.mmap, path: Path) -> None:
     first = _meta(data, 0)
     psize = first[1] if first else 0
     if first is None or psize < 512 or psize > 65536 or psize & (psize - 1):
-        raise DataError(f"{path}: not a readable LMDB file (no valid meta page)")
+        raise DataError("not a readable LMDB file (no valid meta page)", path=path)
     metas = [m for m in (first, _meta(data, psize)) if m is not None]
     _, _, root, last = max(metas, key=lambda m: m[0])
     pages = _Pages(data, psize, path)
     if last >= pages.count:
-        raise DataError(f"{path}: truncated LMDB file ({len(data)} bytes, its pages need {(last + 1) * psize})")
+        raise DataError(f"truncated LMDB file ({len(data)} bytes, its pages need {(last + 1) * psize})", path=path)
     if root == INVALID_PAGE:
         return
     todo, seen = [root], set()

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mlhpc.errors import DataError
+from mlhpc.errors import DataError, Where
 from mlhpc.text import clip
 
 from . import images
@@ -40,7 +40,7 @@ RADIUS_A = 6.0
 _INT32_MAX = 2**31 - 1
 
 
-def _numbers(value: Any, key: str, where: str) -> np.ndarray:
+def _numbers(value: Any, key: str, where: Where | str) -> np.ndarray:
     """A python number or (nested) sequence as a numpy array, after counting its entries
     against `MAX_TENSOR_ELEMENTS` (a pickle may nest one list in itself many times over)."""
     seen, todo = 0, [value]
@@ -48,93 +48,93 @@ def _numbers(value: Any, key: str, where: str) -> np.ndarray:
         item = todo.pop()
         seen += 1
         if seen > MAX_TENSOR_ELEMENTS:
-            raise DataError(f"{where}: {key} holds more than {MAX_TENSOR_ELEMENTS} numbers")
+            raise DataError.at(where, f"{key} holds more than {MAX_TENSOR_ELEMENTS} numbers")
         if isinstance(item, (list, tuple)):
             todo.extend(item)
     try:
         return np.asarray(value)
     except (ValueError, TypeError):
-        raise DataError(f"{where}: {key} is a ragged or non-numeric sequence") from None
+        raise DataError.at(where, f"{key} is a ragged or non-numeric sequence") from None
 
 
-def _array(fields: dict[str, Any], key: str, where: str) -> np.ndarray:
+def _array(fields: dict[str, Any], key: str, where: Where | str) -> np.ndarray:
     """``fields[key]`` as a numeric numpy array. Raises DataError (missing, non-numeric, over
     `MAX_TENSOR_ELEMENTS`)."""
     if key not in fields:
-        raise DataError(f"{where}: missing {key!r} (a training record holds {', '.join(REQUIRED_KEYS)})")
+        raise DataError.at(where, f"missing {key!r} (a training record holds {', '.join(REQUIRED_KEYS)})")
     value = fields[key]
     count = value.numel() if isinstance(value, torch.Tensor) else value.size if isinstance(value, np.ndarray) else 0
     if count > MAX_TENSOR_ELEMENTS:
-        raise DataError(f"{where}: {key} has shape {clip(str(tuple(value.shape)), 80)}, over the bound "
+        raise DataError.at(where, f"{key} has shape {clip(str(tuple(value.shape)), 80)}, over the bound "
                         f"of {MAX_TENSOR_ELEMENTS} numbers")
     if isinstance(value, torch.Tensor):
         if value.layout != torch.strided or value.is_quantized or value.is_complex() \
                 or value.dtype not in TENSOR_DTYPES:
-            raise DataError(f"{where}: {key} is a {value.layout} {value.dtype} tensor, expected a dense real "
+            raise DataError.at(where, f"{key} is a {value.layout} {value.dtype} tensor, expected a dense real "
                             "one of float64/32/16, bfloat16, int64/32/16/8, uint8 or bool")
         value = value.detach().cpu()
         value = value.float().numpy() if value.dtype in (torch.bfloat16, torch.float16) else value.numpy()
     elif isinstance(value, (int, float, bool, np.number, np.ndarray, list, tuple)):
         value = _numbers(value, key, where)
     else:
-        raise DataError(f"{where}: {key} is a {type(value).__name__}, expected a tensor or number")
+        raise DataError.at(where, f"{key} is a {type(value).__name__}, expected a tensor or number")
     if value.dtype.kind not in "biuf":
-        raise DataError(f"{where}: {key} has dtype {value.dtype}, expected a numeric tensor")
+        raise DataError.at(where, f"{key} has dtype {value.dtype}, expected a numeric tensor")
     return value
 
 
-def _shaped(fields: dict[str, Any], key: str, shape: tuple[int, ...], where: str) -> np.ndarray:
+def _shaped(fields: dict[str, Any], key: str, shape: tuple[int, ...], where: Where | str) -> np.ndarray:
     value = _array(fields, key, where)
     if value.shape != shape:
-        raise DataError(f"{where}: {key} has shape {clip(str(tuple(value.shape)), 80)}, expected {shape}")
+        raise DataError.at(where, f"{key} has shape {clip(str(tuple(value.shape)), 80)}, expected {shape}")
     return value
 
 
-def _finite(value: np.ndarray, key: str, where: str) -> np.ndarray:
+def _finite(value: np.ndarray, key: str, where: Where | str) -> np.ndarray:
     if value.dtype.kind == "f" and not np.isfinite(value).all():
-        raise DataError(f"{where}: {key} holds NaN or infinite values")
+        raise DataError.at(where, f"{key} holds NaN or infinite values")
     return value
 
 
-def _integral(value: np.ndarray, key: str, where: str, allowed: tuple[int, int]) -> np.ndarray:
+def _integral(value: np.ndarray, key: str, where: Where | str, allowed: tuple[int, int]) -> np.ndarray:
     """``value`` as int64 after checking every entry is a whole number within ``allowed``."""
     if value.dtype.kind == "f" and not (np.isfinite(value).all() and (value == np.round(value)).all()):
-        raise DataError(f"{where}: {key} holds non-integer values")
+        raise DataError.at(where, f"{key} holds non-integer values")
     out = value.astype(np.int64)
     if out.size and (out.min() < allowed[0] or out.max() > allowed[1]):
         bad = out[(out < allowed[0]) | (out > allowed[1])][0]
-        raise DataError(f"{where}: {key} holds {int(bad)}, expected {allowed[0]} .. {allowed[1]}")
+        raise DataError.at(where, f"{key} holds {int(bad)}, expected {allowed[0]} .. {allowed[1]}")
     return out
 
 
-def _cell(fields: dict[str, Any], n: int, where: str) -> np.ndarray:
+def _cell(fields: dict[str, Any], n: int, where: Where | str) -> np.ndarray:
     """float (1, 3, 3): the cell, checked for volume and for the periodic images of a search at
     the reference's radius (`images.check_images`; the distances too where no edges are stored,
     as the model then searches them itself)."""
     cell = _finite(_array(fields, "cell", where), "cell", where)
     if cell.shape not in ((1, 3, 3), (3, 3)):
-        raise DataError(f"{where}: cell has shape {clip(str(tuple(cell.shape)), 80)}, expected (1, 3, 3)")
+        raise DataError.at(where, f"cell has shape {clip(str(tuple(cell.shape)), 80)}, expected (1, 3, 3)")
     volume = abs(float(np.linalg.det(cell.reshape(3, 3).astype(np.float64))))
     if not volume >= MIN_CELL_VOLUME_A3:
-        raise DataError(f"{where}: cell volume {volume:.3g} A^3, under the {MIN_CELL_VOLUME_A3} A^3 of any "
+        raise DataError.at(where, f"cell volume {volume:.3g} A^3, under the {MIN_CELL_VOLUME_A3} A^3 of any "
                         "real structure (a zero or degenerate cell)")
     searched = 0 if "edge_index" in fields else n
     images.check_images(cell.reshape(3, 3), np.ones(3, dtype=bool), searched, RADIUS_A, where)
     return cell.astype(np.float32).reshape(1, 3, 3)
 
 
-def _atoms(fields: dict[str, Any], where: str) -> dict[str, torch.Tensor]:
+def _atoms(fields: dict[str, Any], where: Where | str) -> dict[str, torch.Tensor]:
     pos = _array(fields, "pos", where)
     if pos.ndim != 2 or pos.shape[1] != 3 or pos.shape[0] < 1 or pos.dtype.kind != "f":
-        raise DataError(f"{where}: pos has shape {clip(str(tuple(pos.shape)), 80)} dtype {pos.dtype}, "
+        raise DataError.at(where, f"pos has shape {clip(str(tuple(pos.shape)), 80)} dtype {pos.dtype}, "
                         "expected float (N, 3)")
     n = pos.shape[0]
     if n > MAX_RECORD_ATOMS:
-        raise DataError(f"{where}: pos holds {n} atoms, over the bound of {MAX_RECORD_ATOMS}")
+        raise DataError.at(where, f"pos holds {n} atoms, over the bound of {MAX_RECORD_ATOMS}")
     pos = _finite(pos, "pos", where)
     natoms = _array(fields, "natoms", where).reshape(-1)
     if natoms.size != 1 or int(_integral(natoms, "natoms", where, (1, MAX_RECORD_ATOMS))[0]) != n:
-        raise DataError(f"{where}: natoms is {natoms[:3].tolist()}, pos holds {n} atoms")
+        raise DataError.at(where, f"natoms is {natoms[:3].tolist()}, pos holds {n} atoms")
     numbers = _shaped(fields, "atomic_numbers", (n,), where)
     return {
         "atomic_numbers": torch.from_numpy(_integral(numbers, "atomic_numbers", where, (1, MAX_ATOMIC_NUMBER))),
@@ -146,37 +146,37 @@ def _atoms(fields: dict[str, Any], where: str) -> dict[str, torch.Tensor]:
     }
 
 
-def _labels(fields: dict[str, Any], n: int, where: str) -> dict[str, torch.Tensor]:
+def _labels(fields: dict[str, Any], n: int, where: Where | str) -> dict[str, torch.Tensor]:
     force = _finite(_shaped(fields, "force", (n, 3), where), "force", where)
     energy = _finite(_array(fields, "y", where), "y", where)
     if energy.size != 1:
-        raise DataError(f"{where}: y has shape {clip(str(tuple(energy.shape)), 80)}, expected one energy")
+        raise DataError.at(where, f"y has shape {clip(str(tuple(energy.shape)), 80)}, expected one energy")
     return {"forces": torch.from_numpy(force.astype(np.float32)),
             "energy": torch.tensor(float(energy.reshape(-1)[0]), dtype=torch.float32)}
 
 
-def _edges(fields: dict[str, Any], n: int, where: str) -> dict[str, torch.Tensor]:
+def _edges(fields: dict[str, Any], n: int, where: Where | str) -> dict[str, torch.Tensor]:
     has = [k for k in ("edge_index", "cell_offsets") if k in fields]
     if not has:
         return {}
     if len(has) == 1:
         other = "cell_offsets" if has[0] == "edge_index" else "edge_index"
-        raise DataError(f"{where}: {has[0]} stored without {other}")
+        raise DataError.at(where, f"{has[0]} stored without {other}")
     index = _array(fields, "edge_index", where)
     if index.ndim != 2 or index.shape[0] != 2:
-        raise DataError(f"{where}: edge_index has shape {clip(str(tuple(index.shape)), 80)}, expected (2, E)")
+        raise DataError.at(where, f"edge_index has shape {clip(str(tuple(index.shape)), 80)}, expected (2, E)")
     offsets = _shaped(fields, "cell_offsets", (index.shape[1], 3), where)
     index = _integral(index, "edge_index", where, (0, n - 1))
     per_centre = np.bincount(index[1], minlength=n)
     if per_centre.size and per_centre.max() > MAX_EDGES_PER_ATOM:
         centre = int(per_centre.argmax())
-        raise DataError(f"{where}: atom {centre} is the centre of {int(per_centre[centre])} stored edges, over "
+        raise DataError.at(where, f"atom {centre} is the centre of {int(per_centre[centre])} stored edges, over "
                         f"the {MAX_EDGES_PER_ATOM} nearest neighbours the preprocessing keeps")
     return {"edge_index": torch.from_numpy(index),
             "cell_offsets": torch.from_numpy(_integral(offsets, "cell_offsets", where, (-_INT32_MAX, _INT32_MAX)))}
 
 
-def validate_record(fields: dict[str, Any], where: str) -> dict[str, torch.Tensor]:
+def validate_record(fields: dict[str, Any], where: Where | str) -> dict[str, torch.Tensor]:
     """One record's attributes checked and converted to the tensors the model reads.
 
     Returns (N atoms, E stored edges):
@@ -233,6 +233,6 @@ def convert_checked(fields: dict[str, Any]) -> dict[str, torch.Tensor]:
     return out
 
 
-def decode_record(blob: bytes, where: str) -> dict[str, torch.Tensor]:
+def decode_record(blob: bytes, where: Where | str) -> dict[str, torch.Tensor]:
     """`load_record` then `validate_record`. Raises DataError naming ``where``."""
     return validate_record(load_record(blob, where), where)

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mlhpc.errors import DataError
+from mlhpc.errors import DataError, Where
 from mlhpc.text import clip, one_line
 
 #: Atoms a structure may hold (catalyst slabs with adsorbates hold tens to a few hundred).
@@ -325,13 +325,14 @@ class RecordUnpickler(_Unpickler):
         raise RefusedGlobal(f"persistent id {_shown(pid)}")
 
 
-def load_record(blob: bytes, where: str) -> dict[str, Any]:
+def load_record(blob: bytes, where: Where | str) -> dict[str, Any]:
     """The attribute dict of one pickled graph record, unpickled without running its code and
     without allocating more than its sizes allow (module doc).
 
     Args:
         blob: the LMDB value (a pickled torch_geometric ``Data``, either layout).
-        where: ``"FILE: key 'K'"``, put in front of every error.
+        where: the record, ``FILE: key 'K'`` (a `mlhpc.errors.Where`, kept as the error's fields), put
+            in front of every error.
 
     Returns:
         the record's attributes as stored (tensors, python numbers), not yet validated.
@@ -345,14 +346,14 @@ def load_record(blob: bytes, where: str) -> dict[str, Any]:
     try:
         obj = RecordUnpickler(io.BytesIO(blob)).load()
     except RefusedGlobal as exc:
-        raise DataError(f"{where}: refused global {exc} (not a graph record; a pickle may only "
+        raise DataError.at(where, f"refused global {exc} (not a graph record; a pickle may only "
                         f"name torch_geometric Data, torch tensors, numpy arrays)") from None
     except RefusedSize as exc:
-        raise DataError(f"{where}: refused {exc}") from None
+        raise DataError.at(where, f"refused {exc}") from None
     except Exception as exc:  # noqa: BLE001 - any corrupt stream: EOFError, UnpicklingError, ...
-        raise DataError(f"{where}: not a graph record ({type(exc).__name__}: {why(exc)})") from None
+        raise DataError.at(where, f"not a graph record ({type(exc).__name__}: {why(exc)})") from None
     if isinstance(obj, PygRecord) and not isinstance(obj, PygStorage):
         return obj.fields()
     if isinstance(obj, dict):
         return dict(obj)
-    raise DataError(f"{where}: not a graph record (a pickled {type(obj).__name__})")
+    raise DataError.at(where, f"not a graph record (a pickled {type(obj).__name__})")

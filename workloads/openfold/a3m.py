@@ -89,16 +89,16 @@ def _records(lines: Iterable[tuple[int, str]], source: str) -> Iterator[tuple[st
                 yield name, "".join(parts)
             name, parts, size = line[1:].strip(), [], 0
         elif name is None:
-            raise DataError(f"{source}: line {line_no}: sequence before the first '>' header "
-                            "(not an a3m file?)")
+            raise DataError(f"line {line_no}: sequence before the first '>' header "
+                            "(not an a3m file?)", path=source)
         else:
             size += len(line)
             if size > A3M_RECORD_BYTES:
-                raise DataError(f"{source}: line {line_no}: record {name[:40]!r} holds more than "
-                                f"the {A3M_RECORD_BYTES} characters an a3m row may hold")
+                raise DataError(f"line {line_no}: record {name[:40]!r} holds more than "
+                                f"the {A3M_RECORD_BYTES} characters an a3m row may hold", path=source)
             parts.append(line)
     if name is None:
-        raise DataError(f"{source}: no sequence (an a3m file holds '>' records, the query first)")
+        raise DataError("no sequence (an a3m file holds '>' records, the query first)", path=source)
     yield name, "".join(parts)
 
 
@@ -108,10 +108,10 @@ def _rows(records: Iterable[tuple[str, str]], source: str) -> Iterator[tuple[str
     for number, (name, raw) in enumerate(records, start=1):
         aligned, counts = _align_one(raw, source, number)
         if width is None and not aligned:
-            raise DataError(f"{source}: the query sequence is empty")
+            raise DataError("the query sequence is empty", path=source)
         if width is not None and len(aligned) != width:
-            raise DataError(f"{source}: sequence {number} ({name[:40]!r}) has {len(aligned)} match "
-                            f"columns, the query {width}; every a3m row must align to the query")
+            raise DataError(f"sequence {number} ({name[:40]!r}) has {len(aligned)} match "
+                            f"columns, the query {width}; every a3m row must align to the query", path=source)
         width = len(aligned) if width is None else width
         yield aligned, np.asarray(counts, dtype=np.int32)
 
@@ -122,11 +122,11 @@ def _lines(chunks: Iterable[bytes], source: str) -> Iterator[tuple[int, str]]:
     pending, number = b"", 0
     for chunk in chunks:
         if not chunk.isascii():
-            raise DataError(f"{source}: not an ASCII a3m file")
+            raise DataError("not an ASCII a3m file", path=source)
         *lines, pending = (pending + chunk).split(b"\n")
         if len(pending) > A3M_RECORD_BYTES:
-            raise DataError(f"{source}: line {number + len(lines) + 1} is longer than the "
-                            f"{A3M_RECORD_BYTES} characters an a3m row may hold")
+            raise DataError(f"line {number + len(lines) + 1} is longer than the "
+                            f"{A3M_RECORD_BYTES} characters an a3m row may hold", path=source)
         for line in lines:
             number += 1
             yield number, line.decode("ascii")
@@ -161,8 +161,8 @@ def _align_one(raw: str, source: str, number: int) -> tuple[str, list[int]]:
             counts.append(pending)
             pending = 0
         elif char != ".":
-            raise DataError(f"{source}: sequence {number}: character {char!r} is not an a3m "
-                            "letter (A-Z, a-z, '-', '.')")
+            raise DataError(f"sequence {number}: character {char!r} is not an a3m "
+                            "letter (A-Z, a-z, '-', '.')", path=source)
     return "".join(aligned), counts
 
 
@@ -192,7 +192,7 @@ def read_msa(paths: list[Path], max_rows: int | None, root: Path | None = None) 
         with closing(file_rows(path, root)) as stream:
             for number, (sequence, counts) in enumerate(stream):
                 if number == 0 and rows and sequence != rows[0]:
-                    raise DataError(f"{path}: its query differs from that of {paths[0]}")
+                    raise DataError(f"its query differs from that of {paths[0]}", path=path)
                 if max_rows is not None and len(rows) >= max_rows:
                     break
                 if sequence not in seen:
@@ -217,7 +217,7 @@ def merge(msas: list[Msa]) -> Msa:
     deletions: list[np.ndarray] = []
     for msa in msas:
         if msa.sequences[0] != query:
-            raise DataError(f"{msa.source}: its query differs from that of {msas[0].source}")
+            raise DataError(f"its query differs from that of {msas[0].source}", path=msa.source)
         for sequence, counts in zip(msa.sequences, msa.deletion_matrix):
             if sequence not in seen:
                 seen.add(sequence)

@@ -65,8 +65,8 @@ def inside(path: Path, root: Path, what: str) -> Path:
     """
     target = resolved(path)
     if not is_under(target, resolved(root)):
-        raise DataError(f"{path}: {what} is reached through a symbolic link out of the data "
-                        f"tree {root} (to {target}); refused: copy it into the tree")
+        raise DataError(f"{what} is reached through a symbolic link out of the data "
+                        f"tree {root} (to {target}); refused: copy it into the tree", path=path)
     return path
 
 
@@ -123,13 +123,13 @@ def chain_entry(split_dir: Path, chain_dir: Path) -> ChainEntry:
     inside(chain_dir, split_dir, "alignment folder")
     pdb_id, _, chain_id = chain_dir.name.rpartition("_")
     if not pdb_id or not chain_id:
-        raise DataError(f"{chain_dir}: an alignment folder is named <pdb_id>_<chain_id>")
+        raise DataError("an alignment folder is named <pdb_id>_<chain_id>", path=chain_dir)
     files = a3m_files(chain_dir, split_dir)
     if not files:
-        raise DataError(f"{chain_dir}: no *.a3m alignment")
+        raise DataError("no *.a3m alignment", path=chain_dir)
     cif = mmcif_path(split_dir, pdb_id)
     if cif is None:
-        raise DataError(f"{chain_dir}: no {MMCIF_DIR}/{pdb_id}.cif for this alignment")
+        raise DataError(f"no {MMCIF_DIR}/{pdb_id}.cif for this alignment", path=chain_dir)
     return ChainEntry(cif, chain_id, files, Path(split_dir))
 
 
@@ -143,14 +143,14 @@ def list_chains(split_dir: Path) -> list[ChainEntry]:
     split_dir = Path(split_dir)
     for name in (MMCIF_DIR, ALIGNMENT_DIR):
         if not (split_dir / name).is_dir():
-            raise DataError(f"{split_dir}: no {name}/ folder (an OpenFold split holds "
-                            f"{MMCIF_DIR}/ and {ALIGNMENT_DIR}/)")
+            raise DataError(f"no {name}/ folder (an OpenFold split holds "
+                            f"{MMCIF_DIR}/ and {ALIGNMENT_DIR}/)", path=split_dir)
         inside(split_dir / name, split_dir, f"{name}/ folder")
     entries = [chain_entry(split_dir, chain_dir)
                for chain_dir in sorted((split_dir / ALIGNMENT_DIR).iterdir())
                if not chain_dir.name.startswith(".") and chain_dir.is_dir()]
     if not entries:
-        raise DataError(f"{split_dir / ALIGNMENT_DIR}: no chain alignment folder")
+        raise DataError("no chain alignment folder", path=split_dir / ALIGNMENT_DIR)
     return entries
 
 
@@ -181,8 +181,8 @@ def read_raw(entry: ChainEntry, max_templates: int = 0, max_msa_rows: int | None
     chain = mmcif.read_chain(entry.mmcif, entry.chain_id, entry.root)
     msa = a3m.read_msa(list(entry.a3m_files), max_msa_rows, entry.root)
     if msa.sequences[0] != chain.sequence:
-        raise DataError(f"{entry.a3m_files[0]}: the query ({len(msa.sequences[0])} residues) is "
-                        f"not the sequence of {chain.source} ({len(chain.sequence)} residues)")
+        raise DataError(f"the query ({len(msa.sequences[0])} residues) is "
+                        f"not the sequence of {chain.source} ({len(chain.sequence)} residues)", path=entry.a3m_files[0])
     return RawChain(chain.aatype, chain.residue_index, chain.atom_positions, chain.atom_mask,
                     msa.msa(), msa.deletion_matrix, chain.resolution_A,
                     _templates(entry, len(chain.aatype), max_templates))
@@ -197,10 +197,10 @@ def check_length(entry: ChainEntry, residues: int, bound: int | None) -> None:
         DataError: one line naming the chain's mmCIF file, chain id and length.
     """
     if bound is not None and residues > bound:
-        raise DataError(f"{entry.mmcif}: validation chain {entry.chain_id} has {residues} residues, "
+        raise DataError(f"validation chain {entry.chain_id} has {residues} residues, "
                         f"over model.val_max_sequence_length {bound} (the longest chain evaluated "
                         "whole; the reference's validation chains hold at most 700): leave it out "
-                        "of the validation split")
+                        "of the validation split", path=entry.mmcif)
 
 
 class OpenFoldDataset(WorkloadDataset):
@@ -224,7 +224,7 @@ class OpenFoldDataset(WorkloadDataset):
                  seed: int = 0, limit: int | None = None) -> None:
         self.entries = list_chains(split_dir)
         if limit is not None and limit > len(self.entries):
-            raise DataError(f"{split_dir}: {len(self.entries)} chains, the config asks for {limit}")
+            raise DataError(f"{len(self.entries)} chains, the config asks for {limit}", path=split_dir)
         self.entries = self.entries[:limit] if limit is not None else self.entries
         self.sizes = sizes if train else FeatureSizes(None, sizes.max_msa_clusters,
                                                       sizes.max_extra_msa, sizes.max_templates,

@@ -57,8 +57,8 @@ class OpenFoldDataTools(DataTools):
         """``mmcif`` when the split holds ``mmcif_files/`` and ``alignments/``. Raises DataError."""
         for name in (MMCIF_DIR, ALIGNMENT_DIR):
             if not (Path(split_dir) / name).is_dir():
-                raise DataError(f"{split_dir}: no {name}/ folder (an OpenFold split holds "
-                                f"{MMCIF_DIR}/ and {ALIGNMENT_DIR}/)")
+                raise DataError(f"no {name}/ folder (an OpenFold split holds "
+                                f"{MMCIF_DIR}/ and {ALIGNMENT_DIR}/)", path=split_dir)
         return FORMAT
 
     def file_group(self, path: str) -> str:
@@ -97,7 +97,7 @@ class OpenFoldDataTools(DataTools):
                 continue
             files = a3m_files(inside(chain_dir, split_dir, "alignment folder"), split_dir)
             if not files:
-                raise DataError(f"{chain_dir}: no *.a3m alignment")
+                raise DataError("no *.a3m alignment", path=chain_dir)
             entries.append(ChainEntry(Path(path), chain_id, files, split_dir))
         return entries
 
@@ -123,8 +123,8 @@ class OpenFoldDataTools(DataTools):
             chain = mmcif.read_chain(path, entry.chain_id, split_dir)
             query = a3m.read_msa([entry.a3m_files[0]], 1, split_dir).sequences[0]
             if query != chain.sequence:
-                raise DataError(f"{entry.a3m_files[0]}: the query is not the sequence of "
-                                f"{chain.source}")
+                raise DataError("the query is not the sequence of "
+                                f"{chain.source}", path=entry.a3m_files[0])
             check_length(entry, len(chain.sequence), bound)
         if not entries:
             mmcif.read_block(path, split_dir)
@@ -132,13 +132,13 @@ class OpenFoldDataTools(DataTools):
 
     def convert_file(self, path: Path, fmt: str, out_dir: Path, to: str) -> list[tuple[Path, int]]:
         """No conversion: the reader takes mmCIF and a3m as they are. Raises DataError."""
-        raise DataError(f"{path}: OpenFold data are read as mmCIF + a3m; there is nothing to convert to")
+        raise DataError("OpenFold data are read as mmCIF + a3m; there is nothing to convert to", path=path)
 
     def list_raw(self, raw_dir: Path) -> list[Path]:
         """No raw form to prepare from. Raises DataError."""
-        raise DataError(f"{raw_dir}: OpenFold data are prepared by the reference's scripts "
+        raise DataError("OpenFold data are prepared by the reference's scripts "
                         "(mmCIF files and OpenProteinSet alignments); put them in the layout of "
-                        "docs/openfold.md")
+                        "docs/openfold.md", path=raw_dir)
 
 
 DATA_TOOLS = OpenFoldDataTools()

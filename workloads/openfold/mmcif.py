@@ -95,12 +95,12 @@ def read_block(path: Path, root: Path | None = None):
         return gemmi.cif.read_string(raw).sole_block()
     except (RuntimeError, ValueError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise DataError(f"{path}: not a readable mmCIF file ({reason[:200]})") from None
+        raise DataError(f"not a readable mmCIF file ({reason[:200]})", path=path) from None
 
 
 def _text_only(path: Path, raw: bytes) -> None:
     if b"\0" in raw:
-        raise DataError(f"{path}: not a readable mmCIF file (a NUL byte: not text)")
+        raise DataError("not a readable mmCIF file (a NUL byte: not text)", path=path)
 
 
 def chain_ids(path: Path, root: Path | None = None) -> list[str]:
@@ -123,7 +123,7 @@ def read_chain(path: Path, chain_id: str, root: Path | None = None) -> ProteinCh
     source = f"{path}:{chain_id}"
     chain = next((c for c in structure[0] if c.name == chain_id), None) if len(structure) else None
     if chain is None or not len(chain.get_polymer()):
-        raise DataError(f"{path}: no polymer chain {chain_id!r} in the first model")
+        raise DataError(f"no polymer chain {chain_id!r} in the first model", path=path)
     residues = chain.get_polymer()
     names = _full_sequence(structure, residues)
     positions = np.zeros((len(names), ATOM_TYPE_NUM, 3), dtype=np.float32)
@@ -153,9 +153,9 @@ def _structure(path: Path, block):
         structure = gemmi.make_structure_from_block(block)
         structure.setup_entities()
     except (RuntimeError, ValueError) as exc:
-        raise DataError(f"{path}: not a readable mmCIF structure ({exc})") from None
+        raise DataError(f"not a readable mmCIF structure ({exc})", path=path) from None
     if not len(structure) or not any(len(chain) for chain in structure[0]):
-        raise DataError(f"{path}: no atoms (no _atom_site rows; a truncated file?)")
+        raise DataError("no atoms (no _atom_site rows; a truncated file?)", path=path)
     return structure
 
 

@@ -73,7 +73,7 @@ def parse_hhr(text: str, source: str) -> list[TemplateHit]:
     for line in text.splitlines() + ["No end"]:
         if line.startswith("No ") and (name is not None or pairs):
             if name is None:
-                raise DataError(f"{source}: a hit without a '>' line")
+                raise DataError("a hit without a '>' line", path=source)
             hits.append(TemplateHit(name, np.asarray(pairs, dtype=np.int64).reshape(-1, 2)))
             name, pairs = None, []
         elif line.startswith(">"):
@@ -83,7 +83,7 @@ def parse_hhr(text: str, source: str) -> list[TemplateHit]:
             if match.group(1) == "Q":
                 query = match
             elif query is None or len(match.group(4)) != len(query.group(4)):
-                raise DataError(f"{source}: hit {name!r}: template and query lines differ in length")
+                raise DataError(f"hit {name!r}: template and query lines differ in length", path=source)
             else:
                 starts = (_residue_number(query.group(3), source, name),
                           _residue_number(match.group(3), source, name))
@@ -94,8 +94,8 @@ def parse_hhr(text: str, source: str) -> list[TemplateHit]:
 def _residue_number(text: str, source: str, name: str | None) -> int:
     """A 1-based residue number of an alignment line, within 1 .. `MAX_RESIDUE_NUMBER`."""
     if not text.isascii() or not text.isdecimal() or len(text) > 9 or not 1 <= int(text) <= MAX_RESIDUE_NUMBER:
-        raise DataError(f"{source}: hit {name!r}: residue number {text[:20]!r} is not within "
-                        f"1 .. {MAX_RESIDUE_NUMBER}")
+        raise DataError(f"hit {name!r}: residue number {text[:20]!r} is not within "
+                        f"1 .. {MAX_RESIDUE_NUMBER}", path=source)
     return int(text)
 
 
@@ -104,9 +104,9 @@ def _hit_name(line: str, source: str, number: int) -> str:
     words = line[1:].split()
     name = words[0] if words else ""
     if not HIT_NAME.fullmatch(name):
-        raise DataError(f"{source}: hit {number}: template name {name[:80]!r} is not a PDB entry "
+        raise DataError(f"hit {number}: template name {name[:80]!r} is not a PDB entry "
                         "and chain id (<pdb_id>_<chain_id>: letters, digits, '_' or '-'); names "
-                        "read from data are never paths")
+                        "read from data are never paths", path=source)
     return name
 
 
@@ -131,7 +131,7 @@ def hit_features(hit: TemplateHit, query_length: int, mmcif: Path,
     chain = read_chain(mmcif, hit.name.rpartition("_")[2], root)
     pairs = hit.pairs
     if len(pairs) and (pairs[:, 0].max() >= query_length or pairs[:, 1].max() >= len(chain.aatype)):
-        raise DataError(f"{mmcif}: template {hit.name} aligned beyond the query or the chain")
+        raise DataError(f"template {hit.name} aligned beyond the query or the chain", path=mmcif)
     aatype = np.full(query_length, MSA_GAP_INDEX, dtype=np.int64)
     positions = np.zeros((query_length, 37, 3), dtype=np.float32)
     mask = np.zeros((query_length, 37), dtype=np.float32)
