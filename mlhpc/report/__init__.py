@@ -17,7 +17,7 @@ Modules, one step each:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rich.console import Group
@@ -123,7 +123,7 @@ def run_report(paths: list[Path], options: ReportOptions | None = None) -> Outco
         raise ConfigError(f"--valid-flops-exponent {exc}") from None
     report = build_report(paths, compliance=options.compliance, ruleset=options.ruleset,
                           valid_flops_exponent=exponent)
-    report.price_per_node_hour, report.price_per_kwh = (_price(report, options, name) for name in PRICE_KEYS)
+    report = replace(report, **{name: _price(report, options, name) for name in PRICE_KEYS})
     output = (tables(report, options.level, options.wide, options.width) if options.fmt == "table"
               else render(report, options.fmt, options.level))
     outcome = Outcome(report=report, output=output)

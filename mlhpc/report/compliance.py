@@ -22,13 +22,15 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlhpc import rules
 from mlhpc.data.files import make_private_dir, write_text_atomic
 from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import ConfigError, DataError
 from mlhpc.log.parse import TOKEN, ParsedLog
+from mlhpc.log.summary import official_start_stop
 
-SUPPORTED_RULESETS = ("1.0.0", "2.0.0", "3.0.0")
-DEFAULT_RULESET = "3.0.0"
+#: The ruleset mlhpc's own logs are checked against: `mlhpc.rules`' current one.
+DEFAULT_RULESET = rules.ruleset().version
 _ROUND_RE = re.compile(r"(?:^|[_\-/])v(\d+)\.(\d+)(?:$|[_\-/])")
 _lock = threading.Lock()
 _memory: dict[tuple[str, str, str], "Verdict"] = {}
@@ -41,6 +43,16 @@ class Verdict:
     ok: bool
     ruleset: str
     messages: tuple[str, ...] = ()
+
+
+@functools.lru_cache(maxsize=1)
+def supported_rulesets() -> tuple[str, ...]:
+    """The rulesets of `mlhpc.rules.RULESETS` for which the installed mlperf_logging ships hpc
+    compliance rules (``compliance_checker/hpc_<ruleset>/common.yaml``): 1.0.0, 2.0.0 and 3.0.0
+    with mlperf-logging 4.1 (none for 0.7.0: the v0.7 round had no hpc rules there)."""
+    from mlhpc.log.mlperf_adapter import rules_dir
+
+    return tuple(v for v in rules.RULESETS if (rules_dir(v) / "common.yaml").is_file())
 
 
 @functools.lru_cache(maxsize=1)
@@ -68,7 +80,7 @@ def ruleset_of_round(round_: str | None) -> str | None:
     if round_ is None:
         return DEFAULT_RULESET
     candidate = round_.lstrip("v") + ".0"
-    return candidate if candidate in SUPPORTED_RULESETS else None
+    return candidate if candidate in supported_rulesets() else None
 
 
 def not_checked_reason(round_: str | None) -> str:
@@ -80,16 +92,84 @@ def ruleset_for(path: Path | str, override: str | None = None) -> str | None:
 
     ``override`` wins; otherwise the round named in the path (``hpc_results_v1.0`` -> ``1.0.0``,
     ``v2.0`` -> ``2.0.0``; ``v0.7`` -> ``None``: mlperf_logging ships no hpc ruleset for it);
-    otherwise ``3.0.0`` (the rules mlhpc's own logs follow).
+    otherwise `DEFAULT_RULESET` (the rules mlhpc's own logs follow).
 
     Raises:
-        ConfigError: ``override`` is not one of `SUPPORTED_RULESETS`.
+        ConfigError: ``override`` is not one of `supported_rulesets`.
     """
     if override is not None:
-        if override not in SUPPORTED_RULESETS:
-            raise ConfigError(f"--ruleset {override}: expected one of {', '.join(SUPPORTED_RULESETS)}")
+        if override not in supported_rulesets():
+            raise ConfigError(f"--ruleset {override}: expected one of {', '.join(supported_rulesets())}")
         return override
     return ruleset_of_round(round_of(path))
+
+
+@dataclass(frozen=True)
+class FolderCheck:
+    """How a result folder's logs are checked, decided once per folder.
+
+    Attributes:
+        enabled: run the compliance checker on each log (result_summarizer does).
+        ruleset: the hpc ruleset (`ruleset_for`); ``None``: mlperf_logging has none for the round.
+        note: why there is none (`not_checked_reason`), else ``None``.
+    """
+
+    enabled: bool
+    ruleset: str | None
+    note: str | None = None
+
+
+def folder_check(folder: Path, round_: str | None, v07: bool, override: str | None,
+                 enabled: bool) -> FolderCheck:
+    """The `FolderCheck` of ``folder``: `ruleset_for` its path and ``override``, except that a
+    folder of the v0.7 layout (no strong/weak level) has none unless ``override`` names one.
+    ``round_``: the round folder the layout names (``hpc_results_v0.7``), for the note.
+
+    Raises:
+        ConfigError: ``override`` is not one of `supported_rulesets`.
+    """
+    ruleset = None if v07 and override is None else ruleset_for(folder, override)
+    if ruleset is not None:
+        return FolderCheck(enabled, ruleset)
+    return FolderCheck(enabled, None, not_checked_reason(round_of(round_ or "") or round_))
+
+
+@dataclass(frozen=True)
+class RunCheck:
+    """One log's verdict as result_summarizer takes it.
+
+    Attributes:
+        compliant: the checker's verdict (``None``: not checked).
+        messages: the checker's messages, or why the log was not checked.
+        drop: why the run does not count (compliance, parse error, run_start or run_stop
+            missing), else ``None``.
+    """
+
+    compliant: bool | None
+    messages: tuple[str, ...]
+    drop: str | None
+
+
+def run_check(parsed: ParsedLog, check: FolderCheck) -> RunCheck:
+    """`check_run` of one log under ``check`` and the reason result_summarizer drops it, if it
+    does: fails compliance, has a malformed record line, lacks run_start or run_stop
+    (``_query_run_start_stop``); the first of these that applies. Never raises."""
+    compliant, messages, reason = None, (), None
+    if check.enabled and check.ruleset is not None:
+        verdict = check_run(parsed, check.ruleset)
+        compliant, messages = verdict.ok, verdict.messages
+        if not verdict.ok:
+            reason = "fails compliance: " + (verdict.messages[0] if verdict.messages else "?")
+    elif check.enabled:
+        messages = (check.note or "",)
+    start, stop = official_start_stop(parsed.events)
+    if reason is None and parsed.malformed:
+        reason = f"parse error: {parsed.malformed[0].message}"
+    if reason is None and start is None:
+        reason = "run_start not recorded"
+    if reason is None and stop is None:
+        reason = "run_stop not recorded"
+    return RunCheck(compliant, messages, reason)
 
 
 def _cache_dir() -> Path:

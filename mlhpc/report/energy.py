@@ -15,10 +15,10 @@ window) gives no energy, with the reason; it never gives a guess.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mlperf_logging.mllog import constants
 
@@ -176,59 +176,78 @@ def energy_between(energy: RunEnergy, start_ms: float, stop_ms: float) -> float 
     return total
 
 
-def attach_energy(run: "RunSummary", log: Path, events: list[Event]) -> None:
-    """Set ``run``'s energy fields from the power logs beside ``log`` (`run_energy`), with the
+def with_energy(run: "RunSummary", log: Path, events: list[Event]) -> "RunSummary":
+    """``run`` with its energy fields from the power logs beside ``log`` (`run_energy`), with the
     time to train as result_summarizer takes it (`official_start_stop`) and each epoch's energy
-    from the epoch records of ``events``."""
+    from the epoch records of ``events``: ``power_note`` always, ``energy_to_train_j`` (J),
+    ``mean_power_w`` (W), ``node_energy_j`` and ``mean_epoch_energy_j`` (J) where measured. A new
+    `RunSummary`; ``run`` is not changed."""
     from mlhpc.log.summary import _pair, official_start_stop
 
     start, stop = official_start_stop(events)
     ttt_ms = None if start is None or stop is None else stop - start
     energy = run_energy(log, ttt_ms)
-    run.power_note = energy.note
     if energy.energy_j is None or not ttt_ms:
-        return
-    run.energy_to_train_j = energy.energy_j
-    run.mean_power_w = energy.energy_j / (ttt_ms / 1000.0)
-    run.node_energy_j = dict(energy.node_energy_j)
+        return replace(run, power_note=energy.note)
     begin = next((i for i, e in enumerate(events) if e.key == "run_start"), -1)
     end = next((i for i, e in enumerate(events) if e.key == "run_stop"), len(events))
     epochs = [energy_between(energy, iv.start_ms, iv.stop_ms)
               for iv in _pair(events[begin + 1:end], "epoch_start", "epoch_stop")]
-    if epochs and all(e is not None for e in epochs):
-        run.mean_epoch_energy_j = sum(epochs) / len(epochs)  # type: ignore[arg-type]
+    per_epoch = sum(epochs) / len(epochs) if epochs and all(e is not None for e in epochs) else None  # type: ignore[arg-type]
+    return replace(run, power_note=energy.note, energy_to_train_j=energy.energy_j,
+                   mean_power_w=energy.energy_j / (ttt_ms / 1000.0), node_energy_j=dict(energy.node_energy_j),
+                   mean_epoch_energy_j=per_epoch)
 
 
-def score_energy(result: Any, scored: list[tuple["RunSummary", float, float]], max_dropped: int = 1) -> None:
-    """Set ``result.energy_olympic_j`` (``result``: a `mlhpc.report.score.FolderResult`) as
-    result_summarizer computes the power score: ``_index_olympic_average`` (strong) or
-    ``_compute_olympic_average(power_scores, 1, 1)`` (weak). ``scored``: the counted runs."""
-    energies = [run.energy_to_train_j for run, _, _ in scored]
+@dataclass(frozen=True)
+class FolderEnergy:
+    """A result folder's energy score: ``energy_j`` (joules; None: no score) and the notes that
+    say why there is none or what it leaves out."""
+
+    energy_j: float | None
+    notes: tuple[str, ...] = ()
+
+
+def folder_energy(counted: list[tuple["RunSummary", float, float]], runs: list["RunSummary"], kind: str,
+                  dropped: int, max_dropped: int, scaling_factor: float) -> FolderEnergy:
+    """The energy score of a result folder as result_summarizer computes the power score:
+    ``_index_olympic_average`` (strong: the runs' energies in the order of their times to train,
+    the same drop as the score, times ``scaling_factor``) or ``_compute_olympic_average(power_scores,
+    1, 1)`` (weak: the lowest dropped, no factor).
+
+    Args:
+        counted: the runs that count, ``(run, run_start_ms, run_stop_ms)``.
+        runs: every run of the folder (a measured run that does not count is named in a note).
+        kind: ``"strong"``, ``"weak"`` or ``"runs"``.
+        dropped / max_dropped: runs dropped, and how many the ruleset allows.
+        scaling_factor: ``scaling.json``'s factor.
+    """
+    energies = [run.energy_to_train_j for run, _, _ in counted]
     measured = [e for e in energies if e is not None]
-    shared = next((run.power_note for run, _, _ in scored
+    shared = next((run.power_note for run, _, _ in counted
                    if run.power_note and run.power_note.startswith(SHARED_NOTE_PREFIX)), None)
-    if shared:
-        result.notes.append(f"energy: {shared}")
+    notes = (f"energy: {shared}",) if shared else ()
     if not measured:
-        others = sum(run.energy_to_train_j is not None for run in result.runs)
+        others = sum(run.energy_to_train_j is not None for run in runs)
         if others:  # measured, but only on runs that do not count: no contradiction with the table
-            result.notes.append(f"energy: measured for {others} run(s) that the score does not count; "
-                                "no counted run has power readings, so no energy score")
-        elif result.kind == "runs" and result.runs:
-            result.notes.append(f"{POWER_NOTE_PREFIX}: no power readings (power/result_N/node_K.txt), "
-                                "energy not measured")
-        return
+            return FolderEnergy(None, notes + (f"energy: measured for {others} run(s) that the score does not "
+                                               "count; no counted run has power readings, so no energy score",))
+        if kind == "runs" and runs:
+            return FolderEnergy(None, notes + (f"{POWER_NOTE_PREFIX}: no power readings "
+                                               "(power/result_N/node_K.txt), energy not measured",))
+        return FolderEnergy(None, notes)
     if len(measured) < len(energies):
-        result.notes.append(f"energy: {len(energies) - len(measured)} of {len(energies)} counted runs "
-                            "have no power readings; no energy score")
-        return
-    if result.kind == "weak":  # _compute_olympic_average(power_scores, 1, 1): the lowest dropped
+        return FolderEnergy(None, notes + (f"energy: {len(energies) - len(measured)} of {len(energies)} counted "
+                                           "runs have no power readings; no energy score",))
+    if kind == "weak":  # _compute_olympic_average(power_scores, 1, 1): the lowest dropped
         kept = sorted(measured)[1:]
-    elif len(result.dropped) > max_dropped:
-        return
+    elif dropped > max_dropped:
+        return FolderEnergy(None, notes)
     else:  # _index_olympic_average: in the order of the times to train, the same drop as the score
-        order = sorted(range(len(scored)), key=lambda i: scored[i][2] - scored[i][1])
+        order = sorted(range(len(counted)), key=lambda i: counted[i][2] - counted[i][1])
         ordered = [measured[i] for i in order]
-        kept = ordered[max_dropped:len(ordered) - (max_dropped - len(result.dropped))]
-    if kept:  # result_summarizer scales the strong power score, not the weak one
-        result.energy_olympic_j = sum(kept) / len(kept) * (1.0 if result.kind == "weak" else result.scaling_factor)
+        kept = ordered[max_dropped:len(ordered) - (max_dropped - dropped)]
+    if not kept:
+        return FolderEnergy(None, notes)
+    # result_summarizer scales the strong power score, not the weak one
+    return FolderEnergy(sum(kept) / len(kept) * (1.0 if kind == "weak" else scaling_factor), notes)

@@ -6,9 +6,9 @@ Layout and fields follow MLCommons' submission rules as their checkers read them
     ORG/results/SYSTEM/strong/<benchmark>/result_<i>.txt     i = 0, 1, ... per benchmark
     ORG/systems/SYSTEM.json                                   every required system field
 
-The system description is filled from the runs' ``env_N.json`` (or ``env.json``): CPU model
+The system description is filled from the runs' ``env_N.json``: CPU model
 and count, GPU names and count, OS, Python/torch versions, git commit; and from their
-``config_N.yaml`` (or ``config.yaml``): ``submission: {org, platform, division, status}``.
+``config_N.yaml``: ``submission: {org, platform, division, status}``.
 Fields nothing in a run folder tells (interconnect, cooling, ...) are left empty, as published
 submissions do. ``ORG/benchmarks/<benchmark>/implementations/mlhpc/`` holds the source that
 ran (the mlhpc harness, the workload's package and the runs' configs): result_summarizer's
@@ -21,7 +21,8 @@ The destination is checked as every data command checks its own
 user that nobody else can write; everything is written through folders opened without
 following links (`mlhpc.data.files.write_under`), copies no wider than their sources.
 
-`check_package` runs ``python -m mlperf_logging.package_checker ORG hpc 3.0.0`` on a scratch copy
+`check_package` runs ``python -m mlperf_logging.package_checker ORG hpc <ruleset>`` (default
+`mlhpc.rules`' current one, 3.0.0) on a scratch copy
 (the checker writes ``scaling.json`` into what it checks), as a submitter would: without
 ``--rcp-bypass`` unless asked, and the result records which.
 """
@@ -41,6 +42,7 @@ from typing import Any
 
 import yaml
 
+from mlhpc import rules
 from mlhpc.data.files import (
     PRIVATE_FILE_MODE,
     copy_mode,
@@ -57,7 +59,7 @@ from mlhpc.report.energy import POWER_DIR, is_power_log, power_folder
 from mlhpc.log.mlperf_adapter import package_checker_command
 from mlhpc.log.parse import MAX_LOG_BYTES, parse_log
 from mlhpc.log.summary import RunSummary, is_resumed, summarize_run, superseded_logs
-from mlhpc.report.score import RESULT_RE, _natural, sidecars
+from mlhpc.report.folders import RESULT_RE, natural, sidecars
 from mlhpc.text import clip
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+\-]*$")
@@ -99,7 +101,7 @@ class PackageResult:
 
 
 def _sidecar(log: Path, stem: str, suffix: str) -> Path | None:
-    """``<stem>_<N><suffix>`` beside ``result_<N>.txt``, else ``<stem><suffix>`` in the folder."""
+    """``<stem>_<N><suffix>`` beside ``result_<N>.txt`` (`mlhpc.report.folders.sidecars`), else None."""
     return next(iter(sidecars(log, stem, suffix)), None)
 
 
@@ -185,7 +187,7 @@ def _find_logs(run_dirs: list[Path | str]) -> list[Path]:
         if path.is_file():
             logs.append(path)
         elif path.is_dir():
-            logs.extend(sorted((p for p in path.iterdir() if RESULT_RE.match(p.name)), key=_natural))
+            logs.extend(sorted((p for p in path.iterdir() if RESULT_RE.match(p.name)), key=natural))
         else:
             raise ConfigError(f"--package: run folder {path} does not exist")
     if not logs:
@@ -402,7 +404,7 @@ def _write_system(result: PackageResult, sub: _Submission) -> None:
                                      PRIVATE_FILE_MODE)
 
 
-def check_package(result: PackageResult, ruleset: str = "3.0.0", timeout_s: float = 300.0,
+def check_package(result: PackageResult, ruleset: str = rules.ruleset().version, timeout_s: float = 300.0,
                   rcp_bypass: bool = False) -> PackageResult:
     """Run ``python -m mlperf_logging.package_checker ORG hpc <ruleset>`` (with ``--rcp-bypass``
     only when ``rcp_bypass``) on a scratch copy of the package and record its verdict in

@@ -27,36 +27,38 @@ continues (`mlhpc.log.summary.superseded_logs`), which is not a failed run of th
 
 mlhpc's own run folders (any other folder holding ``result_*.txt``) are scored like a strong
 result and shown run by run.
+
+Each step is a function that returns what it computes: `mlhpc.report.folders` gives the folder's
+layout, system description, runs and which of them count (`Verdicts`); `score_strong` and
+`score_weak` a `Score`; `mlhpc.report.rcp.check_folder` an RCP verdict;
+`mlhpc.report.energy.folder_energy` and `mlhpc.report.validflops.folder_valid_flops` the energy
+and Valid FLOPS; `score_folder` decides the folder's kind once, then assembles one
+`FolderResult` from those values.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from mlhpc import rules
-from mlhpc.data.inputs import read_text_input
-from mlhpc.errors import DataError, LogFormatError
-from mlhpc.report.compliance import check_run, not_checked_reason, round_of, ruleset_for
-from mlhpc.report.energy import attach_energy, score_energy
-from mlhpc.log.parse import ParsedLog, file_kind, parse_log, read_scaling_factor
+from mlhpc.log.parse import read_scaling_factor
+from mlhpc.log.summary import RunSummary, superseded_logs
+from mlhpc.report.compliance import folder_check
+from mlhpc.report.energy import folder_energy
+from mlhpc.report.folders import (Layout, Verdicts, find_result_folders, folder_kind, judge, layout_of, read_log,
+                                  system_description)
 from mlhpc.report.rcp import RcpVerdict, check_folder
-from mlhpc.log.summary import (RunSummary, is_resumed, official_instance_scale, official_start_stop,
-                               summarize_run, superseded_logs)
-from mlhpc.report.validflops import DEFAULT_EXPONENT, attach_valid_flops, folder_valid_flops
-
-RESULT_RE = re.compile(r"^result_.*\.txt$")
-PRUNED = "pruned_results"
+from mlhpc.report.validflops import DEFAULT_EXPONENT, folder_valid_flops
 
 
 @dataclass
 class FolderResult:
-    """One result folder and its score.
+    """One result folder and its score, built once by `score_folder` from the values each step
+    returns (layout, system description, runs and their verdicts, score, RCP verdict, energy,
+    Valid FLOPS) and never changed after.
 
     Attributes:
         path: the folder.
@@ -66,8 +68,8 @@ class FolderResult:
             from the logs.
         division: ``closed``/``open`` (the logs' ``submission_division``, else the system
             description's).
-        ruleset: the hpc ruleset the logs were checked against (``None``: mlperf_logging has
-            none for the round; ``ruleset_note`` then says so).
+        ruleset: the hpc ruleset the logs were checked against (default `mlhpc.rules`' current
+            one; ``None``: mlperf_logging has none for the round; ``ruleset_note`` then says so).
         runs: one `RunSummary` per ``result_*.txt``, sorted by file name.
         dropped: ``{file: reason}`` for runs that do not count (compliance, parse, no stop).
         scaling_factor: from ``scaling.json`` (1.0 when absent).
@@ -93,7 +95,7 @@ class FolderResult:
     system: str | None = None
     benchmark: str | None = None
     division: str | None = None
-    ruleset: str | None = "3.0.0"
+    ruleset: str | None = rules.ruleset().version
     ruleset_note: str | None = None
     runs: list[RunSummary] = field(default_factory=list)
     dropped: dict[str, str] = field(default_factory=dict)
@@ -160,9 +162,10 @@ class FolderResult:
         return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class Report:
-    """Everything `build_report` found: folders in path order, and how long it took."""
+    """Everything `build_report` found: folders in path order, and how long it took; the prices
+    of the cost to train are given when it is made (`mlhpc.report.run_report`)."""
 
     folders: list[FolderResult]
     compliance_checked: bool
@@ -211,187 +214,83 @@ def _int_or_none(value: Any) -> int | None:
         return None
 
 
-def _layout(folder: Path) -> tuple[str, str | None, str | None, str | None, str | None]:
-    """kind, round, submitter, system, benchmark from the MLCommons layout (or "runs").
+@dataclass(frozen=True)
+class Score:
+    """A folder's score: strong (``olympic_min``, ``raw_olympic_min``, minutes) or weak
+    (``ttta_min`` minutes, ``number_of_models``, ``models_per_min``, ``instance_scale``), and the
+    notes saying why a score is missing or what it leaves out."""
 
-    v1.0 and later: ``<round>/<submitter>/results/<system>/{strong,weak}/<benchmark>``; v0.7:
-    ``<round>/<submitter>/results/<system>/<benchmark>`` (time to train only). The round is the
-    folder above the submitter (``hpc_results_v1.0``); the layout without a scaling level is
-    round v0.7 whatever the folder is called.
-    """
-    parts = folder.parts
-    if len(parts) >= 4 and parts[-2] in ("strong", "weak") and parts[-4] == "results":
-        submitter = parts[-5] if len(parts) >= 5 else None
-        round_ = parts[-6] if len(parts) >= 6 else None
-        return parts[-2], round_, submitter, parts[-3], parts[-1]
-    if len(parts) >= 4 and parts[-3] == "results":
-        round_ = parts[-5] if len(parts) >= 5 and round_of(parts[-5]) == "v0.7" else "v0.7"
-        return "strong", round_, parts[-4], parts[-2], parts[-1]
-    return "runs", None, None, None, None
+    olympic_min: float | None = None
+    raw_olympic_min: float | None = None
+    ttta_min: float | None = None
+    number_of_models: int | None = None
+    models_per_min: float | None = None
+    instance_scale: int | None = None
+    notes: tuple[str, ...] = ()
 
 
-def find_result_folders(paths: Iterable[Path | str]) -> list[tuple[Path, list[Path]]]:
-    """Every folder under ``paths`` holding ``result_*.txt`` files, with those files (sorted).
-
-    A file path names its own folder with just that file. ``pruned_results`` folders are skipped.
-
-    Raises:
-        LogFormatError: a path does not exist, or holds no ``result_*.txt`` at all.
-    """
-    found: dict[Path, list[Path]] = {}
-    for raw in paths:
-        path = Path(raw)
-        kind = file_kind(path)
-        if kind == "file":
-            found.setdefault(path.parent, []).append(path)
-            continue
-        if kind != "a folder":
-            raise LogFormatError(f"{path}: {kind}")
-        before = len(found)
-        for root, dirs, files in os.walk(path):
-            dirs[:] = sorted(d for d in dirs if d != PRUNED and not d.startswith("."))
-            logs = sorted(Path(root) / f for f in files if RESULT_RE.match(f))
-            if logs:
-                found.setdefault(Path(root), []).extend(logs)
-        if len(found) == before:
-            raise LogFormatError(f"{path}: no result_*.txt found in this folder or below")
-    return [(folder, sorted(set(files), key=_natural)) for folder, files in found.items()]
+def score_strong(times_min: list[float], dropped: int, max_dropped: int, scaling_factor: float) -> Score:
+    """result_summarizer's strong-scaling score of the counted runs' times to train
+    (``times_min``, minutes) with ``dropped`` runs dropped: invalid past ``max_dropped``, else the
+    olympic mean (`compute_olympic_average`) times ``scaling_factor``."""
+    if dropped > max_dropped:
+        return Score(notes=(f"invalid: {dropped} runs dropped (at most {max_dropped} allowed)",))
+    average = compute_olympic_average(times_min, dropped, max_dropped)
+    if average is None:
+        return Score(notes=(f"no olympic mean: {len(times_min)} scored runs",))
+    return Score(olympic_min=average * scaling_factor, raw_olympic_min=average)
 
 
-def _natural(path: Path) -> tuple[Any, ...]:
-    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.name))
+def score_weak(spans_ms: list[tuple[float, float]], instance_scale: int | None, needed: int,
+               system_desc: Mapping[str, Any]) -> Score:
+    """result_summarizer's weak-scaling score of the counted runs ``(run_start_ms, run_stop_ms)``
+    (`weak_throughput`), none below ``needed`` models; a note when the models times
+    ``instance_scale`` exceed the nodes (accelerators) of the system description."""
+    models, notes = len(spans_ms), []
+    ttta_min = per_min = None
+    if spans_ms and models >= needed:
+        ttta_min, per_min = weak_throughput(spans_ms)
+    else:
+        notes.append(f"not enough converging weak-scaling runs: {models} < {needed}")
+    nodes = _int_or_none(system_desc.get("number_of_nodes"))
+    per_node = _int_or_none(system_desc.get("accelerators_per_node"))
+    if nodes and instance_scale and models and models * instance_scale > nodes * max(per_node or 0, 1):
+        unit = "nodes" if (per_node or 0) == 0 else "accelerators"
+        notes.append(f"warning: {models} models x {instance_scale} {unit} each (instance scale as logged) "
+                     f"exceed the {nodes * max(per_node or 0, 1)} {unit} of the system description")
+    return Score(ttta_min=ttta_min, number_of_models=models, models_per_min=per_min,
+                 instance_scale=instance_scale, notes=tuple(notes))
 
 
-def _system_desc(folder: Path, kind: str, system: str | None, v07: bool, notes: list[str]) -> dict[str, Any]:
-    if kind == "runs" or system is None:
-        return {}
-    desc = folder.parents[2 if v07 else 3] / "systems" / f"{system}.json"
-    try:  # the one reader: a link out of the submitter's tree, a FIFO or a huge file refused
-        data = json.loads(read_text_input(desc, root=desc.parents[1], what="system description"))
-    except (DataError, ValueError, RecursionError) as exc:
-        notes += [f"system description not read: {exc}"] if os.path.lexists(desc) else []
-        return {}
-    return data if isinstance(data, dict) else {}
+@dataclass(frozen=True)
+class Names:
+    """What a folder is called where the layout does not say: benchmark and division (and for an
+    mlhpc run folder system and submitter) from the logs, else the system description."""
+
+    benchmark: str | None
+    division: str | None
+    system: str | None
+    submitter: str | None
 
 
-def sidecars(log: Path, stem: str, suffix: str) -> list[Path]:
-    """The files beside ``result_<N>.txt`` that belong to its run: ``<stem>_<N><suffix>`` then the
-    folder's ``<stem><suffix>``, those that exist, in that order (mlhpc writes ``summary_N.json``,
-    ``config_N.yaml``, ``env_N.json`` per run; older run folders hold one of each)."""
-    match = re.match(r"^result_(.+)\.txt$", log.name)
-    candidates = ([log.parent / f"{stem}_{match.group(1)}{suffix}"] if match else []) + [log.parent / f"{stem}{suffix}"]
-    return [candidate for candidate in candidates if candidate.is_file()]
+def names_of(folder: Path, layout: Layout, runs: tuple[RunSummary, ...], desc: Mapping[str, Any]) -> Names:
+    """The `Names` of ``folder``: the layout's, else the first log that names each."""
+    division = next((r.division for r in runs if r.division), None) or (
+        str(desc.get("division")) if desc.get("division") else None)
+    benchmark = layout.benchmark or next((r.benchmark for r in runs if r.benchmark), None)
+    if not layout.own:
+        return Names(benchmark, division, layout.system, layout.submitter)
+    return Names(benchmark, division, next((r.platform for r in runs if r.platform), folder.name),
+                 next((r.org for r in runs if r.org), None))
 
 
-def _run_target(log: Path) -> float | None:
-    """The target an mlhpc run trained to: ``summary_<N>.json`` (or ``summary.json``) beside it."""
-    data = None
-    for candidate in sidecars(log, "summary", ".json"):
-        try:
-            data = json.loads(read_text_input(candidate, root=log.parent, what="run summary"))
-            break
-        except (DataError, ValueError, RecursionError):
-            continue
-    value = data.get("target") if isinstance(data, dict) else None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _new_result(folder: Path, ruleset: str | None) -> FolderResult:
-    """An empty `FolderResult` for ``folder``: its place in the layout, ruleset, system description."""
-    kind, round_, submitter, system, benchmark = _layout(folder)
-    v07 = kind == "strong" and folder.parts[-3] == "results"
-    result = FolderResult(path=str(folder), kind=kind, round=round_, submitter=submitter,
-                          system=system, benchmark=benchmark,
-                          ruleset=None if v07 and ruleset is None else ruleset_for(folder, ruleset))
-    if result.ruleset is None:
-        result.ruleset_note = not_checked_reason(round_of(round_ or "") or round_)
-    result.system_desc = _system_desc(folder, kind, system, v07, result.notes)
-    return result
-
-
-def _drop_reason(result: FolderResult, parsed: ParsedLog, run: RunSummary, compliance: bool) -> str | None:
-    """Why ``run`` does not count, as result_summarizer drops it (compliance, parse error,
-    run_start or run_stop missing), else None. Records the compliance verdict on ``run``."""
-    reason = None
-    if compliance and result.ruleset is not None:
-        verdict = check_run(parsed, result.ruleset)
-        run.compliant, run.compliance_messages = verdict.ok, list(verdict.messages)
-        if not verdict.ok:
-            reason = "fails compliance: " + (verdict.messages[0] if verdict.messages else "?")
-    elif compliance:
-        run.compliance_messages = [result.ruleset_note or ""]
-    if reason is None and parsed.malformed:
-        reason = f"parse error: {parsed.malformed[0].message}"
-    start, stop = official_start_stop(parsed.events)
-    if reason is None and start is None:
-        reason = "run_start not recorded"
-    if reason is None and stop is None:
-        reason = "run_stop not recorded"
-    return reason
-
-
-@dataclass
-class _Tally:
-    """The runs of a folder that count: ``(run, run_start_ms, run_stop_ms)``, and the instance
-    scales seen (the first counted weak-scaling one, and each counted log's)."""
-
-    scored: list[tuple[RunSummary, float, float]] = field(default_factory=list)
-    scale_seen: int | None = None
-    scales: dict[str, int | None] = field(default_factory=dict)
-
-
-def _weak_scale_reason(result: FolderResult, parsed: ParsedLog, path: Path, tally: _Tally) -> str | None:
-    """A weak-scaling log without an instance scale is dropped; one whose scale differs from the
-    first is noted."""
-    scale = official_instance_scale(parsed.events)
-    if scale is None:
-        return "number_of_nodes or accelerators_per_node not recorded"
-    if tally.scale_seen is None:
-        tally.scale_seen = scale
-    elif scale != tally.scale_seen:
-        result.notes.append(f"{path.name}: instance scale {scale} differs from {tally.scale_seen}")
-    return None
-
-
-def _read_runs(result: FolderResult, files: list[Path], compliance: bool, exponent: float) -> _Tally:
-    """Parse and summarize every log into ``result.runs``; keep resumed runs apart, drop the
-    runs that do not count (``result.dropped``) and return those that do."""
-    tally = _Tally()
-    superseded = superseded_logs(files)  # stopped attempts that a resumed log continues
-    for path in files:
-        parsed = parse_log(path, root=path.parent)  # no link out of the folder, no FIFO
-        run = summarize_run(parsed, target=_run_target(path) if result.kind == "runs" else None)
-        attach_energy(run, path, parsed.events)
-        attach_valid_flops(run, path, parsed.events, exponent)
-        result.runs.append(run)
-        if is_resumed(parsed) or path.name in superseded:  # kept apart: never an ordinary run
-            result.resumed.append(str(path))
-            continue
-        reason = _drop_reason(result, parsed, run, compliance)
-        if reason is None and result.kind == "weak":
-            reason = _weak_scale_reason(result, parsed, path, tally)
-        if reason is not None:
-            result.dropped[str(path)] = reason
-            continue
-        start, stop = official_start_stop(parsed.events)
-        tally.scored.append((run, start, stop))  # type: ignore[arg-type]
-        tally.scales[str(path)] = official_instance_scale(parsed.events)
-    return tally
-
-
-def _name_from_runs(result: FolderResult, folder: Path) -> None:
-    """Benchmark, division (and for mlhpc run folders system and submitter) from the logs where
-    the layout does not give them; the note on resumed runs kept apart."""
-    if result.benchmark is None:
-        result.benchmark = next((r.benchmark for r in result.runs if r.benchmark), None)
-    result.division = next((r.division for r in result.runs if r.division), None) or (
-        str(result.system_desc.get("division")) if result.system_desc.get("division") else None)
-    if result.kind == "runs":
-        result.system = next((r.platform for r in result.runs if r.platform), folder.name)
-        result.submitter = next((r.org for r in result.runs if r.org), None)
-    if result.resumed:
-        result.notes.append(f"{len(result.resumed)} resumed run(s) kept apart, not scored: "
-                            + ", ".join(Path(p).name for p in result.resumed))
+def folder_rcp(folder: Path, files: list[Path], verdicts: Verdicts, names: Names, ruleset: str | None) -> RcpVerdict:
+    """rcp_checker's verdict on the folder's logs that are not kept apart (`mlhpc.report.rcp`);
+    not checked where the folder holds resumed runs."""
+    if verdicts.resumed:
+        return RcpVerdict(None, "not checked: the folder holds resumed runs")
+    return check_folder(folder, benchmark=names.benchmark, ruleset=ruleset, division=names.division,
+                        files=[Path(p) for p in files if str(p) not in verdicts.resumed])
 
 
 def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
@@ -406,67 +305,47 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
         ruleset: hpc ruleset override (default: from the path, see `ruleset_for`).
         valid_flops_exponent: the n of HPC AI500's quality penalty (`mlhpc.report.validflops`).
 
+    Returns:
+        a `FolderResult`, built once from the values each step returns.
+
     Raises:
         LogFormatError: a log or ``scaling.json`` cannot be read.
+        ConfigError: an unknown ruleset.
     """
-    result = _new_result(folder, ruleset)
-    tally = _read_runs(result, files, compliance, valid_flops_exponent)
-    _name_from_runs(result, folder)
-    result.scaling_factor = read_scaling_factor(folder)
-
-    own_throughput = result.kind == "runs" and len({r.instance_id for r in result.runs}) > 1 and all(
-        r.instance_id is not None for r in result.runs)
-    if own_throughput:  # an mlhpc throughput run (--instances K): one log per model instance
-        result.kind = "weak"
-        tally.scale_seen = next((v for v in tally.scales.values() if v is not None), None)
-    if result.kind == "weak":
-        table = rules.of_round(result.ruleset, result.round).runs
-        needed = 1 if own_throughput else table.get(result.benchmark or "", 1)
-        _score_weak(result, tally.scored, tally.scale_seen, needed)
+    layout = layout_of(folder)
+    check = folder_check(folder, layout.round, layout.v07, ruleset, compliance)
+    desc = system_description(folder, layout)
+    superseded = superseded_logs(files)  # stopped attempts that a resumed log continues
+    logs = [read_log(path, layout.own, valid_flops_exponent) for path in files]
+    kind = folder_kind(layout, [log.run for log in logs])
+    verdicts = judge(logs, superseded, check, layout.scaling == "weak")
+    names = names_of(folder, layout, verdicts.runs, desc.data)
+    scaling_factor = read_scaling_factor(folder)
+    table = rules.of_round(check.ruleset, layout.round)
+    if kind == "weak":
+        needed = 1 if layout.own else table.runs.get(names.benchmark or "", 1)
+        score = score_weak([(c.start_ms, c.stop_ms) for c in verdicts.counted], verdicts.instance_scale,
+                           needed, desc.data)
+        rcp = None
     else:
-        _score_strong(result, tally.scored, folder, [Path(p) for p in files if str(p) not in result.resumed])
-    score_energy(result, tally.scored, rules.of_round(result.ruleset, result.round).max_dropped)
-    folder_valid_flops(result)
-    return result
-
-
-def _score_weak(result: FolderResult, scored: list[tuple[RunSummary, float, float]],
-                scale_seen: int | None, needed: int) -> None:
-    result.number_of_models = len(scored)
-    result.instance_scale = scale_seen
-    if scored and len(scored) >= needed:
-        result.ttta_min, result.models_per_min = weak_throughput([(s, t) for _, s, t in scored])
-    else:
-        result.notes.append(f"not enough converging weak-scaling runs: {len(scored)} < {needed}")
-    nodes = _int_or_none(result.system_desc.get("number_of_nodes"))
-    per_node = _int_or_none(result.system_desc.get("accelerators_per_node"))
-    if nodes and scale_seen and result.number_of_models:
-        available = nodes * max(per_node or 0, 1)
-        if result.number_of_models * scale_seen > available:
-            unit = "nodes" if (per_node or 0) == 0 else "accelerators"
-            result.notes.append(
-                f"warning: {result.number_of_models} models x {scale_seen} {unit} each (instance scale as "
-                f"logged) exceed the {available} {unit} of the system description")
-
-
-def _score_strong(result: FolderResult, scored: list[tuple[RunSummary, float, float]], folder: Path,
-                  files: list[Path]) -> None:
-    scores = [(stop - start) / 60 / 1000 for _, start, stop in scored]
-    dropped, max_dropped = len(result.dropped), rules.of_round(result.ruleset, result.round).max_dropped
-    if dropped > max_dropped:
-        result.notes.append(f"invalid: {dropped} runs dropped (at most {max_dropped} allowed)")
-    else:
-        average = compute_olympic_average(scores, dropped, max_dropped)
-        if average is None:
-            result.notes.append(f"no olympic mean: {len(scores)} scored runs")
-        else:
-            result.raw_olympic_min = average
-            result.olympic_min = average * result.scaling_factor
-    if result.resumed:
-        result.rcp = RcpVerdict(None, "not checked: the folder holds resumed runs")
-    else:
-        result.rcp = check_folder(folder, benchmark=result.benchmark, ruleset=result.ruleset,
-                                  division=result.division, files=files)
+        score = score_strong([(c.stop_ms - c.start_ms) / 60 / 1000 for c in verdicts.counted],
+                             len(verdicts.dropped), table.max_dropped, scaling_factor)
+        rcp = folder_rcp(folder, files, verdicts, names, check.ruleset)
+    energy = folder_energy([(c.run, c.start_ms, c.stop_ms) for c in verdicts.counted], list(verdicts.runs),
+                           kind, len(verdicts.dropped), table.max_dropped, scaling_factor)
+    flops = folder_valid_flops([r for r in verdicts.runs if r.path not in verdicts.resumed], kind, score.ttta_min)
+    resumed_note = (f"{len(verdicts.resumed)} resumed run(s) kept apart, not scored: "
+                    + ", ".join(Path(p).name for p in verdicts.resumed),) if verdicts.resumed else ()
+    return FolderResult(
+        path=str(folder), kind=kind, round=layout.round, submitter=names.submitter, system=names.system,
+        benchmark=names.benchmark, division=names.division, ruleset=check.ruleset, ruleset_note=check.note,
+        runs=list(verdicts.runs), dropped=dict(verdicts.dropped), scaling_factor=scaling_factor,
+        olympic_min=score.olympic_min, raw_olympic_min=score.raw_olympic_min, ttta_min=score.ttta_min,
+        number_of_models=score.number_of_models, models_per_min=score.models_per_min,
+        instance_scale=score.instance_scale, rcp=rcp, resumed=list(verdicts.resumed),
+        notes=[*desc.notes, *verdicts.notes, *resumed_note, *score.notes, *energy.notes],
+        system_desc=dict(desc.data), energy_olympic_j=energy.energy_j,
+        valid_flops_per_s=flops[0], valid_flops_per_w=flops[1])
 
 
 def build_report(paths: Iterable[Path | str], *, compliance: bool = True, ruleset: str | None = None,
@@ -477,7 +356,7 @@ def build_report(paths: Iterable[Path | str], *, compliance: bool = True, rulese
         paths: round trees, submitter trees, result folders, mlhpc run folders or single logs.
         compliance: run the official compliance checker per log (needed for official scores;
             about 3 ms per log).
-        ruleset: force an hpc ruleset (``"1.0.0"``, ``"2.0.0"``, ``"3.0.0"``).
+        ruleset: force an hpc ruleset (one of `mlhpc.report.compliance.supported_rulesets`).
         valid_flops_exponent: the n of HPC AI500's quality penalty (default 5).
 
     Returns:

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -226,35 +226,34 @@ def _missing(run: "RunSummary", per_sample: float | None, source: str, samples: 
     return None
 
 
-def attach_valid_flops(run: "RunSummary", log: Path, events: list[Event],
-                       exponent: float = DEFAULT_EXPONENT) -> None:
-    """Set ``run.valid_flops`` from the figures of the log (its ``events``) and the FLOPs per
-    sample its side file or the reference table gives (`flops_per_sample`)."""
+def with_valid_flops(run: "RunSummary", log: Path, events: list[Event],
+                     exponent: float = DEFAULT_EXPONENT) -> "RunSummary":
+    """``run`` with ``valid_flops`` (a `ValidFlops`) from the figures of the log (its ``events``),
+    its energy fields (`mlhpc.report.energy.with_energy`) and the FLOPs per sample its side file
+    or the reference table gives (`flops_per_sample`). A new `RunSummary`; ``run`` is not changed."""
     per_sample, source = flops_per_sample(run, log)
-    run.valid_flops = valid_flops(run, per_sample, source, samples_trained(run, events), exponent)
+    return replace(run, valid_flops=valid_flops(run, per_sample, source, samples_trained(run, events), exponent))
 
 
-def folder_valid_flops(result: Any) -> None:
-    """Set a result folder's Valid FLOPS and Valid FLOPS per watt (``result``: a scored
-    `mlhpc.report.score.FolderResult`) from its runs that have one (a run that missed its target
-    counts, penalised; resumed runs do not). Strong scaling (one model after another): the mean
-    over those runs, per watt only when every one had power measured. Weak scaling (models
-    trained at once): the system's figure, every model's valid FLOPs (Valid FLOPS x its time to
-    train) over TTTa (first run_start to last run_stop); no per-watt figure (the models' node
-    power files overlap)."""
-    runs = [r for r in result.runs if r.path not in result.resumed and r.valid_flops is not None
-            and r.valid_flops.valid_flops_per_s is not None]
+def folder_valid_flops(runs: list["RunSummary"], kind: str,
+                       ttta_min: float | None) -> tuple[float | None, float | None]:
+    """A result folder's ``(Valid FLOPS, Valid FLOPS per watt)`` in FLOP/s and FLOP/s per W
+    (None where there is none) from ``runs`` (its runs that count for the figure, resumed runs
+    left out) that have one; a run that missed its target counts, penalised. ``kind``
+    ``"strong"``/``"runs"`` (one model after another): the mean over those runs, per watt only
+    when every one had power measured. ``"weak"`` (models trained at once): the system's figure,
+    every model's valid FLOPs (Valid FLOPS x its time to train) over TTTa (``ttta_min``, first
+    run_start to last run_stop); no per-watt figure (the models' node power files overlap)."""
+    runs = [r for r in runs if r.valid_flops is not None and r.valid_flops.valid_flops_per_s is not None]
     if not runs:
-        return
-    if result.kind == "weak":
-        if result.ttta_min:
-            done = sum(r.valid_flops.valid_flops_per_s * r.time_to_train_s for r in runs)
-            result.valid_flops_per_s = done / (result.ttta_min * 60.0)
-        return
-    result.valid_flops_per_s = sum(r.valid_flops.valid_flops_per_s for r in runs) / len(runs)
+        return None, None
+    if kind == "weak":
+        if not ttta_min:
+            return None, None
+        return sum(r.valid_flops.valid_flops_per_s * r.time_to_train_s for r in runs) / (ttta_min * 60.0), None
+    per_s = sum(r.valid_flops.valid_flops_per_s for r in runs) / len(runs)
     per_w = [r.valid_flops.valid_flops_per_w for r in runs]
-    if all(w is not None for w in per_w):
-        result.valid_flops_per_w = sum(per_w) / len(per_w)
+    return per_s, (sum(per_w) / len(per_w) if all(w is not None for w in per_w) else None)
 
 
 def exponent_of(runs: list["RunSummary"]) -> float:

@@ -27,7 +27,8 @@ from mlhpc.data.inputs import SIDE_FILE_BYTES, read_input, read_text_input
 from mlhpc.errors import DataError, LogFormatError
 from mlhpc.log.parse import ParsedLog, decode_log, read_log
 from mlhpc.log.summary import RunSummary
-from mlhpc.report.score import FolderResult, find_result_folders, score_folder, sidecars
+from mlhpc.report.folders import find_result_folders, sidecars
+from mlhpc.report.score import FolderResult, score_folder
 from mlhpc.store import schema
 from mlhpc.store.engine import Store, retrying
 
