@@ -66,6 +66,56 @@ class Parts:
     def scheduler(self) -> Any:
         return self.step.scheduler
 
+    def state_dict(self) -> dict[str, Any]:
+        """What carries across attempts (torchtitan's ``Stateful``): the weights, the optimizer's
+        and the schedule's state, the evaluations so far and torch's random state."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "history": list(self.history),
+                "torch_rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load what `state_dict` gave (the weights only when ``state`` holds ``"model"``: a
+        resumed run's weights were loaded into the model when it was built, `seeded_model`).
+
+        Raises:
+            RuntimeError, ValueError, KeyError: as torch's ``load_state_dict`` (the caller,
+                `mlhpc.run.checkpoint.restore`, names the checkpoint).
+        """
+        if "model" in state:
+            self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.history = list(state.get("history", []))
+        if state.get("torch_rng") is not None:
+            torch.set_rng_state(state["torch_rng"])
+
+
+@dataclass(frozen=True)
+class Seeded:
+    """The run's model, built once per attempt right after seeding (`seeded_model`), and the
+    random state its construction left (``random``, NumPy, torch), which `build` restores so that
+    everything after it draws as though the model had been built there."""
+
+    model: torch.nn.Module
+    rng: tuple[Any, Any, torch.Tensor]
+
+
+def seeded_model(job: Job) -> Seeded:
+    """Seed (`seed_everything`, the instance's seed) and build the config's model once; with a
+    run to resume, its saved weights are loaded into it here (`mlhpc.run.checkpoint.restore`),
+    before anything is written.
+
+    Raises:
+        ConfigError: the model cannot be built, or the checkpoint's weights do not fit it.
+    """
+    seed_everything(job.seed)
+    model = job.workload.build_model(job.config.model)
+    rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    if job.resume is not None:
+        checkpoint.restore({"model": job.resume.state.model}, model,
+                           source=f"--resume {job.resume.source}")
+    return Seeded(model, rng)
+
 
 def stage(job: Job, log: ComplianceLog) -> staging.StagingResult | None:
     """staging_start .. staging_stop: every rank of the job stages (None: read in place).
@@ -121,13 +171,15 @@ def tool_job(config: Config, workload: Workload, rt: Runtime) -> Job:
 
 
 def build(job: Job, staged: staging.StagingResult | None, lbs: int, *,
-          precision_name: str | None = None) -> Parts:
+          seeded: Seeded | None = None, precision_name: str | None = None) -> Parts:
     """Datasets, model, optimizer, loaders and the training step (compiled and wrapped once,
     `mlhpc.run.step.wrap_model`); restored from a checkpoint. The one assembly of a run's parts:
     `mlhpc.run.train`, `mlhpc.run.profile` and benchmarks/throughput.py all call it.
 
     Args:
         lbs: the local batch size (samples per rank per micro-step).
+        seeded: the model `seeded_model` built for this attempt (a tool that runs no attempt
+            passes none: it is built here).
         precision_name: ``"fp32"`` or ``"bf16"`` to override the precision ``train.amp`` gives
             (`mlhpc.run.step.precision`); the throughput benchmark measures bf16 on any device.
 
@@ -140,8 +192,11 @@ def build(job: Job, staged: staging.StagingResult | None, lbs: int, *,
     train_ds, eval_ds = workload.datasets(config, rt, data_dir)
     if len(train_ds) == 0 or len(eval_ds) == 0:
         raise DataError(f"{data_dir}: no training or validation samples found")
-    seed_everything(job.seed)
-    model = workload.build_model(config.model)
+    seeded = seeded or seeded_model(job)
+    random.setstate(seeded.rng[0])
+    np.random.set_state(seeded.rng[1])
+    torch.set_rng_state(seeded.rng[2])
+    model = seeded.model
     sampler = build_train_sampler(train_ds, rt, config, staged)
     options = dict(num_workers=config.data.num_workers, device=rt.device)
     train_loader = loader.device_loader(train_ds, lbs, sampler=sampler, **options)
@@ -153,14 +208,17 @@ def build(job: Job, staged: staging.StagingResult | None, lbs: int, *,
     step = Step(wrap_model(model, rt, config.train.compile), workload.build_loss(config), optimizer,
                 scheduler, precision_name or precision(config.train.amp, rt.device), rt.device,
                 config.train.gradient_accumulation_steps)
-    parts = Parts(model, step, train_ds, eval_ds, sampler, train_loader, eval_loader, lbs, staged,
-                  flops, train_samples=sampler.global_samples,
+    parts = Parts(model=model, step=step, train_ds=train_ds, eval_ds=eval_ds, train_sampler=sampler,
+                  train_loader=train_loader, eval_loader=eval_loader, local_batch_size=lbs,
+                  staged=staged, flops=flops, train_samples=sampler.global_samples,
                   eval_samples=sampling.global_count(len(eval_ds), rt, sharded(staged),
                                                      recorded_counts(staged, 1)),
                   padded_samples=sampler.padded_samples)
-    if job.resume is not None:
-        checkpoint.restore(job.resume.state, model, optimizer, scheduler)
-        parts.history = list(job.resume.state.history)
+    if job.resume is not None:  # the weights are in since `seeded_model`; the rest now
+        state = job.resume.state
+        checkpoint.restore({"optimizer": state.optimizer, "scheduler": state.scheduler,
+                            "history": state.history, "torch_rng": state.torch_rng}, parts,
+                           source=f"--resume {job.resume.source}")
     return parts
 
 

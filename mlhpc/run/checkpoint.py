@@ -186,13 +186,14 @@ def absolute_paths(tree: dict[str, Any], base: Path) -> dict[str, Any]:
 
 def capture(config: Config, parts: Any, epoch: int, step: int, result_file: str | None,
             elapsed_s: float) -> CheckpointState:
-    """The state to save: ``parts`` (`mlhpc.run.assemble.Parts`) holds ``model``,
-    ``optimizer``, ``scheduler`` and the evaluations so far (``history``)."""
+    """The state to save: ``parts``' own (`mlhpc.run.assemble.Parts.state_dict`: weights,
+    optimizer, schedule, evaluations so far, torch's random state) and where the run re-enters."""
+    own = parts.state_dict()
     return CheckpointState(
         config=absolute_paths(config.to_dict(), Path.cwd()), epoch=epoch, step=step,
-        history=list(parts.history), result_file=result_file, elapsed_s=elapsed_s,
-        model=parts.model.state_dict(), optimizer=parts.optimizer.state_dict(),
-        scheduler=parts.scheduler.state_dict(), torch_rng=torch.get_rng_state())
+        history=own["history"], result_file=result_file, elapsed_s=elapsed_s,
+        model=own["model"], optimizer=own["optimizer"], scheduler=own["scheduler"],
+        torch_rng=own["torch_rng"])
 
 
 def save(path: Path, state: CheckpointState) -> None:
@@ -211,19 +212,16 @@ def save(path: Path, state: CheckpointState) -> None:
         raise OutputError(f"{path}: cannot write checkpoint ({exc.strerror or exc})") from None
 
 
-def restore(state: CheckpointState, model: torch.nn.Module, optimizer: Any, scheduler: Any,
-            source: str = "checkpoint") -> None:
-    """Load the saved weights, optimizer and scheduler state and the torch RNG.
+def restore(state: dict[str, Any], into: Any, source: str = "checkpoint") -> None:
+    """``into.load_state_dict(state)``: a model (its weights) or the run's parts
+    (`mlhpc.run.assemble.Parts.load_state_dict`: optimizer, schedule, evaluations, random state).
 
     Raises:
-        ConfigError: the saved tensors do not fit the model the config builds (names, shapes).
+        ConfigError: the saved tensors do not fit what the config builds (names, shapes), naming
+            ``source``.
     """
     try:
-        model.load_state_dict(state.model)
-        optimizer.load_state_dict(state.optimizer)
-        scheduler.load_state_dict(state.scheduler)
-        if state.torch_rng is not None:
-            torch.set_rng_state(state.torch_rng)
+        into.load_state_dict(state["model"] if isinstance(into, torch.nn.Module) else state)
     except (RuntimeError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         first = clip(" ".join(str(exc).split()))
         raise ConfigError(f"{source}: the saved state does not fit the model its config builds "

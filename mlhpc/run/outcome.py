@@ -36,9 +36,10 @@ from mlhpc.runtime import Runtime, all_reduce
 
 
 
-@dataclass
+@dataclass(frozen=True)
 class Outcome:
-    """How the timed run ended (the values logged in ``run_stop``)."""
+    """How the timed run ended (the values logged in ``run_stop``): made once, where the loop
+    stops (`mlhpc.run.train.train_loop`)."""
 
     status: str
     reason: str | None

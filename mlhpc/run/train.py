@@ -3,7 +3,8 @@
     run(config): config (or a checkpoint's) -> the output folder checked -> runtime.started:
       the job's ranks and this instance's share (`mlhpc.runtime`)
       -> ensure_source: embedded data made if missing (untimed, before the log) -> Job (frozen)
-      -> _preflight: model and checkpoint fit (nothing reads the dataset) -> `attempt`:
+      -> seeded_model: the model built once, a resumed run's weights loaded into it (nothing
+         reads the dataset) -> `attempt`:
          result_N.txt claimed, the log synchronised over the instance's ranks
          (`ComplianceLog.barrier`), log_init: init_start, submission_*, cache_clear, seed,
          resume (`mlhpc.run.mllog`)
@@ -48,7 +49,8 @@ from mlhpc.data.stage.copies import release
 from mlhpc.errors import ConfigError
 from mlhpc.power.sampler import sampling
 from mlhpc.run import checkpoint
-from mlhpc.run.assemble import Parts, build, ensure_source, sources_named, stage, steps_per_pass
+from mlhpc.run.assemble import (Parts, Seeded, build, ensure_source, seeded_model, sources_named, stage,
+                                steps_per_pass)
 from mlhpc.run.evaluate import evaluate
 from mlhpc.run.job import Job, ProgressFn
 from mlhpc.log.writer import ComplianceLog, constants
@@ -71,8 +73,11 @@ def run(config: Config | None, *, on_progress: ProgressFn | None = None,
     what a resumed run is worth). Returns this rank's instance's `RunResult`.
 
     Everything that can be checked without reading the dataset is checked before
-    ``result_N.txt`` is opened (`_preflight`); the data are read first after ``init_start``
-    (`build`, `check_sample`). An attempt that fails (or is signalled) before ``run_start`` has
+    ``result_N.txt`` is opened: the config and output folder, then the model, built once here
+    (`seeded_model`; a checkpoint being resumed must fit it). Whether the data fit the model is
+    checked after ``init_start`` (`build`, `check_sample`): MLPerf's training rules
+    (training_rules.adoc, "Run Results"): "The clock must start before any part of the system
+    touches the dataset", and the log is where that start is shown. An attempt that fails (or is signalled) before ``run_start`` has
     its log moved to ``<output.dir>/failed/`` and named in the error, so it never counts as a
     run of the folder; one that fails after ``run_start`` logs ``run_stop`` (aborted, with the
     reason) first.
@@ -99,9 +104,9 @@ def run(config: Config | None, *, on_progress: ProgressFn | None = None,
             # stays before the log, untimed, once for every instance. Nothing here reads a sample.
             synthesis_s = ensure_source(config, workload, world, progress)
             job = Job(config, workload, world, rt, resume, progress, synthesis_s)
-            _preflight(job)
+            seeded = seeded_model(job)  # the model, once; a resumed run's weights fit (ConfigError)
             with attempt(job) as (log, files):  # init_start .. run_stop, or the log set aside
-                parts = _prepare(job, log, stop, lbs)  # .. run_start
+                parts = _prepare(job, log, stop, lbs, seeded)  # .. run_start
                 with sources_named(parts.staged), sampling(
                         config.power, rt, log.path, Path(config.output.dir),
                         notify=lambda m: progress({"kind": "warning", "message": m})):
@@ -139,7 +144,7 @@ def attempt(job: Job) -> Iterator[tuple[ComplianceLog, RunFiles | None]]:
         log.close()
 
 
-def _prepare(job: Job, log: ComplianceLog, stop: Stop, lbs: int) -> Parts:
+def _prepare(job: Job, log: ComplianceLog, stop: Stop, lbs: int, seeded: Seeded) -> Parts:
     """Hyperparameters, staging and building on either side of ``run_start``.
 
     ``data.staging.placement: init`` stages (and builds the datasets, model and loaders) before
@@ -153,7 +158,7 @@ def _prepare(job: Job, log: ComplianceLog, stop: Stop, lbs: int) -> Parts:
         start_run(job, log, stop)
     staged = stage(job, log)
     with sources_named(staged):  # an error naming the staged copy names the source file
-        parts = build(job, staged, lbs)
+        parts = build(job, staged, lbs, seeded=seeded)
     log_samples(log, parts.train_samples, parts.eval_samples, parts.padded_samples)
     if not in_run:
         start_run(job, log, stop)
@@ -186,28 +191,6 @@ def _where(config: Config) -> dict[str, Any]:
     return {"kind": "where", "data": str(data.absolute()), "data_given": str(data),
             "output": str(output.absolute()), "output_given": str(output),
             "cwd": str(Path.cwd())}
-
-
-def _preflight(job: Job) -> None:
-    """What can be checked before the log is opened without touching the dataset: the model the
-    config builds can be constructed, and a checkpoint being resumed fits that model and its
-    optimizer (names, shapes). The config (ranges, seeds) and the output folder were checked
-    before (`mlhpc.config`, `mlhpc.run.result`). Whether the data fit the model is checked after
-    ``init_start`` (`check_sample`): MLPerf's training rules (training_rules.adoc, "Run Results")
-    say "The clock must start before any part of the system touches the dataset", and the log is
-    where that start is shown.
-
-    Raises:
-        ConfigError: the checkpoint does not fit (`mlhpc.run.checkpoint.restore`).
-    """
-    config, workload = job.config, job.workload
-    model = workload.build_model(config.model)
-    if job.resume is not None:
-        # steps per epoch shape only the schedule's function, never the state restored here;
-        # `build` restores again with the real count
-        optimizer, scheduler = workload.build_optimizer(model, config, 1)
-        checkpoint.restore(job.resume.state, model, optimizer, scheduler,
-                           source=f"--resume {job.resume.source}")
 
 
 def local_batch_size(config: Config, rt: Runtime) -> int:
@@ -250,11 +233,20 @@ class Loop:
 
 
 @dataclass(frozen=True)
+class Stopped:
+    """Why the ranks stopped training before the epoch's end: the reason logged in ``run_stop``
+    and the signal that asked for it (None: a non-finite loss)."""
+
+    reason: str
+    signal: str | None = None
+
+
+@dataclass(frozen=True)
 class Epoch:
     """One epoch's training: why the run stops (None: it goes on), seconds, samples/s, mean
     training loss."""
 
-    stopped: str | None
+    stopped: Stopped | None
     epoch_s: float
     samples_per_s: float
     train_loss: float
@@ -264,30 +256,35 @@ def train_loop(job: Job, log: ComplianceLog, parts: Parts, stop: Stop,
                files: RunFiles | None) -> Outcome:
     """(after run_start) .. run_stop: epochs and evaluations until the target, max_epochs, a
     non-finite loss or metric, or a signal (which saves a checkpoint). Returns the outcome
-    logged in ``run_stop``."""
+    logged in ``run_stop``.
+
+    Sync points: every epoch's start and stop and every evaluation's stop are barriers over
+    the instance's ranks (`ComplianceLog.barrier`: a once-only key appears once and times the
+    slowest rank); inside an epoch the ranks all-reduce two flags every
+    ``train.check_every_steps`` steps (`_agreed_stop`) and the loss sum once at its end; an
+    evaluation all-reduces (sum, count) once (`mlhpc.run.evaluate`).
+    """
     tcfg, metric = job.config.train, job.workload.metric
     target = metric.target if tcfg.target is None else tcfg.target
     first, skip = (job.resume.state.epoch, job.resume.state.step) if job.resume else (1, 0)
     loop = Loop(job, log, files, parts, stop, Clock(job.resume.earlier_attempts_s if job.resume else 0.0))
-    outcome = Outcome(constants.ABORTED, f"max_epochs {tcfg.max_epochs} reached before the target",
-                      first - 1)
     if job.workload.evaluate_at_start and job.resume is None:
         _evaluate_epoch(loop, 0)  # the starting point, epoch_num 0; training follows, as the reference's
+    outcome = Outcome(constants.ABORTED, f"max_epochs {tcfg.max_epochs} reached before the target",
+                      max(first - 1, tcfg.max_epochs))
     for epoch in range(first, tcfg.max_epochs + 1):
-        outcome.epoch = epoch
         trained = _train_epoch(loop, epoch, skip if epoch == first else 0)
         if trained.stopped is not None:
-            outcome.reason = trained.stopped
-            outcome.signal = stop.signal if stop.signal and trained.stopped.startswith(stop.signal) else None
+            outcome = Outcome(constants.ABORTED, trained.stopped.reason, epoch, trained.stopped.signal)
             break
         value, eval_s = _evaluate_epoch(loop, epoch)
         reached = metric.reached(value, target)  # once: the progress line and run_stop agree
         _report(loop, epoch, trained, (value, target, reached), eval_s)
         if not math.isfinite(value):
-            outcome.reason = f"non-finite {metric.key} ({value}) at epoch {epoch}"
+            outcome = Outcome(constants.ABORTED, f"non-finite {metric.key} ({value}) at epoch {epoch}", epoch)
             break
         if reached:
-            outcome.status, outcome.reason = constants.SUCCESS, None
+            outcome = Outcome(constants.SUCCESS, None, epoch)
             break
         if tcfg.checkpoint_every_epochs and epoch % tcfg.checkpoint_every_epochs == 0:
             _save_checkpoint(loop, epoch + 1, 0)
@@ -327,24 +324,25 @@ def _train_epoch(loop: Loop, epoch: int, skip: int) -> Epoch:
     loop.log.end(constants.EPOCH_STOP, metadata={constants.EPOCH_NUM: _epoch_num(loop, epoch)})
     train_loss = loss_total / max(samples_total, 1)
     if stopped is None and not math.isfinite(train_loss):
-        stopped = f"non-finite training loss ({train_loss}) in epoch {epoch}"
+        stopped = Stopped(f"non-finite training loss ({train_loss}) in epoch {epoch}")
     if stopped is None and signalled > 0:  # the signal arrived after the last check
-        stopped = f"{loop.stop.signal or 'SIGTERM'} at the end of epoch {epoch}"
+        stopped = Stopped(f"{loop.stop.signal or 'SIGTERM'} at the end of epoch {epoch}", loop.stop.signal)
         _save_checkpoint(loop, epoch, micro_steps)
     return Epoch(stopped, epoch_s, samples_total / epoch_s if epoch_s > 0 else 0.0, train_loss)
 
 
-def _agreed_stop(loop: Loop, loss_sum: torch.Tensor, epoch: int, steps_done: int) -> str | None:
+def _agreed_stop(loop: Loop, loss_sum: torch.Tensor, epoch: int, steps_done: int) -> Stopped | None:
     """Why every rank stops after ``steps_done`` steps (a checkpoint is saved on a signal), or
     None: the ranks agree on a signal or a non-finite loss seen by any of them."""
     signalled, non_finite = runtime.all_reduce(
         [float(loop.stop.signal is not None), float(not math.isfinite(loss_sum.item()))],
         loop.job.rt, op="max")
     if non_finite:
-        return f"non-finite training loss in epoch {epoch} by step {steps_done}"
+        return Stopped(f"non-finite training loss in epoch {epoch} by step {steps_done}")
     if signalled:
         _save_checkpoint(loop, epoch, steps_done)
-        return f"{loop.stop.signal or 'SIGTERM'} in epoch {epoch} after step {steps_done}"
+        return Stopped(f"{loop.stop.signal or 'SIGTERM'} in epoch {epoch} after step {steps_done}",
+                       loop.stop.signal)
     return None
 
 
