@@ -80,6 +80,9 @@ class WorkloadDataset:
 
     A dataset overrides, where its data need it:
         ``__len__`` / ``__getitem__``: required; ``__getitem__(i) -> (x, y)``.
+        ``__getitems__``: a batch's samples, as a DataLoader fetches them (default: the list of
+            their ``__getitem__`` items, as torch fetches a dataset without it); a dataset that
+            fills whole batches overrides it (one copy per sample) and `collate_fn` with it.
         `collate_fn`: the DataLoader's collate function (default torch's ``default_collate``).
         `device_transform`: decodes a batch input on the training device (default: none).
         `batch_len`: samples in a batch input (default ``len(x)``).
@@ -93,6 +96,9 @@ class WorkloadDataset:
 
     def __getitem__(self, index: int) -> Any:
         raise NotImplementedError(f"{type(self).__name__} does not define __getitem__")
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        return [self[index] for index in indices]
 
     def collate_fn(self, samples: Any) -> Any:
         """A batch ``(x, y)`` from what the DataLoader fetched: a list of ``__getitem__`` items,

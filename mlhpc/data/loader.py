@@ -26,7 +26,9 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from mlhpc.errors import MlhpcError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from mlhpc.workload import WorkloadDataset
@@ -48,11 +50,63 @@ def make_loader(dataset: "WorkloadDataset", batch_size: int, *, device: torch.de
         raise TypeError(f"make_loader: unknown option {sorted(unknown)[0]!r}")
     device = torch.device(device)
     workers = int(options.get("num_workers", 0))
-    return DataLoader(dataset, batch_size=batch_size, sampler=options.get("sampler"),
+    carrying = dataset
+    if isinstance(carrying, _Carrying):  # a resumed loader's: the workload's own
+        dataset = carrying.carried_from
+    host_side: Any = dataset if workers == 0 else _Carrying(dataset)
+    return DataLoader(host_side, batch_size=batch_size, sampler=options.get("sampler"),
                       shuffle=bool(options.get("shuffle", False)),
                       drop_last=bool(options.get("drop_last", False)), num_workers=workers,
-                      collate_fn=dataset.collate_fn,
+                      collate_fn=dataset.collate_fn if workers == 0 else _CarriedCollate(dataset.collate_fn),
                       pin_memory=device.type == "cuda", persistent_workers=workers > 0)
+
+
+class _Carried:
+    """An `MlhpcError` raised in a loader worker, sent to the main process as its batch: torch
+    re-raises a worker's exception from its traceback's text alone (the type rebuilt from one
+    string), which loses the subject the error holds as fields (`mlhpc.errors.Where`: the file,
+    key, sample, which `mlhpc.run.assemble.name_source` re-points from a staged copy to its
+    source). Pickled whole, the error keeps them; `DeviceLoader` raises it."""
+
+    def __init__(self, error: MlhpcError) -> None:
+        self.error = error
+
+
+class _Carrying(Dataset):
+    """The workload's dataset as a worker reads it: an `MlhpcError` comes back as `_Carried`."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.carried_from = dataset
+
+    def __len__(self) -> int:
+        return len(self.carried_from)
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            return self.carried_from[index]
+        except MlhpcError as exc:
+            return _Carried(exc)
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        """The workload dataset's own ``__getitems__`` (`mlhpc.workload.WorkloadDataset`)."""
+        try:
+            return self.carried_from.__getitems__(indices)
+        except MlhpcError as exc:
+            return [_Carried(exc)]
+
+
+class _CarriedCollate:
+    """The dataset's ``collate_fn`` in a worker: a batch holding a `_Carried` is that error."""
+
+    def __init__(self, collate: Callable[[Any], Any]) -> None:
+        self.collate = collate
+
+    def __call__(self, items: Any) -> Any:
+        if isinstance(items, list):
+            carried = next((item for item in items if isinstance(item, _Carried)), None)
+            if carried is not None:
+                return carried
+        return self.collate(items)
 
 
 def move(value: Any, device: torch.device) -> Any:
@@ -100,7 +154,10 @@ class DeviceLoader:
         return len(self.host)
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        return (to_device(batch, self.device, self.transform) for batch in self.host)
+        for batch in self.host:
+            if isinstance(batch, _Carried):  # a worker's error, its subject kept
+                raise batch.error
+            yield to_device(batch, self.device, self.transform)
 
     def resumed(self, skip: int) -> "DeviceLoader":
         """The sampler's current pass after its first ``skip`` batches (a resume inside a pass):
