@@ -112,8 +112,8 @@ def _convert_one(writing: _Writing, rel: str, source: Path, out_dir: Path) -> di
             else:
                 outputs = writing.tools.convert_file(source, writing.fmt, out_dir, writing.to)
         described = [_describe(p, writing.dest, n, rel, mode) for p, n in outputs]
-        return manifest.conversion_entry(rel, st.st_size, manifest.stat_identity(st),
-                                         (writing.source, writing.what, writing.to), described)
+        conversion = manifest.Conversion(writing.source, writing.what, writing.to)
+        return conversion.entry(rel, st.st_size, manifest.stat_identity(st), described)
     except OSError as exc:
         where = exc.filename or out_dir
         short = exc.errno in (None, errno.EIO) and disk_full(out_dir)  # a short write, no errno

@@ -22,7 +22,7 @@ While a writer works, each finished file is appended as one JSON line to a journ
 (``.mlhpc-journal-HOST-PID.jsonl``); a later run resumes from the manifest and the journals, and a
 folder that holds journals but no complete manifest is an interrupted one. A conversion (staging
 that converts, ``mlhpc data convert | prepare``) journals each source with its outputs in one
-form (`conversion_entry`), read back by one function (`read_convert_state`) and reused by one
+form (`Conversion.entry`), read back by one function (`read_convert_state`) and reused by one
 rule (`conversion_reusable`: the same source file, its outputs intact).
 """
 
@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -313,17 +314,24 @@ def _valid_source(entry: Any, recorded: bool = False) -> bool:
             and isinstance(entry.get("outputs"), list) and all(valid(o) for o in entry["outputs"]))
 
 
-def conversion_entry(rel: str, size_bytes: int, source_identity: dict[str, int],
-                     where: tuple[Path, str, str], outputs: list[dict[str, Any]],
-                     convert: bool = True) -> dict[str, Any]:
-    """The one conversion journal's entry of source file ``rel`` (``size_bytes``, its
-    `identity` taken before it was read) of a conversion ``where = (source folder, kind, to)``
-    (kind ``"stage"``, ``"convert"`` or ``"prepare"``; ``to`` the form written): ``{path,
-    bytes, <identity>, source, kind, to, convert, outputs: [{path, bytes, xxh3_128,
-    samples}]}``; ``convert`` False for a file copied as it is."""
-    source, kind, to = where
-    return {"path": rel, "bytes": size_bytes, **source_identity, "source": str(resolved(source)),
-            "kind": kind, "to": to, "convert": convert, "outputs": outputs}
+@dataclass(frozen=True)
+class Conversion:
+    """One conversion of a dataset: of the files under ``source``, by ``kind`` (``"stage"``,
+    ``"convert"`` or ``"prepare"``), into the form ``to``; its journal's entries come from
+    `entry`."""
+
+    source: Path
+    kind: str
+    to: str
+
+    def entry(self, rel: str, size_bytes: int, source_identity: dict[str, int],
+              outputs: list[dict[str, Any]], convert: bool = True) -> dict[str, Any]:
+        """The one conversion journal's entry of source file ``rel`` (``size_bytes``, its
+        `identity` taken before it was read): ``{path, bytes, <identity>, source, kind, to,
+        convert, outputs: [{path, bytes, xxh3_128, samples}]}``; ``convert`` False for a file
+        copied as it is."""
+        return {"path": rel, "bytes": size_bytes, **source_identity, "source": str(resolved(self.source)),
+                "kind": self.kind, "to": self.to, "convert": convert, "outputs": outputs}
 
 
 def read_convert_state(dest: Path, source: Path, to: str, kind: str = "stage") -> dict[str, dict[str, Any]]:

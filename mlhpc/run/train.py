@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from mlhpc import rules, runtime
-from mlhpc.config import Config
+from mlhpc.config import Config, TrainConfig
 from mlhpc.data.stage.copies import release
 from mlhpc.errors import ConfigError
 from mlhpc.power.sampler import sampling
@@ -269,7 +269,7 @@ def train_loop(job: Job, log: ComplianceLog, parts: Parts, stop: Stop,
     first, skip = (job.resume.state.epoch, job.resume.state.step) if job.resume else (1, 0)
     loop = Loop(job, log, files, parts, stop, Clock(job.resume.earlier_attempts_s if job.resume else 0.0))
     if job.workload.evaluate_at_start and job.resume is None:
-        _evaluate_epoch(loop, 0)  # the starting point, epoch_num 0; training follows, as the reference's
+        _evaluate_epoch(loop, 0, target)  # the starting point, epoch_num 0; training follows, as the reference's
     outcome = Outcome(constants.ABORTED, f"max_epochs {tcfg.max_epochs} reached before the target",
                       max(first - 1, tcfg.max_epochs))
     for epoch in range(first, tcfg.max_epochs + 1):
@@ -277,20 +277,39 @@ def train_loop(job: Job, log: ComplianceLog, parts: Parts, stop: Stop,
         if trained.stopped is not None:
             outcome = Outcome(constants.ABORTED, trained.stopped.reason, epoch, trained.stopped.signal)
             break
-        value, eval_s = _evaluate_epoch(loop, epoch)
-        reached = metric.reached(value, target)  # once: the progress line and run_stop agree
-        _report(loop, epoch, trained, (value, target, reached), eval_s)
-        if not math.isfinite(value):
-            outcome = Outcome(constants.ABORTED, f"non-finite {metric.key} ({value}) at epoch {epoch}", epoch)
+        evaluated = _evaluate_epoch(loop, epoch, target)
+        _report(loop, epoch, trained, evaluated)
+        if not math.isfinite(evaluated.value):
+            outcome = Outcome(constants.ABORTED, f"non-finite {metric.key} ({evaluated.value}) at epoch {epoch}",
+                              epoch)
             break
-        if reached:
+        if evaluated.reached:
             outcome = Outcome(constants.SUCCESS, None, epoch)
             break
-        if tcfg.checkpoint_every_epochs and epoch % tcfg.checkpoint_every_epochs == 0:
+        if should_checkpoint(tcfg, epoch):
             _save_checkpoint(loop, epoch + 1, 0)
     log.barrier()
     log.end(constants.RUN_STOP, metadata=outcome.run_stop_metadata())
     return outcome
+
+
+# Cadences: when the loop does what it does every so often (torchtitan's ``should_validate``). An
+# evaluation closes every epoch: a pass, or ``train.eval_every_steps`` optimizer steps.
+
+def should_checkpoint(tcfg: TrainConfig, epoch: int) -> bool:
+    """A checkpoint after ``epoch`` (``train.checkpoint_every_epochs``; 0: only on a signal)."""
+    return bool(tcfg.checkpoint_every_epochs) and epoch % tcfg.checkpoint_every_epochs == 0
+
+
+def should_log_step(tcfg: TrainConfig, steps_done: int) -> bool:
+    """A ``step`` progress event after ``steps_done`` micro-steps (``train.log_every_steps``)."""
+    return bool(tcfg.log_every_steps) and steps_done % tcfg.log_every_steps == 0
+
+
+def should_check(tcfg: TrainConfig, steps_done: int) -> bool:
+    """The ranks agree on stopping after ``steps_done`` micro-steps (``train.check_every_steps``;
+    one all-reduce of two flags, `_agreed_stop`), at the end of an optimizer step."""
+    return steps_done % tcfg.check_every_steps == 0
 
 
 def _train_epoch(loop: Loop, epoch: int, skip: int) -> Epoch:
@@ -310,10 +329,10 @@ def _train_epoch(loop: Loop, epoch: int, skip: int) -> Epoch:
         n = parts.train_ds.batch_len(x)
         loss_sum += loss.double() * n
         samples += n
-        if tcfg.log_every_steps and (step + 1) % tcfg.log_every_steps == 0 and rt.is_main:
+        if should_log_step(tcfg, step + 1) and rt.is_main:
             job.progress({"kind": "step", "epoch": epoch, "step": step + 1, "steps": micro_steps,
                           "loss": float(loss)})
-        if (step + 1) % tcfg.check_every_steps == 0 and last_micro:
+        if last_micro and should_check(tcfg, step + 1):
             stopped = _agreed_stop(loop, loss_sum, epoch, step + 1)
             if stopped is not None:
                 break
@@ -346,8 +365,19 @@ def _agreed_stop(loop: Loop, loss_sum: torch.Tensor, epoch: int, steps_done: int
     return None
 
 
-def _evaluate_epoch(loop: Loop, epoch: int) -> tuple[float, float]:
-    """eval_start .. eval_stop and the metric record; returns (value, seconds)."""
+@dataclass(frozen=True)
+class Evaluated:
+    """One evaluation: the metric's value, its seconds, the target and whether the value reached
+    it (decided once, so the progress line and ``run_stop`` agree)."""
+
+    value: float
+    eval_s: float
+    target: float
+    reached: bool
+
+
+def _evaluate_epoch(loop: Loop, epoch: int, target: float) -> Evaluated:
+    """eval_start .. eval_stop and the metric record (``epoch_num`` as `_epoch_num` counts)."""
     job, parts, log, metric = loop.job, loop.parts, loop.log, loop.job.workload.metric
     logged = {constants.EPOCH_NUM: _epoch_num(loop, epoch)}
     log.start(constants.EVAL_START, metadata=logged)
@@ -359,7 +389,7 @@ def _evaluate_epoch(loop: Loop, epoch: int) -> tuple[float, float]:
     log.end(constants.EVAL_STOP, metadata=logged)
     log.event(metric.key, value, metadata=logged)
     parts.history.append((epoch, value))
-    return value, eval_s
+    return Evaluated(value, eval_s, target, metric.reached(value, target))
 
 
 def _epoch_num(loop: Loop, epoch: int) -> int:
@@ -374,16 +404,15 @@ def _epoch_num(loop: Loop, epoch: int) -> int:
     return epoch * steps * tcfg.global_batch_size
 
 
-def _report(loop: Loop, epoch: int, trained: Epoch, evaluated: tuple[float, float, bool],
-            eval_s: float) -> None:
-    """The ``epoch`` progress event (rank 0); ``evaluated``: the metric's value, the target and
-    whether the value reached it."""
-    job, (value, target, reached) = loop.job, evaluated
+def _report(loop: Loop, epoch: int, trained: Epoch, evaluated: Evaluated) -> None:
+    """The ``epoch`` progress event (rank 0)."""
+    job = loop.job
     if job.rt.is_main:
         job.progress({"kind": "epoch", "epoch": epoch, "max_epochs": job.config.train.max_epochs,
-                      "metric_key": job.workload.metric.key, "metric": value, "target": target,
-                      "reached": reached, "train_loss": trained.train_loss,
-                      "epoch_s": trained.epoch_s, "eval_s": eval_s, "instance": job.rt.instance,
+                      "metric_key": job.workload.metric.key, "metric": evaluated.value,
+                      "target": evaluated.target, "reached": evaluated.reached,
+                      "train_loss": trained.train_loss, "epoch_s": trained.epoch_s,
+                      "eval_s": evaluated.eval_s, "instance": job.rt.instance,
                       "samples_per_s": trained.samples_per_s})
 
 

@@ -22,7 +22,7 @@ from mlhpc.data.files import (
 from mlhpc.data.manifest import (
     MANIFEST_NAME,
     Journal,
-    conversion_entry,
+    Conversion,
     conversion_reusable,
     describe_output,
     drop_journals,
@@ -84,8 +84,8 @@ def convert_share(job: Copy, share: list[Planned], known: dict[str, dict[str, An
         else:
             size, digest = copy_file(src, job.dest / item.rel, job.host, job.verify, job.dest)
             outputs = [{"path": item.rel, "bytes": size, "xxh3_128": digest, "samples": 0}]
-        journal.add(conversion_entry(item.rel, item.size_bytes, identity(item),
-                                     (job.source, "stage", conv.to), outputs, item.convert))
+        journal.add(Conversion(job.source, "stage", conv.to).entry(item.rel, item.size_bytes, identity(item),
+                                                                   outputs, item.convert))
         with lock:
             counts.copied_files += 1
             counts.copied_bytes += sum(o["bytes"] for o in outputs)
