@@ -123,19 +123,16 @@ def test_published_folder_is_ignored_by_git():
 
 
 def _folder_result(**kw) -> FolderResult:
-    f = FolderResult(path="x", kind="strong", raw_olympic_min=20.92, olympic_min=20.92, **kw)
-    f.rcp = RcpVerdict(True, "RCP Interpolation", 1.006)
-    return f
+    fields = {"olympic_min": 20.92, "rcp": RcpVerdict(True, "RCP Interpolation", 1.006), **kw}
+    return FolderResult(path="x", kind="strong", raw_olympic_min=20.92, **fields)
 
 
 def test_the_rcp_cell_says_what_the_factor_multiplied():
-    applied = _folder_result(scaling_factor=1.006)
-    applied.olympic_min = 20.92 * 1.006
+    applied = _folder_result(scaling_factor=1.006, olympic_min=20.92 * 1.006)
     assert strong_cell(applied) == "21.05 (raw 20.92 x1.006, RCP pass)"
     pending = _folder_result()
     assert strong_cell(pending) == "20.92 (RCP pass; x1.006 normalised: 21.05)"
-    plain = _folder_result()
-    plain.rcp = RcpVerdict(True, "RCP found", 1.0)
+    plain = _folder_result(rcp=RcpVerdict(True, "RCP found", 1.0))
     assert strong_cell(plain) == "20.92 (RCP pass)"
 
 

@@ -29,23 +29,23 @@ _TARGET_RE = re.compile(r"v\[['\"]value['\"]\]\s*(<=|>=|<|>)\s*([0-9][0-9.eE+\-]
 
 
 @functools.lru_cache(maxsize=None)
-def quality_target(benchmark: str | None, ruleset: str = "3.0.0") -> tuple[str, float, str] | None:
+def quality_target(benchmark: str | None, ruleset: str | None = None) -> tuple[str, float, str] | None:
     """``(metric key, target, "min"|"max")`` of a closed-division benchmark, read from
     mlperf_logging's own rule file ``compliance_checker/hpc_<ruleset>/closed_<benchmark>.yaml``
     (the ``ATLEAST_ONE_CHECK`` of its ``eval_error``/``eval_accuracy`` key, e.g.
-    ``v['value'] <= 0.124``); ``None`` when the file or the check is missing. The rules are the
+    ``v['value'] <= 0.124``) of ``ruleset`` (default: `mlhpc.rules`' current one); ``None`` when the file or the check is missing. The rules are the
     one source of the reference targets: mlhpc keeps no copy of them.
     """
     if not benchmark:
         return None
     from mlhpc.log.mlperf_adapter import rules_dir
 
-    path = rules_dir(ruleset) / f"closed_{benchmark}.yaml"
+    path = rules_dir(ruleset or rules.ruleset().version) / f"closed_{benchmark}.yaml"
     try:
-        rules = yaml.safe_load(path.read_text())
+        checks = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError):
         return None
-    for rule in rules if isinstance(rules, list) else []:
+    for rule in checks if isinstance(checks, list) else []:
         key = rule.get("KEY") if isinstance(rule, dict) else None
         if not isinstance(key, dict) or key.get("NAME") not in METRIC_KEYS:
             continue
@@ -139,7 +139,7 @@ class RunSummary:
             overlapping an epoch of another ``epoch_num``), and for how many seconds it overlapped
             the epochs; such time is counted once, in the epochs.
         metric_key / metric_series / target: the quality metric, ``[(epoch_num, value)]`` and
-            the target (from the run's ``summary.json``, else the closed-division target in
+            the target (from the run's ``summary_N.json``, else the closed-division target in
             mlperf_logging's rule file, `quality_target`).
         global_batch_size / number_of_nodes / accelerators_per_node / instance_id: as logged.
         resumed: a ``resume`` event or ``"resumed": true`` metadata appears in the log.

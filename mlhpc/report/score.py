@@ -54,7 +54,7 @@ from mlhpc.report.rcp import RcpVerdict, check_folder
 from mlhpc.report.validflops import DEFAULT_EXPONENT, folder_valid_flops
 
 
-@dataclass
+@dataclass(frozen=True)
 class FolderResult:
     """One result folder and its score, built once by `score_folder` from the values each step
     returns (layout, system description, runs and their verdicts, score, RCP verdict, energy,
