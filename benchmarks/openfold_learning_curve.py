@@ -37,7 +37,6 @@ step so far (training only), seconds of that evaluation, seconds since the start
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import json
 import sys
@@ -53,9 +52,8 @@ from mlhpc.data.files import atomic_output
 from mlhpc.data.inputs import read_input
 from mlhpc.text import echo
 from mlhpc_workloads import openfold
-from mlhpc_workloads.openfold.data import OpenFoldDataset
+from mlhpc_workloads.openfold.data import OpenFoldDataset, training_set_identity
 from mlhpc_workloads.openfold.lddt import lddt_ca_stats
-from mlhpc_workloads.openfold.mmcif import read_chain
 
 #: The largest resumable state read (the mini network, its average and Adam's moments: a few MB).
 STATE_BYTES = 1 << 30
@@ -80,18 +78,10 @@ def _write(payload: dict, path: Path) -> None:
         torch.save(payload, part)
 
 
-def data_identity(entries: list[Any]) -> str:
-    """What identifies a training set independently of its bytes: the sha256 of its chains'
-    names and full sequences, one ``<mmcif stem>_<chain id>:<sequence>`` line each, sorted (a
-    coordinate printed with another last digit on another machine does not change it)."""
-    lines = sorted(f"{e.mmcif.name.split('.')[0]}_{e.chain_id}:{read_chain(e.mmcif, e.chain_id, e.root).sequence}"
-                   for e in entries)
-    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
-
-
 def _save_average(model: torch.nn.Module, path: Path, identity: str, step: int) -> None:
     """The weight average (`AveragedAlphaFold.average`) in place of the trained weights, with
-    the network's buffers, as ``{"model": state dict, "data_identity": ..., "step": ...}``;
+    the network's buffers, as ``{"model": state dict, "data_identity": ..., "step": ...}``
+    (``data_identity``: `training_set_identity` of the chains trained on);
     written under the project's temporary name, then renamed over ``path``."""
     state = {**model.net.state_dict(), **{name: value.clone() for name, value in model.average.items()}}
     _write({"model": state, "data_identity": identity, "step": step}, path)
@@ -196,7 +186,7 @@ def main() -> int:
                                  "lddt_ca": round(value, 4), "step_s": round(run.train_s / run.step, 3),
                                  "eval_s": round(time.perf_counter() - t0, 1), "wall_s": round(wall_s)}))
                 if args.save:
-                    identity = identity or data_identity(train.entries)
+                    identity = identity or training_set_identity(args.data / "train")
                     _save_average(model, Path(str(args.save).format(step=run.step)), identity, run.step)
                 if args.state is not None:
                     _write(run.state_dict(wall_s), args.state)

@@ -212,3 +212,48 @@ def test_a_tiny_run_trains_evaluates_and_is_reported(tiny, tmp_path):
     report = CliRunner().invoke(main, ["report", str(out), "--format", "json"])
     assert report.exit_code == 0, report.output
     assert "openfold" in report.stdout
+
+
+def _starting_checkpoint(tmp_path: Path, *overrides: str) -> Path:
+    """A starting checkpoint of the tiny run's network, as `benchmarks/openfold_learning_curve.py
+    --save` writes one (its weights under "model"), built through the workload's own
+    build_model."""
+    import torch
+
+    config = cfg.load(MINI, tuple(o for o in (*TINY_RUN, *overrides) if o != "--set"))
+    path = tmp_path / "init.pt"
+    torch.save({"model": get("openfold").build_model(config.model).net.state_dict()}, path)
+    return path
+
+
+def test_a_checkpoint_trained_on_other_chains_is_refused_before_training(tiny, tmp_path):
+    """model.init_checkpoint_data_identity names the chains the checkpoint was trained on; data
+    made otherwise (here: synthesised with another seed) is one line naming the training folder, exit 2,
+    and nothing is trained."""
+    from mlhpc_workloads.openfold.data import training_set_identity
+
+    init = _starting_checkpoint(tmp_path)
+    other = tmp_path / "other"
+    made = CliRunner().invoke(main, ["data", "synth", "openfold", "--out", str(other), "--config", str(MINI),
+                                     *TINY_DATA, "--seed", "5"])
+    assert made.exit_code == 0, made.output
+    expected = training_set_identity(tiny / "train")
+    assert training_set_identity(other / "train") != expected
+    out = tmp_path / "out"
+    run = CliRunner().invoke(main, ["run", str(MINI), *TINY_RUN, "--set", f"data.path={other}",
+                                    "--set", "data.synth_seed=5", "--set", f"model.init_checkpoint={init}",
+                                    "--set", "model.init_checkpoint_sha256=null",
+                                    "--set", f"model.init_checkpoint_data_identity={expected}",
+                                    "--set", "data.staging.enabled=false", "--set", f"output.dir={out}"])
+    assert run.exit_code == 2, run.output
+    _one_line_naming(run.stderr, other / "train", "are not those model.init_checkpoint")
+    logs = list(out.rglob("result_*"))
+    assert all('"key": "epoch_start"' not in p.read_text() for p in logs)
+    # the chains it was trained on are accepted: the same command on them trains
+    ok = CliRunner().invoke(main, ["run", str(MINI), *TINY_RUN, "--set", f"data.path={tiny}",
+                                   "--set", f"model.init_checkpoint={init}",
+                                   "--set", "model.init_checkpoint_sha256=null",
+                                   "--set", f"model.init_checkpoint_data_identity={expected}",
+                                   "--set", "train.target=0.0", "--set", "data.staging.enabled=false",
+                                   "--set", f"output.dir={tmp_path / 'ok'}"])
+    assert ok.exit_code == 0, ok.output

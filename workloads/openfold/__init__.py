@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlhpc.errors import ConfigError
+from mlhpc.errors import ConfigError, DataError
 from mlhpc.workload import QualityMetric, Workload
 
 from ..departures import training_departures
-from .data import OpenFoldDataset
+from .data import OpenFoldDataset, training_set_identity
 from .features import VAL_MAX_SEQUENCE_LENGTH
 from .formats import DATA_TOOLS
 from .lddt import lddt_ca_stats
@@ -50,13 +50,24 @@ METRIC = QualityMetric(key="eval_accuracy", target=TARGET_LDDT_CA, direction="ma
 def build_datasets(config: Any, runtime: Any, data_dir: Any) -> tuple[OpenFoldDataset, OpenFoldDataset]:
     """The chains of ``data_dir/train`` (cropped, sampled anew at each read) and
     ``data_dir/validation`` (whole, fixed; a chain longer than ``model.val_max_sequence_length``
-    refused), limited to ``data.train_samples`` / ``data.eval_samples`` when set. Raises
-    DataError (as `data.OpenFoldDataset`)."""
+    refused), limited to ``data.train_samples`` / ``data.eval_samples`` when set. With
+    ``model.init_checkpoint`` and ``model.init_checkpoint_data_identity``, the training chains
+    must be those the checkpoint was trained on (`data.training_set_identity`, every chain of the
+    split). Raises DataError (as `data.OpenFoldDataset`; the identity differs)."""
     del runtime
     sizes = feature_sizes(config.model)
-    return (OpenFoldDataset(data_dir / "train", sizes, True, config.train.seed, config.data.train_samples),
-            OpenFoldDataset(data_dir / "validation", sizes, False, config.train.seed,
-                            config.data.eval_samples))
+    train = OpenFoldDataset(data_dir / "train", sizes, True, config.train.seed, config.data.train_samples)
+    expected = config.model.init_checkpoint_data_identity
+    if config.model.init_checkpoint and expected:
+        found = training_set_identity(data_dir / "train")
+        if found != expected:
+            raise DataError(f"these training chains (identity {found[:12]}) are not those "
+                            f"model.init_checkpoint {config.model.init_checkpoint} was trained on "
+                            f"(model.init_checkpoint_data_identity {expected[:12]}): make the data "
+                            "again as the config says (mlhpc data synth) or start from a checkpoint "
+                            "trained on these", path=data_dir / "train")
+    return train, OpenFoldDataset(data_dir / "validation", sizes, False, config.train.seed,
+                                  config.data.eval_samples)
 
 
 def init_checkpoint_hash(config: Any) -> str | None:

@@ -21,6 +21,7 @@ the file is opened; names read from the data (an ``.hhr`` hit's template) are na
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,6 +153,21 @@ def list_chains(split_dir: Path) -> list[ChainEntry]:
     if not entries:
         raise DataError("no chain alignment folder", path=split_dir / ALIGNMENT_DIR)
     return entries
+
+
+def training_set_identity(split_dir: Path) -> str:
+    """What identifies a split's chains independently of their files' bytes: the sha256 (hex) of
+    one ``<mmCIF stem>_<chain id>:<full sequence>`` line per chain of ``split_dir``, sorted, joined
+    with newlines (a coordinate printed with another last digit on another machine does not
+    change it). A starting checkpoint records the identity of the chains it was trained on
+    (``model.init_checkpoint_data_identity``).
+
+    Raises:
+        DataError: as `list_chains` and `mmcif.read_chain`.
+    """
+    lines = sorted(f"{e.mmcif.name.split('.')[0]}_{e.chain_id}:{mmcif.read_chain(e.mmcif, e.chain_id, e.root).sequence}"
+                   for e in list_chains(split_dir))
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 def _templates(entry: ChainEntry, length: int, max_templates: int) -> tuple[dict, ...]:

@@ -70,6 +70,11 @@ _DATA_FIELDS: dict[str, Any] = {
     "init_checkpoint_sha256": (Optional[str], Field(REFERENCE_CHECKPOINT_SHA256, description=(  # noqa: UP045
         "sha256 the initial checkpoint must have, checked before the run starts (the "
         "reference's); null: any file"))),
+    "init_checkpoint_data_identity": (Optional[str], Field(None, description=(  # noqa: UP045
+        "the identity (data.training_set_identity: sha256 of the chains' names and sequences) "
+        "of the training chains the initial checkpoint was trained on, checked against "
+        "data.path's training chains where the datasets are built, before training: a "
+        "checkpoint never continues on chains it was not trained on; null: not checked"))),
 }
 #: The ``model`` section: every `AlphaFoldConfig` field (reference defaults), its ``loss``, the
 #: data pipeline's sizes, the weight average's decay and the initial checkpoint.
