@@ -12,7 +12,9 @@ sha256 is logged (``init_checkpoint_sha256sum``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import os
 import pickle
 from collections.abc import Callable
 from pathlib import Path
@@ -236,9 +238,22 @@ def build_loss(config: Any) -> Callable[[dict, dict], torch.Tensor]:
 
 def checkpoint_sha256(path: Path) -> str:
     """Hex sha256 of a file, read through `mlhpc.data.inputs.input_chunks` (a regular file, not a
-    link out of place). Raises ConfigError when it cannot be read (naming it)."""
+    link out of place), once per version of the file in a process: the model's build checks it and
+    the log records it (``init_checkpoint_sha256sum``), and the reference's file is 1.1 GiB. A
+    version is the file's device, inode, size and modification time. Raises ConfigError when it
+    cannot be read (naming it)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return _sha256(str(path), None)  # input_chunks names the problem in one line
+    return _sha256(str(path), (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=8)
+def _sha256(path: str, version: tuple[int, int, int, int] | None) -> str:
+    del version  # the cache's key: another version of the file is hashed again
     digest = hashlib.sha256()
-    for chunk in input_chunks(path, CHECKPOINT_BYTES, what="initial checkpoint", error=ConfigError):
+    for chunk in input_chunks(Path(path), CHECKPOINT_BYTES, what="initial checkpoint", error=ConfigError):
         digest.update(chunk)
     return digest.hexdigest()
 
