@@ -140,7 +140,7 @@ TINY: tuple[Case, ...] = (
     Case("oc20", "configs/opencatalyst-mini.yaml",
          ("model.hidden_channels=16", "model.out_emb_channels=16", "model.num_blocks=1"), 2,
          {"atoms": 12}, False, "tiny: DimeNet++ hidden 16, 1 block, slabs of 12 atoms"),
-    Case("openfold", "configs/openfold-mini.yaml", ("model.structure_blocks=1",), 1,
+    Case("openfold", "configs/openfold-mini.yaml", ("model.structure_blocks=1", "model.init_checkpoint=null"), 1,
          {"crop": 16, "clusters": 4, "extra": 8, "templates": 1}, False,
          "tiny: mini widths, crop 16", scaled_blocks=(1, 2)),
 )

@@ -21,8 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 MINI = ROOT / "configs" / "openfold-mini.yaml"
 REFERENCE = ROOT / "configs" / "openfold.yaml"
 TINY_DATA = ["--set", "synth.train_chains=6", "--set", "synth.validation_chains=3",
+             "--set", "synth.min_length=24", "--set", "synth.max_length=32",
              "--set", "synth.msa_depth=12", "--set", "synth.workers=1"]
-TINY_RUN = [*TINY_DATA, "--set", "train.max_epochs=1", "--set", "train.threads=1",
+# the tiny network is not the mini's: it starts from random weights, not the mini's checkpoint
+TINY_RUN = [*TINY_DATA, "--set", "model.init_checkpoint=null", "--set", "train.max_epochs=1",
+            "--set", "train.threads=1",
             "--set", "train.eval_every_steps=3",
             "--set", "model.evoformer_blocks=1", "--set", "model.structure_blocks=1",
             "--set", "model.num_recycling_iters=0", "--set", "model.max_extra_msa=8",
@@ -53,7 +56,8 @@ def _first(data: Path, pattern: str) -> Path:
 def _truncate(data: Path) -> Path:
     victim = _first(data, "mmcif_files/*.cif")
     text = victim.read_text()
-    victim.write_text(text[: len(text) * 2 // 3])
+    start = text.rindex("\n", 0, len(text) * 2 // 3) + 1  # the line two thirds in, cut in its middle
+    victim.write_text(text[: start + len(text[start:].split("\n", 1)[0]) // 2])
     return victim
 
 
@@ -212,6 +216,12 @@ def test_a_tiny_run_trains_evaluates_and_is_reported(tiny, tmp_path):
     report = CliRunner().invoke(main, ["report", str(out), "--format", "json"])
     assert report.exit_code == 0, report.output
     assert "openfold" in report.stdout
+    # the report shows the starting point's evaluation as the run's start, beside its final value
+    (scored,) = [run for folder in json.loads(report.stdout)["folders"] for run in folder["runs"]]
+    assert scored["start_metric"] == evals[0]["value"] == summary["start_metric"]
+    csv = CliRunner().invoke(main, ["report", str(out), "--format", "csv", "--level", "runs"])
+    header, row = csv.stdout.strip().splitlines()[:2]
+    assert "start_metric" in header.split(",") and f"{evals[0]['value']}" in row
 
 
 def _starting_checkpoint(tmp_path: Path, *overrides: str) -> Path:

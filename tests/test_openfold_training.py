@@ -54,7 +54,7 @@ def test_the_average_moves_and_is_saved_and_restored():
 
 def test_gradients_are_clipped_before_each_step_and_the_average_updated_after():
     config = cfg.load(ROOT / "configs" / "openfold-mini.yaml",
-                      ("model.evoformer_blocks=1", "model.structure_blocks=1"))
+                      ("model.evoformer_blocks=1", "model.structure_blocks=1", "model.init_checkpoint=null"))
     model = build_model(config.model)
     optimizer, scheduler = build_optimizer(model, config, 1)
     params = list(model.net.parameters())
@@ -87,13 +87,14 @@ def test_one_training_step_on_a_real_pdb_entry(tmp_path):
     (chain_dir / "uniref90_hits.a3m").write_text(f">1aki_A\n{LYSOZYME}\n>h1\n{mutant}\n>h2\n-{LYSOZYME[1:]}\n")
     shutil.copytree(split, tmp_path / "data" / "validation")
     config = cfg.load(ROOT / "configs" / "openfold-mini.yaml",
-                      ("model.evoformer_blocks=1", "model.structure_blocks=1",
+                      ("model.evoformer_blocks=1", "model.structure_blocks=1", "model.init_checkpoint=null",
                        "model.num_recycling_iters=0", "model.max_msa_clusters=4",
                        "model.max_extra_msa=4", "train.seed=3"))
     workload = get("openfold")
     train, valid = workload.build_datasets(config, None, tmp_path / "data")
     x, y = train.collate_fn([train[0]])
-    assert x["aatype"].shape == (1, 48) and y["all_atom_mask"][0].sum() > 48 * 5  # side chains
+    crop = config.model.train_sequence_crop_size  # the lysozyme chain (129 residues) is cropped
+    assert x["aatype"].shape == (1, crop) and y["all_atom_mask"][0].sum() > crop * 5  # side chains
     model = workload.build_model(config.model)
     optimizer, _ = workload.build_optimizer(model, config, 1)
     loss = workload.build_loss(config)(model.train()(x), y)

@@ -122,7 +122,7 @@ MINI_STEPS = {
     "oc20": ("opencatalyst-mini.yaml", ("synth.train_samples=24", "synth.validation_samples=8",
                                         "synth.files_per_split=1", "train.threads=1")),
     "openfold": ("openfold-mini.yaml", ("synth.train_chains=6", "synth.validation_chains=3", "synth.msa_depth=12",
-                                        "synth.workers=1", "train.threads=1")),
+                                        "synth.workers=1", "train.threads=1", "model.init_checkpoint=null")),
 }
 
 

@@ -215,6 +215,12 @@ class RunSummary:
         return sum(self.train_epoch_s) / len(self.train_epoch_s) if self.train_epoch_s else None
 
     @property
+    def start_metric(self) -> float | None:
+        """The starting point's evaluation, before the first step (``epoch_num`` 0, as OpenFold's
+        reference logs it), or None."""
+        return self.metric_series[0][1] if self.metric_series and self.metric_series[0][0] == 0 else None
+
+    @property
     def total_eval_s(self) -> float:
         return sum(self.eval_s)
 
@@ -237,17 +243,13 @@ class RunSummary:
         out["valid_flops"] = self.valid_flops.to_dict() if self.valid_flops is not None else None
         out.update(time_to_train_min=self.time_to_train_min, mean_epoch_s=self.mean_epoch_s,
                    total_train_s=self.total_train_s, total_eval_s=self.total_eval_s,
-                   time_to_train_total_s=self.time_to_train_total_s)
+                   time_to_train_total_s=self.time_to_train_total_s, start_metric=self.start_metric)
         return out
 
 
 def read_summary(path: Path | str, target: float | None = None) -> dict[str, Any]:
     """`summarize_run` of the log at ``path`` as a dict (`RunSummary.to_dict`): what a run's
-    own summary is made of.
-
-    Raises:
-        LogFormatError: the log cannot be read.
-    """
+    own summary is made of. Raises LogFormatError: the log cannot be read."""
     return summarize_run(parse_log(path), target=target).to_dict()
 
 

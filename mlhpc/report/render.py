@@ -68,7 +68,7 @@ FOLDER_COLUMNS = ("round", "submitter", "system", "division", "mode", "benchmark
 RUN_COLUMNS = ("folder", "file", "benchmark", "status", "compliant", "resumed", "time_to_train_s",
                "energy_to_train_j", "mean_power_w", "mean_epoch_energy_j", "cost_to_train", "staging_s", "init_s", "epochs", "epochs_to_target", "mean_epoch_s", "samples_per_s",
                "eval_s", "residual_s", "nodes", "accelerators_per_node", "global_batch_size",
-               "metric", "final_metric", "target", "malformed_lines", "power_note",
+               "metric", "start_metric", "final_metric", "target", "malformed_lines", "power_note",
                "train_flops_per_sample", "samples_trained", "valid_flops_per_s", "valid_flops_per_w",
                "valid_flops_exponent", "flops_source", "valid_flops_note")
 
@@ -125,6 +125,7 @@ def run_rows(report: Report) -> list[dict[str, Any]]:
                 "eval_s": r.total_eval_s if r.eval_s else None, "residual_s": r.residual_s,
                 "nodes": r.number_of_nodes, "accelerators_per_node": r.accelerators_per_node,
                 "global_batch_size": r.global_batch_size, "metric": r.metric_key,
+                "start_metric": r.start_metric,  # the starting point's evaluation (epoch_num 0)
                 "final_metric": r.metric_series[-1][1] if r.metric_series else None,
                 "target": r.target, "malformed_lines": len(r.malformed), "power_note": r.power_note,
                 **_valid_flops_fields(r),
