@@ -74,15 +74,13 @@ class Parts:
                 "torch_rng": torch.get_rng_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Load what `state_dict` gave (the weights only when ``state`` holds ``"model"``: a
-        resumed run's weights were loaded into the model when it was built, `seeded_model`).
+        """Load what `state_dict` gave but the weights: a resumed run's weights went into the
+        model when it was built (`seeded_model`), before the log opened.
 
         Raises:
             RuntimeError, ValueError, KeyError: as torch's ``load_state_dict`` (the caller,
                 `mlhpc.run.checkpoint.restore`, names the checkpoint).
         """
-        if "model" in state:
-            self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.history = list(state.get("history", []))
@@ -112,8 +110,7 @@ def seeded_model(job: Job) -> Seeded:
     model = job.workload.build_model(job.config.model)
     rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
     if job.resume is not None:
-        checkpoint.restore({"model": job.resume.state.model}, model,
-                           source=f"--resume {job.resume.source}")
+        checkpoint.restore(model, job.resume.state.model, source=f"--resume {job.resume.source}")
     return Seeded(model, rng)
 
 
@@ -216,8 +213,8 @@ def build(job: Job, staged: staging.StagingResult | None, lbs: int, *,
                   padded_samples=sampler.padded_samples)
     if job.resume is not None:  # the weights are in since `seeded_model`; the rest now
         state = job.resume.state
-        checkpoint.restore({"optimizer": state.optimizer, "scheduler": state.scheduler,
-                            "history": state.history, "torch_rng": state.torch_rng}, parts,
+        checkpoint.restore(parts, {"optimizer": state.optimizer, "scheduler": state.scheduler,
+                                   "history": state.history, "torch_rng": state.torch_rng},
                            source=f"--resume {job.resume.source}")
     return parts
 

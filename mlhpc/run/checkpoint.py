@@ -212,7 +212,7 @@ def save(path: Path, state: CheckpointState) -> None:
         raise OutputError(f"{path}: cannot write checkpoint ({exc.strerror or exc})") from None
 
 
-def restore(state: dict[str, Any], into: Any, source: str = "checkpoint") -> None:
+def restore(into: Any, state: dict[str, Any], source: str = "checkpoint") -> None:
     """``into.load_state_dict(state)``: a model (its weights) or the run's parts
     (`mlhpc.run.assemble.Parts.load_state_dict`: optimizer, schedule, evaluations, random state).
 
@@ -221,7 +221,7 @@ def restore(state: dict[str, Any], into: Any, source: str = "checkpoint") -> Non
             ``source``.
     """
     try:
-        into.load_state_dict(state["model"] if isinstance(into, torch.nn.Module) else state)
+        into.load_state_dict(state)
     except (RuntimeError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         first = clip(" ".join(str(exc).split()))
         raise ConfigError(f"{source}: the saved state does not fit the model its config builds "
