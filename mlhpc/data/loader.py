@@ -50,9 +50,6 @@ def make_loader(dataset: "WorkloadDataset", batch_size: int, *, device: torch.de
         raise TypeError(f"make_loader: unknown option {sorted(unknown)[0]!r}")
     device = torch.device(device)
     workers = int(options.get("num_workers", 0))
-    carrying = dataset
-    if isinstance(carrying, _Carrying):  # a resumed loader's: the workload's own
-        dataset = carrying.carried_from
     host_side: Any = dataset if workers == 0 else _Carrying(dataset)
     return DataLoader(host_side, batch_size=batch_size, sampler=options.get("sampler"),
                       shuffle=bool(options.get("shuffle", False)),
@@ -162,9 +159,10 @@ class DeviceLoader:
     def resumed(self, skip: int) -> "DeviceLoader":
         """The sampler's current pass after its first ``skip`` batches (a resume inside a pass):
         a loader of the same dataset, batch size and workers over the indices left."""
-        host = self.host
+        host, carrying = self.host, self.host.dataset  # the workload's, wrapped where workers read it
+        dataset = carrying.carried_from if isinstance(carrying, _Carrying) else carrying
         rest = _SkipSampler(host.sampler, skip * int(host.batch_size or 1))
-        return DeviceLoader(make_loader(host.dataset, int(host.batch_size or 1), sampler=rest,  # type: ignore[arg-type]
+        return DeviceLoader(make_loader(dataset, int(host.batch_size or 1), sampler=rest,  # type: ignore[arg-type]
                                         drop_last=host.drop_last, num_workers=host.num_workers,
                                         device=self.device), self.device, self.transform)
 
