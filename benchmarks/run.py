@@ -1,6 +1,6 @@
 """Benchmarks of mlhpc itself, each measured in one run, side by side (writes BENCHMARKS.md rows).
 
-1. Harness overhead: mlhpc's training loop (`mlhpc.run.train.run`: samplers, stop checks, compliance
+1. Harness overhead: mlhpc's training loop (`mlhpc.run.command.run`: samplers, stop checks, compliance
    log, evaluation excluded) vs a bare PyTorch loop, same mini CosmoFlow model, same in-memory
    data, same batch size; ratio of training samples/s.
 2. Data path: mlhpc's CosmoFlow training loader (`mlhpc.data.loader.make_loader` over
@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 from mlhpc import workload as workloads  # noqa: E402
 from mlhpc import config as cfg  # noqa: E402
 from mlhpc import runtime  # noqa: E402
-from mlhpc.run import train  # noqa: E402
+from mlhpc.run import command  # noqa: E402
 from mlhpc.data import loader  # noqa: E402
 from mlhpc.data import stage as staging  # noqa: E402
 from mlhpc.data.claims import make_claimed_dir, remove_claimed  # noqa: E402
@@ -96,7 +96,7 @@ def _bare_loop(config: cfg.Config, memory: TensorDataset, samples: int, epochs: 
 
 
 def bench_harness(data: Path, samples: int, epochs: int, repeats: int) -> dict:
-    """`mlhpc.run.train.run` on pre-decoded in-memory data vs `_bare_loop` on the same tensors,
+    """`mlhpc.run.command.run` on pre-decoded in-memory data vs `_bare_loop` on the same tensors,
     alternating, best of ``repeats`` each; epoch 1 of each warms up and is not counted."""
     with tempfile.TemporaryDirectory() as tmp:
         config = mini_config(data, Path(tmp) / "out", f"train.max_epochs={epochs}", "train.target=-1")
@@ -109,7 +109,7 @@ def bench_harness(data: Path, samples: int, epochs: int, repeats: int) -> dict:
         config = cfg.from_dict({**config.to_dict(), "workload": "cosmoflow-in-memory"})
         harness, bare = [], []
         for repeat in range(repeats):
-            result = train.run(config)
+            result = command.run(config)
             harness.append(_steady_rate(samples, result.summary["train_epoch_s"]))
             bare.append(_bare_loop(config, memory, samples, epochs))
     return {"harness_samples_per_s": max(harness), "bare_samples_per_s": max(bare),
@@ -196,7 +196,7 @@ def bench_data(data: Path, workers: list[int], repeats: int,
 
 def bench_from_files(data: Path, samples: int, epochs: int, repeats: int,
                      in_memory_samples_per_s: float) -> dict:
-    """`mlhpc.run.train.run` on the mini config reading HDF5 through the loader (decode on the device)
+    """`mlhpc.run.command.run` on the mini config reading HDF5 through the loader (decode on the device)
     vs the same run on pre-decoded in-memory tensors (`bench_harness`): what the data path costs
     training. Best of ``repeats``; epoch 1 warms up and is not counted."""
     rates = []
@@ -206,7 +206,7 @@ def bench_from_files(data: Path, samples: int, epochs: int, repeats: int,
             config = mini_config(data, Path(tmp) / f"out{repeat}", f"train.max_epochs={epochs}",
                                  "train.target=-1", f"data.train_samples={samples}",
                                  f"data.eval_samples={batch}")
-            result = train.run(config)
+            result = command.run(config)
             rates.append(_steady_rate(samples, result.epoch_times_s))
     return {"from_files_samples_per_s": max(rates),
             "in_memory_samples_per_s": in_memory_samples_per_s,

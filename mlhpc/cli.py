@@ -102,7 +102,7 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
     never are (an estimate may be added as power/result_N/sw_K.txt). No readable counter: the
     run says so and claims no energy. power.enabled=false turns sampling off. See docs/power.md."""
     from mlhpc import config as cfg
-    from mlhpc.run import train
+    from mlhpc.run import command
     from mlhpc.progress import RunProgress, print_summary
 
     if instances is not None:
@@ -111,13 +111,13 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
         if config_path is not None or overrides:
             raise ConfigError("--resume: give the run folder alone (its checkpoint holds the config)")
         progress = RunProgress()
-        result = train.run(None, on_progress=progress, resume_dir=resume_dir)
+        result = command.run(None, on_progress=progress, resume_dir=resume_dir)
     else:
         if config_path is None:
             raise ConfigError("run: give a CONFIG file (or --resume RUN_FOLDER)")
         config = cfg.load(config_path, overrides)
         progress = RunProgress()
-        result = train.run(config, on_progress=progress)
+        result = command.run(config, on_progress=progress)
     if result.result_file:  # the run ends at its files; the command records them
         _record_run(Path(result.result_file), progress)
     if result.summary:

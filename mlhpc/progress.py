@@ -1,7 +1,7 @@
 """What `mlhpc run` shows (part of the command line, which alone prints): its progress and its
 end-of-run table.
 
-`RunProgress` receives the events `mlhpc.run.train.run` reports (start, synthesis, step, epoch,
+`RunProgress` receives the events `mlhpc.run.command.run` reports (start, synthesis, step, epoch,
 warning) and prints one line each: through rich on a terminal, plain and flushed when stdout is
 a file (a Slurm log), at the same cadence (a ``step N/M`` line every ``train.log_every_steps``).
 `print_summary` prints the `mlhpc.run.result` figures read back from the run's log.

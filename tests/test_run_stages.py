@@ -1,4 +1,4 @@
-"""The run's stages in order (`mlhpc.run.train`): what can be refused from the config alone is
+"""The run's stages in order (`mlhpc.run.command.run`): what can be refused from the config alone is
 refused before the embedded data are made; the log owns the barrier around its records."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from mlhpc import config as cfg
 from mlhpc.errors import ConfigError
 from mlhpc.log.writer import ComplianceLog
-from mlhpc.run.train import run
+from mlhpc.run.command import run
 from mlhpc.runtime import Runtime
 
 

@@ -11,7 +11,7 @@ import torch
 
 from mlhpc import workload as workloads
 from mlhpc import config as cfg
-from mlhpc.run import step, train
+from mlhpc.run import command, step
 from mlhpc.errors import ConfigError
 from test_run_e2e import TINY, tiny_data  # noqa: F401 (fixture)
 
@@ -79,7 +79,7 @@ def test_run_passes_the_compile_mode_to_torch(tmp_path, repo, tiny_data, monkeyp
     config = cfg.load(repo / "configs" / "cosmoflow-mini.yaml", _overrides(tiny_data) + (
         f"output.dir={tmp_path}", "train.compile=reduce-overhead", "train.max_epochs=1",
         "train.target=10", "data.staging.enabled=false"))
-    result = train.run(config)
+    result = command.run(config)
     assert modes == ["reduce-overhead"]
     assert result.summary["perf"]["data_path"]["compile"] == "reduce-overhead"
     summary = json.loads(next(tmp_path.glob("summary_*.json")).read_text())

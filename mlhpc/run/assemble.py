@@ -1,5 +1,4 @@
-"""The material of one run: its data source (`ensure_source`: the embedded data made where
-missing, untimed, before the log), staging (staging_start .. staging_stop; `stage_only` for
+"""The material of one run: staging (staging_start .. staging_stop; `stage_only` for
 `mlhpc stage`) and `build` (datasets, model, sampler, loaders, optimizer, the training step), with
 the first read of a sample checked against the model (`check_sample`).
 
@@ -27,12 +26,12 @@ from torch.utils.data import Sampler
 
 from mlhpc import runtime
 from mlhpc.config import Config
-from mlhpc.data import embedded, loader
+from mlhpc.data import loader
 from mlhpc.data import sampler as sampling
 from mlhpc.data import stage as staging
 from mlhpc.errors import DataError
 from mlhpc.run import checkpoint
-from mlhpc.run.job import Job, ProgressFn
+from mlhpc.run.job import Job
 from mlhpc.log.writer import ComplianceLog, constants
 from mlhpc.run.step import FlopCount, Step, count_flops_on_meta, precision, wrap_model
 from mlhpc.runtime import Runtime
@@ -362,25 +361,3 @@ def stage_only(config: Config) -> tuple[staging.StagingResult | None, bool]:
     """
     with runtime.started("cpu") as (world, _):
         return staging.stage_dataset(config, world), world.is_main
-
-
-def ensure_source(config: Config, workload: Workload, world: Runtime, progress: ProgressFn) -> float:
-    """`mlhpc.data.embedded.ensure_data` on ``data.path``, unless the source is gone and every node
-    already holds its complete staged copy (`mlhpc.data.stage.staged_copy_present`): a run after a
-    separate ``mlhpc stage`` step then needs no source (and synthesises none). Every rank of the
-    job (``world``) takes the same branch. Returns the seconds spent synthesising."""
-    present = (not Path(config.data.path).exists()
-               and staging.staged_copy_present(config, world))
-    if runtime.all_reduce([float(not present)], world, op="max")[0] == 0.0:
-        return 0.0
-    state = embedded.describe(Path(config.data.path))
-    if world.is_main and config.data.synthesize_if_missing and state not in ("complete", "unmarked"):
-        synth = config.synth  # what ensure_data is about to make, and how big
-        progress({"kind": "synthesis", "path": str(config.data.path), "state": state,
-                  "workload": workload.name,
-                  "samples": {k: v for k, v in (synth.model_dump() if synth is not None else {}).items()
-                              if k.endswith("_samples")}})
-    seconds = embedded.ensure_data(config, workload, world, progress)
-    if world.is_main and seconds > 0:
-        progress({"kind": "synthesised", "path": str(config.data.path), "seconds": seconds})
-    return seconds

@@ -18,13 +18,9 @@ result: its log says so (the ``resume`` event, with ``earlier_attempts_s``: the 
 every attempt before it), `mlhpc report` keeps it and the stopped attempt apart from the scored
 runs and shows the total time across attempts, and ``report --package`` refuses both.
 
-The answers ``--resume`` gives (each `ConfigError`, one line, exit status 2, nothing written):
-a run that finished (``run_stop`` without a signal) has nothing to resume; a checkpoint already
-resumed (its ``resumed_N.json`` claim exists, created exclusively by the resuming run) is not
-resumed twice; several stopped runs in one folder need the checkpoint named. A run folder that was
-moved is resumed where it now is: the new log goes to the folder given, and the config's paths are
-those the first attempt resolved (made absolute against its working folder when it started), so
-nothing is synthesised or read relative to the current folder.
+Which checkpoint a ``--resume`` continues, and what it refuses, is `mlhpc.run.resume`'s: the
+command reads the folder's logs and claims before the run starts. A resuming attempt claims its
+checkpoint here (`claim`) once its log is open.
 """
 
 from __future__ import annotations
@@ -39,9 +35,8 @@ from typing import Any
 
 import torch
 
-from mlhpc.config import Config, from_dict
-from mlhpc.errors import ConfigError, DataError, OutputError
-from mlhpc.log.parse import parse_log
+from mlhpc.config import Config
+from mlhpc.errors import ConfigError, OutputError
 from mlhpc.text import clip
 
 CHECKPOINT_PATTERN = "checkpoint_{}.pt"
@@ -165,7 +160,7 @@ class Resume:
 
     @property
     def claim(self) -> Path:
-        return self.run_dir / CLAIM_PATTERN.format(_index(self.source))
+        return self.run_dir / CLAIM_PATTERN.format(index_of(self.source))
 
 
 def absolute_paths(tree: dict[str, Any], base: Path) -> dict[str, Any]:
@@ -228,103 +223,9 @@ def restore(into: Any, state: dict[str, Any], source: str = "checkpoint") -> Non
                           f"({first})") from None
 
 
-def _index(path: Path) -> str:
+def index_of(path: Path) -> str:
+    """N of ``checkpoint_N.pt``: the index of the run set it belongs to."""
     return path.name[len("checkpoint_"):-len(".pt")]
-
-
-def _log_state(log: Path) -> tuple[str, float]:
-    """``(state, timed seconds)`` of the attempt logged in ``log``: ``"finished"`` (run_stop
-    without a signal), ``"stopped"`` (run_stop by a signal), ``"crashed"`` (no run_stop) or
-    ``"missing"``; seconds from run_start to run_stop (or to its last record) plus the attempts
-    it continued."""
-    if not log.is_file():
-        return "missing", 0.0
-    events = parse_log(log).events
-    start = next((e.time_ms for e in events if e.key == "run_start"), None)
-    stop = next((e for e in events if e.key == "run_stop"), None)
-    earlier = next((e.value.get("earlier_attempts_s", 0.0) for e in events
-                    if e.key == "resume" and isinstance(e.value, dict)), 0.0)
-    end = stop.time_ms if stop is not None else (events[-1].time_ms if events else None)
-    seconds = (end - start) / 1000.0 + float(earlier or 0.0) if start is not None and end else 0.0
-    if stop is None:
-        return "crashed", seconds
-    return ("stopped" if stop.metadata.get("signal") else "finished"), seconds
-
-
-def select(target: Path) -> tuple[Path, float]:
-    """The checkpoint to resume from ``target`` (a run folder or a ``checkpoint_N.pt``) and the
-    timed seconds of the attempts before it.
-
-    Raises:
-        ConfigError: not a run folder or checkpoint; no checkpoint; every checkpoint belongs to a
-            finished run or was resumed already; several stopped runs (name the checkpoint).
-    """
-    if target.is_file():
-        candidates, run_dir = [target], target.parent
-    elif target.is_dir():
-        run_dir = target
-        candidates = sorted(target.glob("checkpoint_*.pt"), key=lambda p: p.name)
-    else:
-        raise ConfigError(f"--resume {target}: not a run folder or checkpoint file")
-    if not candidates:
-        raise ConfigError(f"--resume {target}: no checkpoint_N.pt in this folder (a run writes one "
-                          "when stopped by SIGTERM or every train.checkpoint_every_epochs)")
-    open_, refusals = [], []
-    for path in candidates:
-        index = _index(path)
-        claim = run_dir / CLAIM_PATTERN.format(index)
-        state, seconds = _log_state(run_dir / f"result_{index}.txt")
-        if claim.exists():
-            by = _read_claim(claim).get("resumed_by", "another run")
-            refusals.append(f"{path.name} was already resumed by {by} ({claim.name}); resume that "
-                            "run's checkpoint instead")
-        elif state == "finished":
-            refusals.append(f"result_{index}.txt finished (run_stop without a signal); nothing to "
-                            "resume from " + path.name)
-        else:
-            open_.append((path, seconds))
-    if len(open_) > 1:
-        names = ", ".join(p.name for p, _ in open_)
-        raise ConfigError(f"--resume {target}: {len(open_)} stopped runs ({names}); give the "
-                          "checkpoint file to resume")
-    if not open_:
-        raise ConfigError(f"--resume {target}: " + refusals[-1])
-    return open_[0]
-
-
-def _read_claim(path: Path) -> dict[str, Any]:
-    try:
-        from mlhpc.data.inputs import read_text_input
-
-        value = json.loads(read_text_input(path, root=path.parent, what="resume claim"))
-    except (DataError, ValueError, RecursionError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def load_resume(target: Path) -> tuple[Config, Resume]:
-    """The config and saved state to continue the run stopped in ``target`` (see `select`).
-
-    The checkpoint is loaded with ``weights_only=True`` (tensors and plain containers only) and
-    every field checked; the config's ``output.dir`` becomes the folder the checkpoint is in.
-
-    Raises:
-        ConfigError: as `select`, a checkpoint that cannot be read or is malformed, or a config
-            in it that does not validate.
-    """
-    path, earlier_s = select(Path(target))
-    try:
-        raw = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises several types for a damaged or foreign file
-        what = "an empty file" if path.stat().st_size == 0 else type(exc).__name__
-        raise ConfigError(f"--resume {path}: cannot read checkpoint ({what})") from None
-    state = CheckpointState.from_dict(raw, source=f"--resume {path}")
-    tree = dict(state.config)
-    tree["output"] = {**(tree.get("output") or {}), "dir": str(path.parent)}
-    config = from_dict(tree, source=f"{path} (config)")
-    if not earlier_s:  # the stopped attempt's log is gone: the time the checkpoint recorded
-        earlier_s = state.elapsed_s
-    return config, Resume(state, path, path.parent, earlier_s)
 
 
 def claim(resume: Resume, log: Path) -> Path:

@@ -3,10 +3,10 @@ files written after run_stop (`finish`), and the ranks' agreement on the outcome
 them exits.
 
 `finish` runs on the rank that holds the log: ``measured_N.json`` (what the log cannot hold),
-``summary_N.json`` read back from the log (`mlhpc.run.result`), ``config_N.yaml`` and
-``env_N.json``, then the run is recorded in the results store.
+``config_N.yaml`` and ``env_N.json``; the command then writes ``summary_N.json``, read back from
+the log (`mlhpc.run.command.summary_of`), and the CLI records the run in the results store.
 
-`agree` is the last collective of a run (`mlhpc.run.train.run`): rank 0 has written every file of
+`agree` is the last collective of a run (`mlhpc.run.command.run`): rank 0 has written every file of
 the set (result, measured, summary, config, env) before it enters, and every rank leaves it
 with the same status and signal, so that under torchrun, srun or mpiexec no rank exits
 non-zero while rank 0 is still writing (a launcher stops the others when one rank fails).
@@ -190,23 +190,21 @@ def agree(result: RunResult, world: Runtime) -> RunResult:
 # ---- after run_stop: the run's side files ------------------------------------------------------
 
 def finish(job: Job, files: RunFiles | None, parts: Parts, outcome: Outcome) -> RunResult:
-    """Write the side file, then the summary read back from the log, the config and the env
-    (each once, exclusively: the set was claimed with the log), on the rank that holds the log
-    (``files``; None elsewhere). Returns this rank's `RunResult`."""
+    """Write the side file, the config and the env (each once, exclusively: the set was claimed
+    with the log), on the rank that holds the log (``files``; None elsewhere). Returns this
+    rank's `RunResult`; the command adds the summary read back from the log."""
     result = RunResult(outcome.status, outcome.reason, signal=outcome.signal)
     if files is None:
         return result
     results.write_json(files.measured, measured(job, files, parts))
     result.result_file = str(files.log)
-    result.summary = results.load(files.log)
-    results.write_json(files.summary, result.summary)
     results.write_yaml(files.config, job.config.to_dict())
     world = job.world
     results.write_json(files.env, {**envinfo.collect(), "runtime": {
         "launcher": world.launcher, "world_size": world.world_size, "num_nodes": world.num_nodes,
         "local_world_size": world.local_world_size, "device": str(job.rt.device),
         "instances": job.config.train.instances}})
-    return result  # the CLI records the run in the results store once `run` returns
+    return result
 
 
 def measured(job: Job, files: RunFiles, parts: Parts) -> dict[str, Any]:

@@ -82,13 +82,13 @@ def profile(config: Config, steps: int = 5, warmup: int = 2, trace_path: Path | 
             top: int = 15, roofline_path: Path | None = None) -> ProfileResult:
     """Profile ``steps`` training steps of ``config``'s workload after ``warmup`` untimed ones.
 
-    Sets up (and tears down) the job's process group as `mlhpc.run.train.run` does, so DDP and its
+    Sets up (and tears down) the job's process group as `mlhpc.run.command.run` does, so DDP and its
     all-reduce are in the profile whenever they would be in a run.
 
     Raises:
         ConfigError: ``steps`` outside 1 .. `MAX_STEPS` or ``warmup`` outside 0 .. `MAX_STEPS`;
-            otherwise as `mlhpc.run.train.run`.
-        DataError: as `mlhpc.run.train.run`.
+            otherwise as `mlhpc.run.command.run`.
+        DataError: as `mlhpc.run.command.run`.
         OutputError: the trace file's folder cannot be written (checked before any step runs)
             or the trace cannot be written (no partial file is left).
 

@@ -1,12 +1,12 @@
-"""A run's files and its result, read back from its log.
+"""A run's files: the results folder checked before the log is opened, and the side files
+written once.
 
-The log is the one source of a run's result (docs/architecture.md, "How a run flows"): `load` parses
-``result_N.txt`` with `mlhpc.log.parse.parse_log` and summarises it with
-`mlhpc.log.summary.summarize_run`, exactly as ``mlhpc report`` does, and adds what a log cannot
-hold from one side file written once at the end of the run, ``measured_N.json``: FLOPs per sample
-and the device peak (so MFU = FLOPs x the log's samples/s / peak), data-path switches, the staging
-detail per node, the departures from the reference, where a resumed run came from. The end-of-run
-table, ``summary_N.json`` and ``mlhpc report`` therefore cannot disagree.
+The log is the one source of a run's result (docs/architecture.md, "How a run flows"); the run
+writes it and, once at its end, ``measured_N.json``: what a log cannot hold (FLOPs per sample
+and the device peak, data-path switches, the staging detail per node, the departures from the
+reference, where a resumed run came from). ``summary_N.json`` is the two read back through the
+log room as ``mlhpc report`` reads them, by the command once the run has returned
+(`mlhpc.run.command.summary_of`).
 
 The files of run N in an output folder are one set (`mlhpc.log.writer.RUN_FILES`), claimed together
 through ``result_N.txt`` (created with O_EXCL, `mlhpc.log.writer.open_next_result`, only when no file of
@@ -42,9 +42,7 @@ import yaml
 
 from mlhpc.data.claims import remove_own_part
 from mlhpc.data.files import part_path
-from mlhpc.data.inputs import read_text_input
-from mlhpc.errors import LogFormatError, OutputError
-from mlhpc.log.summary import read_summary
+from mlhpc.errors import OutputError
 
 
 #: A run writes a log, a summary, a config and an environment record (tens of kB) and maybe a
@@ -179,14 +177,14 @@ class RunFiles:
 
 @dataclass
 class RunResult:
-    """What `mlhpc.run.train.run` returns on every rank.
+    """What `mlhpc.run.command.run` returns on every rank.
 
     Attributes:
         status / reason: ``"success"`` or ``"aborted"`` and why (the values logged in
             ``run_stop``; the same on every rank of an instance).
         result_file: the log this rank wrote (None on ranks that write none).
-        summary: on the writing rank, `summary_dict` of the log and its side file (what
-            ``summary_N.json`` holds); empty elsewhere.
+        summary: on the writing rank, `mlhpc.run.command.summary_of` the log and its side
+            file (what ``summary_N.json`` holds); empty elsewhere.
         signal: the signal that stopped the run (``"SIGTERM"``; a checkpoint was saved), else
             None; the CLI exits with 128 + its number.
         exit_status: the status every rank of the job exits with, agreed among them
@@ -215,41 +213,3 @@ def write_json(path: Path, obj: Any) -> None:
 def write_yaml(path: Path, obj: Any) -> None:
     """As `write_json`, as YAML (``config_N.yaml``)."""
     write_text_atomic(path, yaml.safe_dump(obj, sort_keys=False), exclusive=True)
-
-
-def derived_perf(perf: dict[str, Any], samples_per_s: float, world_size: int) -> dict[str, Any]:
-    """``perf`` (as measured: FLOPs per sample, per-rank peak, bytes per sample) with the rates
-    that follow from the log's samples/s: achieved FLOP/s (total and per rank), MFU and read
-    bytes/s."""
-    achieved = perf.get("train_flops_per_sample", 0) * samples_per_s
-    peak = perf.get("peak_flop_per_s_per_rank") or 0
-    per_sample = perf.get("dataset_bytes_per_sample")
-    return {**perf, "achieved_flop_per_s": achieved,
-            "achieved_flop_per_s_per_rank": achieved / max(world_size, 1),
-            "mfu": achieved / (peak * world_size) if peak else None,
-            "read_bytes_per_s": per_sample * samples_per_s if per_sample is not None else None}
-
-
-def summary_dict(run: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
-    """The run's summary: ``run`` (`mlhpc.log.summary.RunSummary.to_dict`: the names ``mlhpc
-    report --format json`` uses), the side file's measurements, and the rates that follow."""
-    out = {**run, **{k: v for k, v in measured.items() if k != "perf"}}
-    out["perf"] = derived_perf(measured.get("perf", {}), run.get("samples_per_s") or 0.0,
-                               measured.get("world_size", 1))
-    return out
-
-
-def load(log: Path, target: float | None = None) -> dict[str, Any]:
-    """`summary_dict` of ``log`` and the ``measured_N.json`` beside it (``{}`` if absent).
-
-    ``target``: the quality target the run trained to (default: the side file's ``target``).
-
-    Raises:
-        LogFormatError: the log cannot be read.
-    """
-    side = RunFiles.of_log(Path(log)).measured
-    measured = json.loads(read_text_input(side, root=side.parent, what="side file", error=LogFormatError)) \
-        if os.path.lexists(side) else {}
-    if target is None:
-        target = measured.get("target")
-    return summary_dict(read_summary(log, target), measured)

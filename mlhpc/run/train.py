@@ -1,9 +1,9 @@
-"""A run of one benchmark, one straight line: every stage takes values and returns values.
+"""The run of one benchmark, from its log to its files, one straight line: every stage takes
+values and returns values. The command composes it (`mlhpc.run.command.run`: the resume chosen,
+the ranks started, the data source made before, the summary read back after); here:
 
-    run(config): config (or a checkpoint's) -> the output folder checked -> runtime.started:
-      the job's ranks and this instance's share (`mlhpc.runtime`)
-      -> ensure_source: embedded data made if missing (untimed, before the log) -> Job (frozen)
-      -> seeded_model: the model built once, a resumed run's weights loaded into it (nothing
+    train(job, stop, lbs):
+      seeded_model: the model built once, a resumed run's weights loaded into it (nothing
          reads the dataset) -> `attempt`:
          result_N.txt claimed, the log synchronised over the instance's ranks
          (`ComplianceLog.barrier`), log_init: init_start, submission_*, cache_clear, seed,
@@ -12,9 +12,8 @@
          read of the data checked against the model) before or after init_stop .. run_start
          (`start_run`), by ``data.staging.placement``
       -> train_loop: epochs and evaluations until the target, then run_stop (below)
-      -> finish: measured_N.json, summary_N.json read back from the log, config_N.yaml,
-         env_N.json (`mlhpc.run.outcome`)
-      -> agree: every rank leaves with the job's exit status (`mlhpc.run.outcome`)
+      -> finish: measured_N.json, config_N.yaml, env_N.json (`mlhpc.run.outcome`)
+      -> release: the staged copy this run made let go (`mlhpc.data.stage.copies`)
 
 Data parallelism is DistributedDataParallel; which samples a rank reads is
 `mlhpc.data.sampler`'s choice: after a sharded stage (``data.staging.shard: node``) its node's
@@ -49,75 +48,56 @@ from mlhpc.data.stage.copies import release
 from mlhpc.errors import ConfigError
 from mlhpc.power.sampler import sampling
 from mlhpc.run import checkpoint
-from mlhpc.run.assemble import (Parts, Seeded, build, ensure_source, seeded_model, sources_named, stage,
-                                steps_per_pass)
+from mlhpc.run.assemble import Parts, Seeded, build, seeded_model, sources_named, stage, steps_per_pass
 from mlhpc.run.evaluate import evaluate
-from mlhpc.run.job import Job, ProgressFn
+from mlhpc.run.job import Job
 from mlhpc.log.writer import ComplianceLog, constants
 from mlhpc.run.mllog import log_hyperparameters, log_init, log_samples
-from mlhpc.run.outcome import Outcome, RunInterrupted, Stop, agree, close_failed, finish
-from mlhpc.run.result import RunFiles, RunResult, check_output_dir
+from mlhpc.run.outcome import Outcome, RunInterrupted, Stop, close_failed, finish
+from mlhpc.run.result import RunFiles, RunResult
 from mlhpc.run.step import autocast, train_step
 from mlhpc.runtime import Runtime
-from mlhpc.workload import get as get_workload
 
-__all__ = ["RunInterrupted", "RunResult", "local_batch_size", "run", "train_loop"]
+__all__ = ["RunInterrupted", "RunResult", "local_batch_size", "train", "train_loop"]
 
 
-def run(config: Config | None, *, on_progress: ProgressFn | None = None,
-        resume_dir: Path | None = None) -> RunResult:
-    """Train ``config``'s workload to its quality target; write the run's files on rank 0.
-
-    With ``resume_dir`` (a run folder or a ``checkpoint_N.pt``), continue the run stopped there
-    (``config`` is then taken from its checkpoint and may be None; `mlhpc.run.checkpoint` says
-    what a resumed run is worth). Returns this rank's instance's `RunResult`.
+def train(job: Job, stop: Stop, lbs: int) -> RunResult:
+    """Train ``job``'s workload to its quality target, from ``init_start`` to ``run_stop``, and
+    write the run's files on the rank that holds the log (``result_N.txt``, ``measured_N.json``,
+    ``config_N.yaml``, ``env_N.json``); let go of the staged copy this run made unless
+    ``data.staging.keep``. The data source exists (the command made it: `mlhpc.run.command`);
+    ``stop`` listens for signals; ``lbs`` is the local batch size (`local_batch_size`). Returns
+    this rank's `RunResult` (the command adds the summary read back from the log).
 
     Everything that can be checked without reading the dataset is checked before
-    ``result_N.txt`` is opened: the config and output folder, then the model, built once here
-    (`seeded_model`; a checkpoint being resumed must fit it). Whether the data fit the model is
-    checked after ``init_start`` (`build`, `check_sample`): MLPerf's training rules
-    (training_rules.adoc, "Run Results"): "The clock must start before any part of the system
-    touches the dataset", and the log is where that start is shown. An attempt that fails (or is signalled) before ``run_start`` has
-    its log moved to ``<output.dir>/failed/`` and named in the error, so it never counts as a
-    run of the folder; one that fails after ``run_start`` logs ``run_stop`` (aborted, with the
-    reason) first.
+    ``result_N.txt`` is opened: the config and output folder (the command), then the model,
+    built once here (`seeded_model`; a checkpoint being resumed must fit it). Whether the data
+    fit the model is checked after ``init_start`` (`build`, `check_sample`): MLPerf's training
+    rules (training_rules.adoc, "Run Results"): "The clock must start before any part of the
+    system touches the dataset", and the log is where that start is shown. An attempt that
+    fails (or is signalled) before ``run_start`` has its log moved to ``<output.dir>/failed/``
+    and named in the error, so it never counts as a run of the folder; one that fails after
+    ``run_start`` logs ``run_stop`` (aborted, with the reason) first.
 
     Raises:
         ConfigError, DataError, StagingError, OutputError: bad input or environment.
         RunInterrupted: a signal before ``run_start`` (exit status 128 + its number).
     """
-    resume = None
-    if resume_dir is not None:
-        config, resume = checkpoint.load_resume(Path(resume_dir))
-    assert config is not None
-    check_output_dir(config.output.dir)  # before anything is written (OutputError)
-    workload = get_workload(config.workload)
-    tcfg = config.train
-    progress = on_progress or (lambda event: None)
-    with runtime.started(tcfg.device, tcfg.instances, tcfg.threads) as (world, rt):
-        if world.is_main:  # first thing: where data and results go
-            progress(_where(config))
-        lbs = local_batch_size(config, rt)  # a batch that does not divide: refused before any data
-        with Stop() as stop:  # SIGTERM: an error before run_start, a checkpoint after it
-            # Synthesising the embedded dataset when it is missing creates the data a run then
-            # reads (as a download would); it is not the benchmark touching the dataset, so it
-            # stays before the log, untimed, once for every instance. Nothing here reads a sample.
-            synthesis_s = ensure_source(config, workload, world, progress)
-            job = Job(config, workload, world, rt, resume, progress, synthesis_s)
-            seeded = seeded_model(job)  # the model, once; a resumed run's weights fit (ConfigError)
-            with attempt(job) as (log, files):  # init_start .. run_stop, or the log set aside
-                parts = _prepare(job, log, stop, lbs, seeded)  # .. run_start
-                with sources_named(parts.staged), sampling(
-                        config.power, rt, log.path, Path(config.output.dir),
-                        notify=lambda m: progress({"kind": "warning", "message": m})):
-                    outcome = train_loop(job, log, parts, stop, files)  # .. run_stop
-            # still under `Stop`: a SIGTERM now (a launcher stopping the job) waits for the files
-            result = finish(job, files, parts, outcome)
-            # the staged copy this run made goes unless data.staging.keep (every rank lets go)
-            said = release(parts.staged, config.data.staging.keep, world.local_rank, world.node_rank)
-            if said and world.is_main:
-                progress({"kind": "note", "message": said})
-        return agree(result, world)  # rank 0 has written every file; no rank exits before
+    config, world = job.config, job.world
+    seeded = seeded_model(job)  # the model, once; a resumed run's weights fit (ConfigError)
+    with attempt(job) as (log, files):  # init_start .. run_stop, or the log set aside
+        parts = _prepare(job, log, stop, lbs, seeded)  # .. run_start
+        with sources_named(parts.staged), sampling(
+                config.power, job.rt, log.path, Path(config.output.dir),
+                notify=lambda m: job.progress({"kind": "warning", "message": m})):
+            outcome = train_loop(job, log, parts, stop, files)  # .. run_stop
+    # still under `Stop`: a SIGTERM now (a launcher stopping the job) waits for the files
+    result = finish(job, files, parts, outcome)
+    # the staged copy this run made goes unless data.staging.keep (every rank lets go)
+    said = release(parts.staged, config.data.staging.keep, world.local_rank, world.node_rank)
+    if said and world.is_main:
+        job.progress({"kind": "note", "message": said})
+    return result
 
 
 @contextmanager
@@ -182,15 +162,6 @@ def start_run(job: Job, log: ComplianceLog, stop: Stop) -> None:
     log.barrier()
     stop.start_timed()
     log.start(constants.RUN_START)
-
-
-def _where(config: Config) -> dict[str, Any]:
-    """The ``where`` event: ``data`` and ``output`` as absolute paths, each with the value the
-    config gave (``*_given``), and ``cwd``, the folder a relative one was resolved against."""
-    data, output = Path(config.data.path), Path(config.output.dir)
-    return {"kind": "where", "data": str(data.absolute()), "data_given": str(data),
-            "output": str(output.absolute()), "output_given": str(output),
-            "cwd": str(Path.cwd())}
 
 
 def local_batch_size(config: Config, rt: Runtime) -> int:
