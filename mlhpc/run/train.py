@@ -20,7 +20,7 @@ Data parallelism is DistributedDataParallel; which samples a rank reads is
 samples, shuffled within the node; otherwise a seeded per-epoch shuffle shared by all ranks (so R
 ranks x local batch b see the same global batches as 1 rank x R*b).
 
-The timed run (`train_loop`, below: the loop, one screen) goes from ``run_start`` to
+The timed run (`train_loop`, below: the loop, one screen, over one `Run`) goes from ``run_start`` to
 ``run_stop``: each epoch trains (`_train_epoch`), evaluates (`_evaluate_epoch`), reports, and
 stops at the quality target, a non-finite loss or metric, ``train.max_epochs``, or a signal (a
 checkpoint is saved first: `mlhpc.run.checkpoint`). Rank 0 writes every log line; the timing
@@ -90,7 +90,8 @@ def train(job: Job, stop: Stop, lbs: int) -> RunResult:
         with sources_named(parts.staged), sampling(
                 config.power, job.rt, log.path, Path(config.output.dir),
                 notify=lambda m: job.progress({"kind": "warning", "message": m})):
-            outcome = train_loop(job, log, parts, stop, files)  # .. run_stop
+            run = Run(job, log, files, parts, stop, Clock(job.resume.earlier_attempts_s if job.resume else 0.0))
+            outcome = train_loop(run)  # .. run_stop
     # still under `Stop`: a SIGTERM now (a launcher stopping the job) waits for the files
     result = finish(job, files, parts, outcome)
     # the staged copy this run made goes unless data.staging.keep (every rank lets go)
@@ -191,9 +192,12 @@ class Clock:
 
 
 @dataclass(frozen=True)
-class Loop:
-    """What every epoch of the loop reads: the job, its log and files, the parts, the signal
-    listener and the clock of the timed run."""
+class Run:
+    """The timed run as one object: what every epoch of the loop reads. Its two halves keep the
+    lifetimes they have: the `Job` (what is known before the log opens, frozen; the tools build
+    their parts from one too) and the `Parts` (what was built from the data, after
+    ``init_start``; their ``state_dict`` is what a checkpoint carries), joined here with the
+    attempt's log and files, the signal listener and the clock of the timed run."""
 
     job: Job
     log: ComplianceLog
@@ -201,6 +205,19 @@ class Loop:
     parts: Parts
     stop: Stop
     clock: Clock
+
+    @property
+    def rt(self) -> Runtime:
+        return self.job.rt
+
+    @property
+    def tcfg(self) -> TrainConfig:
+        return self.job.config.train
+
+    def tell(self, event: dict[str, Any]) -> None:
+        """A progress event, from the rank that reports."""
+        if self.job.rt.is_main:
+            self.job.progress(event)
 
 
 @dataclass(frozen=True)
@@ -223,8 +240,7 @@ class Epoch:
     train_loss: float
 
 
-def train_loop(job: Job, log: ComplianceLog, parts: Parts, stop: Stop,
-               files: RunFiles | None) -> Outcome:
+def train_loop(run: Run) -> Outcome:
     """(after run_start) .. run_stop: epochs and evaluations until the target, max_epochs, a
     non-finite loss or metric, or a signal (which saves a checkpoint). Returns the outcome
     logged in ``run_stop``.
@@ -235,21 +251,20 @@ def train_loop(job: Job, log: ComplianceLog, parts: Parts, stop: Stop,
     ``train.check_every_steps`` steps (`_agreed_stop`) and the loss sum once at its end; an
     evaluation all-reduces (sum, count) once (`mlhpc.run.evaluate`).
     """
-    tcfg, metric = job.config.train, job.workload.metric
+    job, tcfg, metric = run.job, run.tcfg, run.job.workload.metric
     target = metric.target if tcfg.target is None else tcfg.target
     first, skip = (job.resume.state.epoch, job.resume.state.step) if job.resume else (1, 0)
-    loop = Loop(job, log, files, parts, stop, Clock(job.resume.earlier_attempts_s if job.resume else 0.0))
     if job.workload.evaluate_at_start and job.resume is None:
-        _evaluate_epoch(loop, 0, target)  # the starting point, epoch_num 0; training follows, as the reference's
+        _evaluate_epoch(run, 0, target)  # the starting point, epoch_num 0; training follows, as the reference's
     outcome = Outcome(constants.ABORTED, f"max_epochs {tcfg.max_epochs} reached before the target",
                       max(first - 1, tcfg.max_epochs))
     for epoch in range(first, tcfg.max_epochs + 1):
-        trained = _train_epoch(loop, epoch, skip if epoch == first else 0)
+        trained = _train_epoch(run, epoch, skip if epoch == first else 0)
         if trained.stopped is not None:
             outcome = Outcome(constants.ABORTED, trained.stopped.reason, epoch, trained.stopped.signal)
             break
-        evaluated = _evaluate_epoch(loop, epoch, target)
-        _report(loop, epoch, trained, evaluated)
+        evaluated = _evaluate_epoch(run, epoch, target)
+        _report(run, epoch, trained, evaluated)
         if not math.isfinite(evaluated.value):
             outcome = Outcome(constants.ABORTED, f"non-finite {metric.key} ({evaluated.value}) at epoch {epoch}",
                               epoch)
@@ -258,9 +273,9 @@ def train_loop(job: Job, log: ComplianceLog, parts: Parts, stop: Stop,
             outcome = Outcome(constants.SUCCESS, None, epoch)
             break
         if should_checkpoint(tcfg, epoch):
-            _save_checkpoint(loop, epoch + 1, 0)
-    log.barrier()
-    log.end(constants.RUN_STOP, metadata=outcome.run_stop_metadata())
+            _save_checkpoint(run, epoch + 1, 0)
+    run.log.barrier()
+    run.log.end(constants.RUN_STOP, metadata=outcome.run_stop_metadata())
     return outcome
 
 
@@ -283,13 +298,13 @@ def should_check(tcfg: TrainConfig, steps_done: int) -> bool:
     return steps_done % tcfg.check_every_steps == 0
 
 
-def _train_epoch(loop: Loop, epoch: int, skip: int) -> Epoch:
+def _train_epoch(run: Run, epoch: int, skip: int) -> Epoch:
     """One epoch_start .. epoch_stop from micro-step ``skip``. Every ``train.check_every_steps``
     the ranks agree on stopping (a signal: checkpoint and stop; a non-finite loss: stop)."""
-    job, parts, rt, tcfg = loop.job, loop.parts, loop.job.rt, loop.job.config.train
-    batches, micro_steps = _epoch_batches(parts, epoch, skip, job.config)
-    loop.log.barrier()
-    loop.log.start(constants.EPOCH_START, metadata={constants.EPOCH_NUM: _epoch_num(loop, epoch)})
+    parts, rt, tcfg = run.parts, run.rt, run.tcfg
+    batches, micro_steps = _epoch_batches(parts, epoch, skip, run.job.config)
+    run.log.barrier()
+    run.log.start(constants.EPOCH_START, metadata={constants.EPOCH_NUM: _epoch_num(run, epoch)})
     t0 = time.perf_counter()
     parts.step.model.train()
     loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
@@ -300,39 +315,39 @@ def _train_epoch(loop: Loop, epoch: int, skip: int) -> Epoch:
         n = parts.train_ds.batch_len(x)
         loss_sum += loss.double() * n
         samples += n
-        if should_log_step(tcfg, step + 1) and rt.is_main:
-            job.progress({"kind": "step", "epoch": epoch, "step": step + 1, "steps": micro_steps,
-                          "loss": float(loss)})
+        if should_log_step(tcfg, step + 1):
+            run.tell({"kind": "step", "epoch": epoch, "step": step + 1, "steps": micro_steps,
+                      "loss": float(loss)})
         if last_micro and should_check(tcfg, step + 1):
-            stopped = _agreed_stop(loop, loss_sum, epoch, step + 1)
+            stopped = _agreed_stop(run, loss_sum, epoch, step + 1)
             if stopped is not None:
                 break
     signalled, loss_total, samples_total = runtime.all_reduce(
-        [float(loop.stop.signal is not None), loss_sum.item(), samples], rt)
-    loop.log.barrier()
+        [float(run.stop.signal is not None), loss_sum.item(), samples], rt)
+    run.log.barrier()
     epoch_s = time.perf_counter() - t0
-    loop.log.end(constants.EPOCH_STOP, metadata={constants.EPOCH_NUM: _epoch_num(loop, epoch)})
+    run.log.end(constants.EPOCH_STOP, metadata={constants.EPOCH_NUM: _epoch_num(run, epoch)})
     train_loss = loss_total / max(samples_total, 1)
     if stopped is None and not math.isfinite(train_loss):
         stopped = Stopped(f"non-finite training loss ({train_loss}) in epoch {epoch}")
     if stopped is None and signalled > 0:  # the signal arrived after the last check
-        stopped = Stopped(f"{loop.stop.signal or 'SIGTERM'} at the end of epoch {epoch}", loop.stop.signal)
-        _save_checkpoint(loop, epoch, micro_steps)
+        stopped = Stopped(f"{run.stop.signal or 'SIGTERM'} at the end of epoch {epoch}", run.stop.signal)
+        _save_checkpoint(run, epoch, micro_steps)
     return Epoch(stopped, epoch_s, samples_total / epoch_s if epoch_s > 0 else 0.0, train_loss)
 
 
-def _agreed_stop(loop: Loop, loss_sum: torch.Tensor, epoch: int, steps_done: int) -> Stopped | None:
+def _agreed_stop(run: Run, loss_sum: torch.Tensor, epoch: int, steps_done: int) -> Stopped | None:
     """Why every rank stops after ``steps_done`` steps (a checkpoint is saved on a signal), or
     None: the ranks agree on a signal or a non-finite loss seen by any of them."""
     signalled, non_finite = runtime.all_reduce(
-        [float(loop.stop.signal is not None), float(not math.isfinite(loss_sum.item()))],
-        loop.job.rt, op="max")
+        [float(run.stop.signal is not None), float(not math.isfinite(loss_sum.item()))],
+        run.rt, op="max")
     if non_finite:
         return Stopped(f"non-finite training loss in epoch {epoch} by step {steps_done}")
     if signalled:
-        _save_checkpoint(loop, epoch, steps_done)
-        return Stopped(f"{loop.stop.signal or 'SIGTERM'} in epoch {epoch} after step {steps_done}",
-                       loop.stop.signal)
+        _save_checkpoint(run, epoch, steps_done)
+        return Stopped(f"{run.stop.signal or 'SIGTERM'} in epoch {epoch} after step {steps_done}",
+                       run.stop.signal)
     return None
 
 
@@ -347,14 +362,14 @@ class Evaluated:
     reached: bool
 
 
-def _evaluate_epoch(loop: Loop, epoch: int, target: float) -> Evaluated:
+def _evaluate_epoch(run: Run, epoch: int, target: float) -> Evaluated:
     """eval_start .. eval_stop and the metric record (``epoch_num`` as `_epoch_num` counts)."""
-    job, parts, log, metric = loop.job, loop.parts, loop.log, loop.job.workload.metric
-    logged = {constants.EPOCH_NUM: _epoch_num(loop, epoch)}
+    parts, log, rt, metric = run.parts, run.log, run.rt, run.job.workload.metric
+    logged = {constants.EPOCH_NUM: _epoch_num(run, epoch)}
     log.start(constants.EVAL_START, metadata=logged)
     t0 = time.perf_counter()
     parts.step.model.eval()
-    value = evaluate(parts.model, parts.eval_loader, metric, job.rt, autocast(parts.step.precision, job.rt.device))
+    value = evaluate(parts.model, parts.eval_loader, metric, rt, autocast(parts.step.precision, rt.device))
     log.barrier()
     eval_s = time.perf_counter() - t0
     log.end(constants.EVAL_STOP, metadata=logged)
@@ -363,28 +378,26 @@ def _evaluate_epoch(loop: Loop, epoch: int, target: float) -> Evaluated:
     return Evaluated(value, eval_s, target, metric.reached(value, target))
 
 
-def _epoch_num(loop: Loop, epoch: int) -> int:
+def _epoch_num(run: Run, epoch: int) -> int:
     """``epoch_num`` as the ruleset counts it: the epoch (1-based) or, for a benchmark whose
     epochs count training samples (`mlhpc.rules.Ruleset.sample_counted_epochs`: OpenFold), the
     samples trained by the epoch's end, its optimizer steps x ``train.global_batch_size`` (a
     pass's short last batch counted whole)."""
-    if loop.job.workload.name not in rules.ruleset().sample_counted_epochs:
+    if run.job.workload.name not in rules.ruleset().sample_counted_epochs:
         return epoch
-    tcfg = loop.job.config.train
-    steps = tcfg.eval_every_steps or steps_per_pass(loop.parts.train_loader, loop.job.config)
+    tcfg = run.job.config.train
+    steps = tcfg.eval_every_steps or steps_per_pass(run.parts.train_loader, run.job.config)
     return epoch * steps * tcfg.global_batch_size
 
 
-def _report(loop: Loop, epoch: int, trained: Epoch, evaluated: Evaluated) -> None:
+def _report(run: Run, epoch: int, trained: Epoch, evaluated: Evaluated) -> None:
     """The ``epoch`` progress event (rank 0)."""
-    job = loop.job
-    if job.rt.is_main:
-        job.progress({"kind": "epoch", "epoch": epoch, "max_epochs": job.config.train.max_epochs,
-                      "metric_key": job.workload.metric.key, "metric": evaluated.value,
-                      "target": evaluated.target, "reached": evaluated.reached,
-                      "train_loss": trained.train_loss, "epoch_s": trained.epoch_s,
-                      "eval_s": evaluated.eval_s, "instance": job.rt.instance,
-                      "samples_per_s": trained.samples_per_s})
+    run.tell({"kind": "epoch", "epoch": epoch, "max_epochs": run.tcfg.max_epochs,
+              "metric_key": run.job.workload.metric.key, "metric": evaluated.value,
+              "target": evaluated.target, "reached": evaluated.reached,
+              "train_loss": trained.train_loss, "epoch_s": trained.epoch_s,
+              "eval_s": evaluated.eval_s, "instance": run.rt.instance,
+              "samples_per_s": trained.samples_per_s})
 
 
 def _epoch_batches(parts: Parts, epoch: int, skip: int, config: Config) -> tuple[Iterable, int]:
@@ -420,10 +433,10 @@ def _passes(parts: Parts, start: int) -> Iterator[Any]:
         yield from (parts.train_loader.resumed(offset) if offset else parts.train_loader)
 
 
-def _save_checkpoint(loop: Loop, next_epoch: int, steps_done: int) -> None:
+def _save_checkpoint(run: Run, next_epoch: int, steps_done: int) -> None:
     """Rank 0 saves where a resumed run re-enters: ``next_epoch`` after ``steps_done`` steps."""
-    if loop.files is not None:
-        state = checkpoint.capture(loop.job.config, loop.parts, next_epoch, steps_done,
-                                   loop.files.log.name, loop.clock.elapsed_s())
-        checkpoint.save(loop.files.checkpoint, state)
+    if run.files is not None:
+        state = checkpoint.capture(run.job.config, run.parts, next_epoch, steps_done,
+                                   run.files.log.name, run.clock.elapsed_s())
+        checkpoint.save(run.files.checkpoint, state)
 
