@@ -142,6 +142,9 @@ SERIAL_GROUPS = {"slurm": lambda item: item.get_closest_marker("slurm") is not N
                      "test_the_report_command_the_readme_gives_works")}
 
 
+# tryfirst: pytest-xdist reads the groups in its own hook of this name (appending ``@group`` to
+# each node id) and its hook would otherwise run first, before any group is marked.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         for group, member in SERIAL_GROUPS.items():

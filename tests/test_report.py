@@ -28,6 +28,15 @@ def round_reports(mlperf_results) -> dict[str, object]:
     return {name: build_report([mlperf_results / name]) for name in ("hpc_results_v1.0", "hpc_results_v3.0")}
 
 
+def test_this_module_runs_in_its_serial_group(request):
+    """Under pytest-xdist (``--dist loadgroup``) this module's tests share one worker, so the
+    session fixture above is built once, not on every worker (tests/conftest.py's serial groups:
+    the group shows in the node id)."""
+    if not request.config.getvalue("loadgroup"):
+        pytest.skip("not run by pytest-xdist with --dist loadgroup")
+    assert request.node.nodeid.endswith("@published-scores"), request.node.nodeid
+
+
 def _expected_rows(root: Path) -> list[dict[str, str]]:
     with open(root / "expected_scores.csv", newline="") as handle:
         return list(csv.DictReader(handle))
