@@ -151,6 +151,25 @@ def test_data_synth_cli_bad_seed(tmp_path, mlhpc_cmd, seed):
     assert list(tmp_path.iterdir()) == []  # nothing left behind
 
 
+def test_data_synth_takes_the_configs_seed_as_a_run_would(tmp_path):
+    """``mlhpc data synth --config C`` makes the data ``mlhpc run C`` would make: the seed is the
+    config's ``data.synth_seed`` unless --seed says otherwise, so the run takes the folder as it
+    is (a different seed would be refused as data of other settings)."""
+    from click.testing import CliRunner
+
+    from mlhpc.cli import main
+
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps({"workload": "cosmoflow", "train": {"global_batch_size": 4, "max_epochs": 1},
+                                "data": {"synth_seed": 7}, "synth": SYNTH}))
+    result = CliRunner().invoke(main, ["data", "synth", "cosmoflow", "--out", str(tmp_path / "d"),
+                                       "--config", str(path)])
+    assert result.exit_code == 0, result.output
+    assert embedded.ensure_data(config_for(tmp_path / "d", seed=7), get("cosmoflow"), ONE_RANK) == 0.0
+    with pytest.raises(DataError):
+        embedded.ensure_data(config_for(tmp_path / "d", seed=0), get("cosmoflow"), ONE_RANK)
+
+
 def _synth_cmd(mlhpc_cmd, out: Path, **synth) -> list[str]:
     sets = [a for k, v in {**SYNTH, **synth}.items() for a in ("--set", f"synth.{k}={v}")]
     return [*mlhpc_cmd, "data", "synth", "cosmoflow", "--out", str(out), *sets]

@@ -28,11 +28,12 @@ def data_group() -> None:
               help="Dataset folder to write (train/ and validation/ inside).")
 @click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
               help="Take the synth section from this config.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=None,
+              help="Seed of the synthesis (default: the config's data.synth_seed, 0 without --config).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a synth value, e.g. --set synth.cube_size=32.")
 @_friendly
-def synth_command(workload_name: str, out_dir: Path, config_path: Path | None, seed: int,
+def synth_command(workload_name: str, out_dir: Path, config_path: Path | None, seed: int | None,
                   overrides: tuple[str, ...]) -> None:
     """Write WORKLOAD's embedded synthetic dataset in the official on-disk layout."""
     from mlhpc import config as cfg
@@ -51,7 +52,8 @@ def synth_command(workload_name: str, out_dir: Path, config_path: Path | None, s
         f"mlhpc: no --config: {workload_name}'s synth defaults (full-size samples)"
         f"{' and the --set values' if overrides else ''}"))
     try:  # atomic: a hidden sibling folder renamed into place, marked complete (mlhpc.data.embedded)
-        wrote = embedded.synthesize(out_dir, workload, config.synth, seed, on_progress=lines)
+        wrote = embedded.synthesize(out_dir, workload, config.synth,
+                                    config.data.synth_seed if seed is None else seed, on_progress=lines)
     except KeyboardInterrupt:  # Ctrl-C: one line and 128 + SIGINT, as a run exits
         lines.close()
         echo(f"mlhpc: interrupted (SIGINT): {out_dir} not completed; nothing half-written is in "
