@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -89,6 +90,33 @@ def mini_overrides(workload: str, work: Path, tiny: bool) -> tuple[Path, tuple[s
     return REPO / config, sets
 
 
+def run_bounded(args: list[str], timeout_s: float, cwd: Path) -> subprocess.CompletedProcess:
+    """``args`` run in a session of its own, its output captured; past ``timeout_s`` seconds the
+    whole process group is stopped (SIGTERM, then SIGKILL after 10 s), the processes ``args``
+    started included (a synthesis pool's workers), not only the first.
+
+    Raises:
+        subprocess.TimeoutExpired: the command ran past ``timeout_s`` (its group stopped).
+    """
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, None)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.communicate(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        raise
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
 def checker(log: Path, metric: str, timeout_s: float) -> dict[str, Any]:
     """MLCommons' compliance checker (hpc ruleset 3.0.0) on ``log``: ``ok`` (SUCCESS), its
     failed checks, and ``only_target``: every failed check is the quality metric's target (a
@@ -124,8 +152,7 @@ def mini_run(workload: str, work: Path, tiny: bool, timeout_s: float) -> dict[st
         args += ["--set", value]
     start = time.perf_counter()
     try:
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=max(5.0, timeout_s),
-                              cwd=work, check=False)
+        proc = run_bounded(args, max(5.0, timeout_s), work)
     except subprocess.TimeoutExpired:
         return {"ok": False, "why": f"timed out after {timeout_s:.0f} s"}
     row: dict[str, Any] = {"returncode": proc.returncode, "wall_s": time.perf_counter() - start}

@@ -107,3 +107,28 @@ def test_bad_input_is_one_line_and_exit_2(capsys, args, says):
     assert gpu.main(args) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and says in err, err
+
+
+def test_a_bounded_run_past_its_time_stops_the_processes_it_started(tmp_path):
+    """`gpu_harness.run_bounded` past its timeout stops the whole process group: a grandchild
+    (as a synthesis pool's worker is to `mlhpc run`) does not outlive it."""
+    import os
+    import time
+
+    pid_file = tmp_path / "grandchild.pid"
+    code = ("import subprocess, sys, time\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+            "time.sleep(120)\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        gpu_harness.run_bounded([sys.executable, "-c", code], 3.0, tmp_path)
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the grandchild {grandchild} outlived the bounded run")
