@@ -15,6 +15,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -27,6 +28,16 @@ def server_bin() -> Path | None:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
                    key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0)
     return Path(found[-1]).parent if found else None
+
+
+def _reachable_by_the_server_user(path: Path) -> None:
+    """Let other users traverse (``o+x``, not list) the folders above ``path`` that this test
+    session made (the session folder is private, 0700), so that the ``postgres`` user reaches its
+    cluster; nothing above the first folder the session does not own is touched."""
+    for folder in path.parents:
+        if str(folder) in ("/", "/tmp") or folder.stat().st_uid != os.geteuid():
+            break
+        folder.chmod(stat.S_IMODE(folder.stat().st_mode) | 0o001)
 
 
 def _as_server_user(cmd: list[str]) -> list[str]:
@@ -49,6 +60,7 @@ def postgres_url():
     data = root / "data"
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")
+        _reachable_by_the_server_user(root)
     env = {**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
     init = subprocess.run(_as_server_user([str(bindir / "initdb"), "-D", str(data), "-U", "postgres",
                                            "--auth=trust", "-E", "UTF8"]),
