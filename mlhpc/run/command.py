@@ -1,16 +1,19 @@
-"""``mlhpc run`` as a library call: what the command composes around the run.
+"""``mlhpc run`` as a library call: the run in one straight line, and what the command composes
+around it.
 
     run(config): the checkpoint to resume chosen from the folder's logs (`mlhpc.run.resume`)
       -> the output folder checked -> runtime.started: the job's ranks and this instance's share
       -> the batch checked against the ranks -> ensure_source: the embedded data made where
-         missing (untimed, before the log) -> `mlhpc.run.train.train`: init_start .. run_stop
-         and the run's own files (result, measured, config, env), the staged copy let go
+         missing (untimed, before the log) -> Job (frozen)
+      -> the run's stages (`mlhpc.run.train`): seeded_model, attempt (init_start ..),
+         prepare (.. run_start), Run and train_loop (.. run_stop), finish: the run's own files
+         (result, measured, config, env); the staged copy let go
       -> summary_of: ``summary_N.json``, the log and its side file read back through the log
          room as ``mlhpc report`` reads them
       -> agree: every rank leaves with the job's exit status (`mlhpc.run.outcome.agree`)
 
-The CLI then records the run in the results store. The run itself (`mlhpc.run.train`) reads no
-earlier log, makes no data and summarises nothing: it begins at its log and ends at its files
+The CLI then records the run in the results store. The run's stages (`mlhpc.run.train`) read no
+earlier log, make no data and summarise nothing: the run begins at its log and ends at its files
 (docs/architecture.md, "The floors").
 """
 
@@ -25,15 +28,18 @@ from mlhpc import runtime
 from mlhpc.config import Config
 from mlhpc.data import embedded
 from mlhpc.data import stage as staging
+from mlhpc.data.stage.copies import release
 from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import LogFormatError
 from mlhpc.log.summary import read_summary
+from mlhpc.power.sampler import sampling
 from mlhpc.run import result as results
+from mlhpc.run.assemble import seeded_model, sources_named
 from mlhpc.run.job import Job, ProgressFn
-from mlhpc.run.outcome import Stop, agree
+from mlhpc.run.outcome import Stop, agree, finish
 from mlhpc.run.result import RunFiles, RunResult, check_output_dir
 from mlhpc.run.resume import load_resume
-from mlhpc.run.train import local_batch_size, train
+from mlhpc.run.train import Clock, Run, attempt, local_batch_size, prepare, train_loop
 from mlhpc.runtime import Runtime
 from mlhpc.workload import Workload
 from mlhpc.workload import get as get_workload
@@ -51,7 +57,14 @@ def run(config: Config | None, *, on_progress: ProgressFn | None = None,
     on the rank that wrote the log.
 
     Everything that can be checked without reading the dataset is checked before
-    ``result_N.txt`` is opened (`mlhpc.run.train.train` says what and why).
+    ``result_N.txt`` is opened: the config and output folder, then the model, built once here
+    (`seeded_model`; a checkpoint being resumed must fit it). Whether the data fit the model is
+    checked after ``init_start`` (`build`, `check_sample`): MLPerf's training rules
+    (training_rules.adoc, "Run Results"): "The clock must start before any part of the system
+    touches the dataset", and the log is where that start is shown. An attempt that fails (or
+    is signalled) before ``run_start`` has its log moved to ``<output.dir>/failed/`` and named
+    in the error, so it never counts as a run of the folder; one that fails after
+    ``run_start`` logs ``run_stop`` (aborted, with the reason) first.
 
     Raises:
         ConfigError, DataError, StagingError, OutputError: bad input or environment.
@@ -75,11 +88,23 @@ def run(config: Config | None, *, on_progress: ProgressFn | None = None,
             # stays before the log, untimed, once for every instance. Nothing here reads a sample.
             synthesis_s = ensure_source(config, workload, world, progress)
             job = Job(config, workload, world, rt, resume, progress, synthesis_s)
-            result = train(job, stop, lbs)  # init_start .. run_stop, the run's files
-            if result.result_file:  # still under `Stop`: a SIGTERM now waits for the summary
-                files = RunFiles.of_log(Path(result.result_file))
+            seeded = seeded_model(job)  # the model, once; a resumed run's weights fit (ConfigError)
+            with attempt(job) as (log, files):  # init_start .. run_stop, or the log set aside
+                parts = prepare(job, log, stop, lbs, seeded)  # .. run_start
+                with sources_named(parts.staged), sampling(
+                        config.power, rt, log.path, Path(config.output.dir),
+                        notify=lambda m: progress({"kind": "warning", "message": m})):
+                    before_s = resume.earlier_attempts_s if resume else 0.0
+                    outcome = train_loop(Run(job, log, files, parts, stop, Clock(before_s)))  # .. run_stop
+            # still under `Stop`: a SIGTERM now (a launcher stopping the job) waits for the files
+            result = finish(job, files, parts, outcome)
+            if files is not None:  # the result read back from the log, as `mlhpc report` reads it
                 result.summary = summary_of(files.log)
                 results.write_json(files.summary, result.summary)
+            # the staged copy this run made goes unless data.staging.keep (every rank lets go)
+            said = release(parts.staged, config.data.staging.keep, world.local_rank, world.node_rank)
+            if said and world.is_main:
+                progress({"kind": "note", "message": said})
         return agree(result, world)  # rank 0 has written every file; no rank exits before
 
 

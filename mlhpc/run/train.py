@@ -1,19 +1,17 @@
-"""The run of one benchmark, from its log to its files, one straight line: every stage takes
-values and returns values. The command composes it (`mlhpc.run.command.run`: the resume chosen,
-the ranks started, the data source made before, the summary read back after); here:
+"""The run's stages, from its log to its files, each taking values and returning values; the
+command (`mlhpc.run.command.run`) calls them in one straight line, with the resume chosen, the
+ranks started and the data source made before, and the summary read back after:
 
-    train(job, stop, lbs):
-      seeded_model: the model built once, a resumed run's weights loaded into it (nothing
-         reads the dataset) -> `attempt`:
-         result_N.txt claimed, the log synchronised over the instance's ranks
-         (`ComplianceLog.barrier`), log_init: init_start, submission_*, cache_clear, seed,
-         resume (`mlhpc.run.mllog`)
-      -> _prepare: hyperparameters; staging (staging_start/stop) and build (the parts: the first
-         read of the data checked against the model) before or after init_stop .. run_start
-         (`start_run`), by ``data.staging.placement``
-      -> train_loop: epochs and evaluations until the target, then run_stop (below)
-      -> finish: measured_N.json, config_N.yaml, env_N.json (`mlhpc.run.outcome`)
-      -> release: the staged copy this run made let go (`mlhpc.data.stage.copies`)
+    seeded_model (`mlhpc.run.assemble`): the model built once, a resumed run's weights loaded
+       into it (nothing reads the dataset)
+    -> `attempt`: result_N.txt claimed, the log synchronised over the instance's ranks
+       (`ComplianceLog.barrier`), log_init: init_start, submission_*, cache_clear, seed, resume
+       (`mlhpc.run.mllog`)
+    -> `prepare`: hyperparameters; staging (staging_start/stop) and build (the parts: the first
+       read of the data checked against the model) before or after init_stop .. run_start
+       (`start_run`), by ``data.staging.placement``
+    -> `Run` and `train_loop`: epochs and evaluations until the target, then run_stop (below)
+    -> finish: measured_N.json, config_N.yaml, env_N.json (`mlhpc.run.outcome`)
 
 Data parallelism is DistributedDataParallel; which samples a rank reads is
 `mlhpc.data.sampler`'s choice: after a sharded stage (``data.staging.shard: node``) its node's
@@ -44,61 +42,19 @@ import torch
 
 from mlhpc import rules, runtime
 from mlhpc.config import Config, TrainConfig
-from mlhpc.data.stage.copies import release
 from mlhpc.errors import ConfigError
-from mlhpc.power.sampler import sampling
 from mlhpc.run import checkpoint
-from mlhpc.run.assemble import Parts, Seeded, build, seeded_model, sources_named, stage, steps_per_pass
+from mlhpc.run.assemble import Parts, Seeded, build, sources_named, stage, steps_per_pass
 from mlhpc.run.evaluate import evaluate
 from mlhpc.run.job import Job
 from mlhpc.log.writer import ComplianceLog, constants
 from mlhpc.run.mllog import log_hyperparameters, log_init, log_samples
-from mlhpc.run.outcome import Outcome, RunInterrupted, Stop, close_failed, finish
+from mlhpc.run.outcome import Outcome, RunInterrupted, Stop, close_failed
 from mlhpc.run.result import RunFiles, RunResult
 from mlhpc.run.step import autocast, train_step
 from mlhpc.runtime import Runtime
 
-__all__ = ["RunInterrupted", "RunResult", "local_batch_size", "train", "train_loop"]
-
-
-def train(job: Job, stop: Stop, lbs: int) -> RunResult:
-    """Train ``job``'s workload to its quality target, from ``init_start`` to ``run_stop``, and
-    write the run's files on the rank that holds the log (``result_N.txt``, ``measured_N.json``,
-    ``config_N.yaml``, ``env_N.json``); let go of the staged copy this run made unless
-    ``data.staging.keep``. The data source exists (the command made it: `mlhpc.run.command`);
-    ``stop`` listens for signals; ``lbs`` is the local batch size (`local_batch_size`). Returns
-    this rank's `RunResult` (the command adds the summary read back from the log).
-
-    Everything that can be checked without reading the dataset is checked before
-    ``result_N.txt`` is opened: the config and output folder (the command), then the model,
-    built once here (`seeded_model`; a checkpoint being resumed must fit it). Whether the data
-    fit the model is checked after ``init_start`` (`build`, `check_sample`): MLPerf's training
-    rules (training_rules.adoc, "Run Results"): "The clock must start before any part of the
-    system touches the dataset", and the log is where that start is shown. An attempt that
-    fails (or is signalled) before ``run_start`` has its log moved to ``<output.dir>/failed/``
-    and named in the error, so it never counts as a run of the folder; one that fails after
-    ``run_start`` logs ``run_stop`` (aborted, with the reason) first.
-
-    Raises:
-        ConfigError, DataError, StagingError, OutputError: bad input or environment.
-        RunInterrupted: a signal before ``run_start`` (exit status 128 + its number).
-    """
-    config, world = job.config, job.world
-    seeded = seeded_model(job)  # the model, once; a resumed run's weights fit (ConfigError)
-    with attempt(job) as (log, files):  # init_start .. run_stop, or the log set aside
-        parts = _prepare(job, log, stop, lbs, seeded)  # .. run_start
-        with sources_named(parts.staged), sampling(
-                config.power, job.rt, log.path, Path(config.output.dir),
-                notify=lambda m: job.progress({"kind": "warning", "message": m})):
-            run = Run(job, log, files, parts, stop, Clock(job.resume.earlier_attempts_s if job.resume else 0.0))
-            outcome = train_loop(run)  # .. run_stop
-    # still under `Stop`: a SIGTERM now (a launcher stopping the job) waits for the files
-    result = finish(job, files, parts, outcome)
-    # the staged copy this run made goes unless data.staging.keep (every rank lets go)
-    said = release(parts.staged, config.data.staging.keep, world.local_rank, world.node_rank)
-    if said and world.is_main:
-        job.progress({"kind": "note", "message": said})
-    return result
+__all__ = ["Clock", "Run", "RunInterrupted", "RunResult", "attempt", "local_batch_size", "prepare", "train_loop"]
 
 
 @contextmanager
@@ -125,7 +81,7 @@ def attempt(job: Job) -> Iterator[tuple[ComplianceLog, RunFiles | None]]:
         log.close()
 
 
-def _prepare(job: Job, log: ComplianceLog, stop: Stop, lbs: int, seeded: Seeded) -> Parts:
+def prepare(job: Job, log: ComplianceLog, stop: Stop, lbs: int, seeded: Seeded) -> Parts:
     """Hyperparameters, staging and building on either side of ``run_start``.
 
     ``data.staging.placement: init`` stages (and builds the datasets, model and loaders) before
