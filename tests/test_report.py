@@ -231,6 +231,26 @@ def test_dropped_runs_count_as_slowest_and_two_make_the_result_invalid(tmp_path,
     assert two.olympic_min is None and any(n.startswith("invalid") for n in two.notes)
 
 
+def test_openfold_samples_per_s_counts_the_samples_its_epochs_log():
+    """OpenFold's ``epoch_num`` counts the samples trained by the epoch's end (the reference
+    logs 10240, 20480, ... for blocks of 40 steps of 256): samples/s is the largest count over the
+    epochs' training time, not ``train_samples`` x epochs; unknown (None) for a resumed run."""
+    base = [_rec("init_start", 0), _rec("submission_benchmark", 0, "openfold"),
+            _rec("train_samples", 0, 594595), _rec("init_stop", 1000), _rec("run_start", 1000)]
+    epochs = []
+    for i in range(2):  # 40 s of training per 10240 samples, then a 5 s evaluation
+        t0, samples = 1000 + i * 45000, (i + 1) * 10240
+        epochs += [_rec("epoch_start", t0, epoch_num=samples), _rec("epoch_stop", t0 + 40000, epoch_num=samples),
+                   _rec("eval_start", t0 + 40000, epoch_num=samples), _rec("eval_stop", t0 + 45000, epoch_num=samples),
+                   _rec("eval_accuracy", t0 + 45000, 0.7, epoch_num=samples)]
+    run = summarize_run(parse_text(_log(*base, *epochs, _rec("run_stop", 91000, status="aborted"))))
+    assert run.epoch_unit == "samples" and run.train_epoch_s == [40.0, 40.0]
+    assert run.samples_per_s == pytest.approx(20480 / 80.0)
+    resumed = summarize_run(parse_text(_log(*base, _rec("resume", 1000), *epochs,
+                                            _rec("run_stop", 91000, status="aborted"))))
+    assert resumed.resumed and resumed.samples_per_s is None
+
+
 def test_ruleset_from_the_round_in_the_path():
     assert ruleset_for("x/hpc_results_v1.0/NVIDIA/results/s/strong/deepcam") == "1.0.0"
     assert ruleset_for("x/hpc_results_v3.0/a") == "3.0.0"
@@ -321,7 +341,7 @@ def test_cli_renders_the_table_once(monkeypatch):
 
 
 def test_quality_targets_come_from_mlperf_logging_rule_files():
-    from mlhpc.log.summary import quality_target
+    from mlhpc.log.mlperf_adapter import quality_target
 
     assert quality_target("cosmoflow") == ("eval_error", 0.124, "min")
     assert quality_target("deepcam") == ("eval_accuracy", 0.82, "max")

@@ -8,7 +8,7 @@ import pytest
 
 from mlhpc import rules
 from mlhpc.log.mlperf_adapter import result_file_counts
-from mlhpc.log.summary import quality_target
+from mlhpc.log.mlperf_adapter import quality_target
 from mlhpc.workload import get
 
 BUNDLED = ("cosmoflow", "deepcam", "oc20", "openfold")

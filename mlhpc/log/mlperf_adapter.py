@@ -16,10 +16,16 @@ pyproject.toml bounds the version (``mlperf-logging>=4.1,<4.2``); the bound move
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
+import re
 from pathlib import Path
 from typing import Any
+
+import yaml
+
+from mlhpc import rules
 
 #: What this module relies on: (module, attribute, the parameters a callable must accept).
 RELIED_ON: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -72,6 +78,36 @@ def rules_dir(ruleset: str) -> Path:
     return Path(_module("mlperf_logging.compliance_checker").__file__).parent / f"hpc_{ruleset}"
 
 
+#: The quality-metric keys of the HPC rules.
+METRIC_KEYS = ("eval_error", "eval_accuracy")
+_TARGET_RE = re.compile(r"v\[['\"]value['\"]\]\s*(<=|>=|<|>)\s*([0-9][0-9.eE+\-]*)")
+
+
+@functools.lru_cache(maxsize=None)
+def quality_target(benchmark: str | None, ruleset: str | None = None) -> tuple[str, float, str] | None:
+    """``(metric key, target, "min"|"max")`` of a closed-division benchmark, read from
+    mlperf_logging's own rule file ``compliance_checker/hpc_<ruleset>/closed_<benchmark>.yaml``
+    (the ``ATLEAST_ONE_CHECK`` of its ``eval_error``/``eval_accuracy`` key, e.g.
+    ``v['value'] <= 0.124``) of ``ruleset`` (default: `mlhpc.rules`' current one); ``None`` when the file or the check is missing. The rules are the
+    one source of the reference targets: mlhpc keeps no copy of them.
+    """
+    if not benchmark:
+        return None
+    path = rules_dir(ruleset or rules.ruleset().version) / f"closed_{benchmark}.yaml"
+    try:
+        checks = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    for rule in checks if isinstance(checks, list) else []:
+        key = rule.get("KEY") if isinstance(rule, dict) else None
+        if not isinstance(key, dict) or key.get("NAME") not in METRIC_KEYS:
+            continue
+        match = _TARGET_RE.search(str(key.get("ATLEAST_ONE_CHECK", "")))
+        if match:
+            return key["NAME"], float(match.group(2)), "min" if match.group(1).startswith("<") else "max"
+    return None
+
+
 def rcp_dir(ruleset: str) -> Path:
     """The folder of the RCP files of ``hpc_<ruleset>`` inside the package."""
     return Path(_module("mlperf_logging.rcp_checker").__file__).parent / f"hpc_{ruleset}"
@@ -109,7 +145,7 @@ def self_check() -> list[str]:
         problems += [f"make_checker(...).{m}: missing" for m in CHECKER_METHODS if not hasattr(checker, m)]
         problems += [f"make_checker(...).{a}: missing" for a in CHECKER_ATTRIBUTES if not hasattr(checker, a)]
         mlp.enqueued_configs.clear()
-    # the file names `mlhpc.log.summary` and `mlhpc.report.rcp` build from a log's benchmark
+    # the file names `quality_target` and `mlhpc.report.rcp` build from a log's benchmark
     for folder, pattern in ((rules_dir("3.0.0"), "closed_*.yaml"), (rcp_dir("3.0.0"), "rcps_*.json")):
         if not any(path.is_file() for path in folder.glob(pattern)):
             problems.append(f"{folder / pattern}: rule file layout changed (no such file)")

@@ -8,51 +8,18 @@ counts it (``epoch_num`` of the last quality-metric record before a successful `
 
 from __future__ import annotations
 
-import functools
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from mlhpc import rules
 from mlhpc.errors import LogFormatError
+from mlhpc.log.mlperf_adapter import METRIC_KEYS, quality_target
 from mlhpc.log.parse import Event, ParsedLog, cap_field, log_mentions, parse_log
 from mlhpc.log.plausible import implausible
 
-METRIC_KEYS = ("eval_error", "eval_accuracy")
-
 RESUME_KEY = "resume"
-_TARGET_RE = re.compile(r"v\[['\"]value['\"]\]\s*(<=|>=|<|>)\s*([0-9][0-9.eE+\-]*)")
-
-
-@functools.lru_cache(maxsize=None)
-def quality_target(benchmark: str | None, ruleset: str | None = None) -> tuple[str, float, str] | None:
-    """``(metric key, target, "min"|"max")`` of a closed-division benchmark, read from
-    mlperf_logging's own rule file ``compliance_checker/hpc_<ruleset>/closed_<benchmark>.yaml``
-    (the ``ATLEAST_ONE_CHECK`` of its ``eval_error``/``eval_accuracy`` key, e.g.
-    ``v['value'] <= 0.124``) of ``ruleset`` (default: `mlhpc.rules`' current one); ``None`` when the file or the check is missing. The rules are the
-    one source of the reference targets: mlhpc keeps no copy of them.
-    """
-    if not benchmark:
-        return None
-    from mlhpc.log.mlperf_adapter import rules_dir
-
-    path = rules_dir(ruleset or rules.ruleset().version) / f"closed_{benchmark}.yaml"
-    try:
-        checks = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return None
-    for rule in checks if isinstance(checks, list) else []:
-        key = rule.get("KEY") if isinstance(rule, dict) else None
-        if not isinstance(key, dict) or key.get("NAME") not in METRIC_KEYS:
-            continue
-        match = _TARGET_RE.search(str(key.get("ATLEAST_ONE_CHECK", "")))
-        if match:
-            return key["NAME"], float(match.group(2)), "min" if match.group(1).startswith("<") else "max"
-    return None
 
 
 def is_resumed(parsed: ParsedLog) -> bool:
@@ -438,8 +405,26 @@ def _read_epochs(run: RunSummary, events: list[Event]) -> None:
     run.n_epochs = len(run.train_epoch_s)
     if run.time_to_train_s is not None and (run.train_epoch_s or run.eval_s):
         run.residual_s = run.time_to_train_s - run.total_train_s - (run.total_eval_s - run.eval_overlap_s)
-    if run.train_samples and run.train_epoch_s and run.epoch_unit == "epochs" and run.total_train_s > 0:
-        run.samples_per_s = run.train_samples * len(run.train_epoch_s) / run.total_train_s
+    trained = None if run.resumed and run.epoch_unit == "samples" else samples_trained(run, events)
+    if trained and run.total_train_s > 0:  # a resumed OpenFold run's count began before this log
+        run.samples_per_s = trained / run.total_train_s
+
+
+def samples_trained(run: RunSummary, events: list[Event]) -> float | None:
+    """Samples the timed run trained on: ``train_samples`` x epochs (the epochs counted between
+    run_start and run_stop), or for a benchmark whose ``epoch_num`` counts samples (OpenFold, as
+    the reference logs it: the samples trained by the epoch's end) the largest ``epoch_num`` of
+    an ``epoch_stop`` there; None where the log does not say. samples/s and Valid FLOPS
+    (`mlhpc.report.validflops`) both count with it."""
+    if run.epoch_unit != "samples":
+        return float(run.train_samples * run.n_epochs) if run.train_samples and run.n_epochs else None
+    begin = next((i for i, e in enumerate(events) if e.key == "run_start"), None)
+    end = next((i for i, e in enumerate(events) if e.key == "run_stop"), len(events))
+    counts = [e.metadata.get("epoch_num") for e in events[(begin or 0) + 1:end]
+              if begin is not None and e.key == "epoch_stop"]
+    counts = [float(c) for c in counts if isinstance(c, (int, float)) and not isinstance(c, bool)
+              and math.isfinite(c) and c > 0]
+    return max(counts) if counts else None
 
 
 def _read_metric(run: RunSummary, events: list[Event]) -> None:

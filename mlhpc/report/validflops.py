@@ -55,6 +55,7 @@ from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import ConfigError, DataError
 from mlhpc.log.parse import Event
 from mlhpc.log.plausible import implausible
+from mlhpc.log.summary import samples_trained
 
 if TYPE_CHECKING:
     from mlhpc.log.summary import RunSummary
@@ -112,22 +113,6 @@ def quality_penalty(achieved: float, target: float, direction: str, exponent: fl
     if direction == "min":
         return 1.0 if achieved <= target else (target / achieved) ** exponent
     return 1.0 if achieved >= target else (achieved / target) ** exponent
-
-
-def samples_trained(run: "RunSummary", events: list[Event]) -> float | None:
-    """Samples the timed run trained on: ``train_samples`` x epochs (the epochs the report counts
-    between run_start and run_stop), or for a benchmark whose ``epoch_num`` counts samples
-    (OpenFold) the largest ``epoch_num`` of an ``epoch_stop`` there; None where the log does not
-    say."""
-    if run.epoch_unit != "samples":
-        return float(run.train_samples * run.n_epochs) if run.train_samples and run.n_epochs else None
-    begin = next((i for i, e in enumerate(events) if e.key == "run_start"), None)
-    end = next((i for i, e in enumerate(events) if e.key == "run_stop"), len(events))
-    counts = [e.metadata.get("epoch_num") for e in events[(begin or 0) + 1:end]
-              if begin is not None and e.key == "epoch_stop"]
-    counts = [float(c) for c in counts if isinstance(c, (int, float)) and not isinstance(c, bool)
-              and math.isfinite(c) and c > 0]
-    return max(counts) if counts else None
 
 
 def side_file_flops(log: Path) -> float | None:
