@@ -126,7 +126,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         "max_energy_range_uj): kernel files of a few bytes",
     ("mlhpc/report/package.py", "shutil.copytree"): "copies the package mlhpc just wrote (write_under, "
         "no link followed) into a fresh private temporary folder for package_checker",
-    ("mlhpc/log/summary.py", "read_text"): "mlperf_logging's own rule files, read from its installed "
+    ("mlhpc/log/mlperf_adapter.py", "read_text"): "mlperf_logging's own rule files, read from its installed "
         "package",
     ("mlhpc/slurm.py", "read_text"): "mlhpc's own sbatch template, read from its installed package "
         "(importlib.resources)",

@@ -406,7 +406,7 @@ def _read_epochs(run: RunSummary, events: list[Event]) -> None:
     if run.time_to_train_s is not None and (run.train_epoch_s or run.eval_s):
         run.residual_s = run.time_to_train_s - run.total_train_s - (run.total_eval_s - run.eval_overlap_s)
     trained = None if run.resumed and run.epoch_unit == "samples" else samples_trained(run, events)
-    if trained and run.total_train_s > 0:  # a resumed OpenFold run's count began before this log
+    if trained and run.total_train_s > 0:  # a resumed run's sample count began before its log
         run.samples_per_s = trained / run.total_train_s
 
 
