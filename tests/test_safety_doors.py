@@ -265,3 +265,23 @@ def test_every_figure_is_drawn_without_mathtext():
         text = path.read_text()
         if re.search(r"^\s*import matplotlib|^\s*from matplotlib", text, re.MULTILINE):
             assert "plot_text()" in text, f"{path.relative_to(ROOT)} draws without mlhpc.text.plot_text"
+
+
+def test_a_side_record_is_an_object_or_nothing(tmp_path):
+    """`read_json_object` (the one reader's JSON side records: resume claims, a run's side files)
+    gives the object, and ``{}`` for what is missing, not JSON, not an object, or a link out of
+    its folder, never raising."""
+    import os
+
+    from mlhpc.data.inputs import read_json_object
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "ok.json").write_text('{"resumed_by": "result_1.txt"}')
+    (folder / "list.json").write_text("[1, 2]")
+    (folder / "bad.json").write_text("{not json")
+    (tmp_path / "outside.json").write_text('{"secret": 1}')
+    os.symlink(tmp_path / "outside.json", folder / "link.json")
+    assert read_json_object(folder / "ok.json", "resume claim") == {"resumed_by": "result_1.txt"}
+    for name in ("list.json", "bad.json", "link.json", "missing.json"):
+        assert read_json_object(folder / name) == {}, name

@@ -18,11 +18,13 @@ and size rules. See docs/architecture.md, "The data layer".
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from mlhpc.data.files import is_under, reason, resolved
 from mlhpc.errors import DataError, MlhpcError
@@ -171,6 +173,18 @@ def read_text_input(path: Path | str, cap_bytes: int = SIDE_FILE_BYTES,
                     error: type[MlhpcError] = InputRefused) -> str:
     """`read_input` decoded as UTF-8 (undecodable bytes replaced)."""
     return read_input(path, cap_bytes, root, what, error).decode("utf-8", errors="replace")
+
+
+def read_json_object(path: Path | str, what: str = "file") -> dict[str, Any]:
+    """The JSON object in ``path``, read through `read_text_input` under its own folder, or ``{}``
+    where it cannot be read (refused, missing), is not JSON, or is not an object: for a side
+    record whose absence or damage means nothing was recorded (a resume claim, a run's side
+    files)."""
+    try:
+        value = json.loads(read_text_input(path, root=Path(path).parent, what=what))
+    except (DataError, ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def input_problem(path: Path | str, cap_bytes: int, root: Path | str | None = None,

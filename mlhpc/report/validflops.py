@@ -45,14 +45,13 @@ running the same model.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlhpc.data.inputs import read_text_input
-from mlhpc.errors import ConfigError, DataError
+from mlhpc.data.inputs import read_json_object
+from mlhpc.errors import ConfigError
 from mlhpc.log.parse import Event
 from mlhpc.log.plausible import implausible
 from mlhpc.log.summary import samples_trained
@@ -124,11 +123,7 @@ def side_file_flops(log: Path) -> float | None:
     path = log.parent / f"measured_{log.name[len('result_'):-len('.txt')]}.json"
     if not path.is_file():
         return None
-    try:
-        data = json.loads(read_text_input(path, root=path.parent, what="side file"))
-    except (DataError, ValueError, RecursionError):
-        return None
-    perf = data.get("perf") if isinstance(data, dict) else None
+    perf = read_json_object(path, "side file").get("perf")
     value = perf.get("train_flops_per_sample") if isinstance(perf, dict) else None
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 \
             and not implausible("flops_per_sample", value):

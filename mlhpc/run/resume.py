@@ -16,15 +16,13 @@ What a resumed run is worth by the MLPerf rules is said in `mlhpc.run.checkpoint
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from mlhpc.config import Config, from_dict
-from mlhpc.data.inputs import read_text_input
-from mlhpc.errors import ConfigError, DataError
+from mlhpc.data.inputs import read_json_object
+from mlhpc.errors import ConfigError
 from mlhpc.log.parse import parse_log
 from mlhpc.run.checkpoint import CLAIM_PATTERN, CheckpointState, Resume, index_of
 
@@ -72,7 +70,7 @@ def select(target: Path) -> tuple[Path, float]:
         claim = run_dir / CLAIM_PATTERN.format(index)
         state, seconds = _log_state(run_dir / f"result_{index}.txt")
         if claim.exists():
-            by = _read_claim(claim).get("resumed_by", "another run")
+            by = read_json_object(claim, "resume claim").get("resumed_by", "another run")
             refusals.append(f"{path.name} was already resumed by {by} ({claim.name}); resume that "
                             "run's checkpoint instead")
         elif state == "finished":
@@ -87,14 +85,6 @@ def select(target: Path) -> tuple[Path, float]:
     if not open_:
         raise ConfigError(f"--resume {target}: " + refusals[-1])
     return open_[0]
-
-
-def _read_claim(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(read_text_input(path, root=path.parent, what="resume claim"))
-    except (DataError, ValueError, RecursionError):
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def load_resume(target: Path) -> tuple[Config, Resume]:

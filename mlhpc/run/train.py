@@ -49,12 +49,12 @@ from mlhpc.run.evaluate import evaluate
 from mlhpc.run.job import Job
 from mlhpc.log.writer import ComplianceLog, constants
 from mlhpc.run.mllog import log_hyperparameters, log_init, log_samples
-from mlhpc.run.outcome import Outcome, RunInterrupted, Stop, close_failed
-from mlhpc.run.result import RunFiles, RunResult
+from mlhpc.run.outcome import Outcome, Stop, close_failed
+from mlhpc.run.result import RunFiles
 from mlhpc.run.step import autocast, train_step
 from mlhpc.runtime import Runtime
 
-__all__ = ["Clock", "Run", "RunInterrupted", "RunResult", "attempt", "local_batch_size", "prepare", "train_loop"]
+__all__ = ["Clock", "Run", "attempt", "local_batch_size", "prepare", "train_loop"]
 
 
 @contextmanager

@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from mlhpc.data.inputs import SIDE_FILE_BYTES, read_input, read_text_input
+from mlhpc.data.inputs import SIDE_FILE_BYTES, read_input, read_json_object
 from mlhpc.errors import DataError, LogFormatError
 from mlhpc.log.parse import ParsedLog, decode_log, read_log
 from mlhpc.log.summary import RunSummary
@@ -63,17 +63,9 @@ def screen(path: Path) -> _Log | str:
     return _Log(data, parsed)
 
 
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(read_text_input(path, root=path.parent, what="side file"))
-    except (DataError, ValueError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def _software(log: Path) -> dict[str, Any]:
     """Software versions from ``env_N.json`` beside an mlhpc log (None where absent)."""
-    env = next((_json(p) for p in sidecars(log, "env", ".json")), {})
+    env = next((read_json_object(p, "side file") for p in sidecars(log, "env", ".json")), {})
     versions = env.get("versions") if isinstance(env.get("versions"), dict) else {}
     commit = env.get("git_commit")
     return {"mlhpc_version": versions.get("mlhpc"), "mlhpc_commit": commit if isinstance(commit, str) else None,
@@ -95,7 +87,8 @@ def _config_hash(log: Path) -> str | None:
 def _departures(log: Path) -> str | None:
     """How an mlhpc run departs from the reference (``departs_from_reference`` of its
     ``measured_N.json``), ``; ``-joined; None when it does not or the file is absent."""
-    listed = next((_json(p).get("departs_from_reference") for p in sidecars(log, "measured", ".json")), None)
+    listed = next((read_json_object(p, "side file").get("departs_from_reference")
+                   for p in sidecars(log, "measured", ".json")), None)
     return "; ".join(str(item) for item in listed)[:4000] if isinstance(listed, list) and listed else None
 
 
