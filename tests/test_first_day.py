@@ -96,13 +96,19 @@ def test_oc20_synthesis_writes_inside_its_folder(tmp_path, monkeypatch):
     assert sorted(p.name for p in out.iterdir()) == ["train", "validation"]  # no temporary left
 
 
+def _sigint_by_default() -> None:
+    # A suite started in the background by a script inherits SIGINT ignored, and exec keeps that.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_in_data_synth_exits_130_with_its_line(tmp_path):
     """Ctrl-C as a terminal sends it, to the whole process group: exit status 130, the command's
     one line last, nothing half-written in place, and no traceback from the synthesis pool's
     worker processes (they ignore SIGINT and leave it to the command)."""
     proc = subprocess.Popen([sys.executable, "-m", "mlhpc", "data", "synth", "cosmoflow", "--out",
                              str(tmp_path / "big")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
+                            preexec_fn=_sigint_by_default)
     deadline = time.monotonic() + 120
     line = ""
     while "writing" not in line and time.monotonic() < deadline:
