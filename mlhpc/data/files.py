@@ -39,7 +39,7 @@ from pathlib import Path
 
 import xxhash
 
-from mlhpc.errors import MlhpcError, StagingError
+from mlhpc.errors import DataError, MlhpcError, StagingError
 
 CHECKSUM = "xxh3_128"
 PART_SUFFIX = ".mlhpc-part"
@@ -251,16 +251,55 @@ def is_under(path: Path, root: Path) -> bool:
     return True
 
 
-@contextmanager
-def node_lock(folder: Path) -> Iterator[None]:
-    """Exclusive ``flock`` on ``folder/.mlhpc-lock`` (never through a link) for processes of a
-    node that share a folder without a process group.
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` that is not a regular file is, for messages
+    (``"a FIFO"``, ``"a folder"``, ...)."""
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_state_file(path: Path, flags: int = os.O_RDWR, what: str = "lock file",
+                    error: type[MlhpcError] = DataError) -> int:
+    """A descriptor of ``path``, a file mlhpc keeps its state in (a lock, a journal), created
+    ``0600`` where missing: opened ``flags | O_CREAT | O_NOFOLLOW | O_NONBLOCK`` (never through
+    a link, and a FIFO never waited on), then refused unless it is a regular file. Reading a
+    file a user supplies is `mlhpc.data.inputs.open_input`; this is its sibling for files
+    opened for locking or appending.
 
     Raises:
-        StagingError: the lock file cannot be created.
+        error: ``path`` is a FIFO, a device, a socket or a folder (one line naming it; the
+            caller's error class, `DataError` by default).
+        OSError: it cannot be opened or created (ELOOP for a link).
     """
     try:
-        fd = os.open(Path(folder) / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno not in (errno.ENXIO, errno.EISDIR):  # a FIFO without a reader, a folder
+            raise
+        raise error(f"{what} is {file_kind(os.lstat(path).st_mode)}, not a regular file; refused "
+                    "(remove it, and run again)", path=path) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise error(f"{what} is {file_kind(info.st_mode)}, not a regular file; refused (remove "
+                    "it, and run again)", path=path)
+    return fd
+
+
+@contextmanager
+def node_lock(folder: Path) -> Iterator[None]:
+    """Exclusive ``flock`` on ``folder/.mlhpc-lock`` (`open_state_file`: never through a link,
+    never a FIFO) for processes of a node that share a folder without a process group.
+
+    Raises:
+        StagingError: the lock file cannot be created, or is not a regular file.
+    """
+    try:
+        fd = open_state_file(Path(folder) / LOCK_NAME, error=StagingError)
     except OSError as exc:
         raise dest_error(Path(folder) / LOCK_NAME, exc) from None
     try:

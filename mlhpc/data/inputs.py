@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from mlhpc.data.files import is_under, reason, resolved
+from mlhpc.data.files import file_kind, is_under, reason, resolved
 from mlhpc.errors import DataError, MlhpcError
 
 #: A side file (JSON or YAML beside a log, a system description, a config): at most 16 MiB.
@@ -39,15 +39,6 @@ _FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 class InputRefused(DataError):
     """A file mlhpc was asked to read is refused: a link out of its tree, not a regular file, or
     over its size cap (the message names the file and which)."""
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def _real_path(fd: int, fallback: Path) -> Path:
@@ -84,7 +75,7 @@ def open_input(path: Path | str, cap_bytes: int, root: Path | str | None = None,
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise error(f"{what} is {_kind(info.st_mode)}, not a regular file; refused", path=path)
+            raise error(f"{what} is {file_kind(info.st_mode)}, not a regular file; refused", path=path)
         if top is not None and not is_under(_real_path(fd, path), top):
             raise error(f"{what} is a symbolic link out of {root}; refused", path=path)
         if info.st_size > cap_bytes:

@@ -42,6 +42,7 @@ from mlhpc.data.files import (
     is_part_file,
     is_under,
     narrow_mode,
+    open_state_file,
     reason,
     resolved,
     safe_name,
@@ -262,7 +263,8 @@ class Journal:
         with self._lock:
             try:
                 if self._file is None:
-                    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+                    fd = open_state_file(self.path, os.O_WRONLY | os.O_APPEND, "journal",
+                                         self._error or StagingError)
                     self._file = os.fdopen(fd, "a", encoding="utf-8")
                 self._file.write(line)
                 self._file.flush()

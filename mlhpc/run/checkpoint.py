@@ -207,6 +207,32 @@ def save(path: Path, state: CheckpointState) -> None:
         raise OutputError(f"{path}: cannot write checkpoint ({exc.strerror or exc})") from None
 
 
+#: The most bytes a checkpoint file may hold (OpenFold's, the suite's largest model with its
+#: optimizer state, is a few GiB).
+MAX_CHECKPOINT_BYTES = 64 << 30
+
+
+def load(path: Path, source: str) -> Any:
+    """The contents of the checkpoint file ``path`` (a dict of tensors and plain containers),
+    read with ``torch.load(weights_only=True)`` from a descriptor of
+    `mlhpc.data.inputs.open_input`: a regular file of at most `MAX_CHECKPOINT_BYTES` (a FIFO is
+    refused at once, never waited on).
+
+    Raises:
+        ConfigError: not a regular file, over the cap, or not a file torch can read (the message
+            starts with ``source``, or names ``path`` for the first two).
+    """
+    from mlhpc.data.inputs import open_input
+
+    fd = open_input(path, MAX_CHECKPOINT_BYTES, what="checkpoint", error=ConfigError)
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            return torch.load(handle, map_location="cpu", weights_only=True)
+        except Exception as exc:  # torch raises several types for a damaged or foreign file
+            what = "an empty file" if os.fstat(fd).st_size == 0 else type(exc).__name__
+            raise ConfigError(f"{source}: cannot read checkpoint ({what})") from None
+
+
 def restore(into: Any, state: dict[str, Any], source: str = "checkpoint") -> None:
     """``into.load_state_dict(state)``: a model (its weights) or the run's parts
     (`mlhpc.run.assemble.Parts.load_state_dict`: optimizer, schedule, evaluations, random state).

@@ -18,13 +18,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from mlhpc.config import Config, from_dict
 from mlhpc.data.inputs import read_json_object
 from mlhpc.errors import ConfigError
 from mlhpc.log.parse import parse_log
-from mlhpc.run.checkpoint import CLAIM_PATTERN, CheckpointState, Resume, index_of
+from mlhpc.run.checkpoint import CLAIM_PATTERN, CheckpointState, Resume, index_of, load
 
 
 def _log_state(log: Path) -> tuple[str, float]:
@@ -98,11 +96,7 @@ def load_resume(target: Path) -> tuple[Config, Resume]:
             in it that does not validate.
     """
     path, earlier_s = select(Path(target))
-    try:
-        raw = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises several types for a damaged or foreign file
-        what = "an empty file" if path.stat().st_size == 0 else type(exc).__name__
-        raise ConfigError(f"--resume {path}: cannot read checkpoint ({what})") from None
+    raw = load(path, source=f"--resume {path}")  # a regular file only: a FIFO is never waited on
     state = CheckpointState.from_dict(raw, source=f"--resume {path}")
     tree = dict(state.config)
     tree["output"] = {**(tree.get("output") or {}), "dir": str(path.parent)}

@@ -24,7 +24,7 @@ import torch
 from pydantic import Field, create_model
 
 from mlhpc.config import Section
-from mlhpc.data.inputs import input_chunks
+from mlhpc.data.inputs import input_chunks, open_input
 from mlhpc.errors import ConfigError
 
 from .features import VAL_MAX_SEQUENCE_LENGTH, FeatureSizes
@@ -180,7 +180,9 @@ def build_model(cfg: Any) -> AveragedAlphaFold:
     net = AlphaFold(alphafold_config(cfg))
     if path is not None:
         try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            fd = open_input(path, CHECKPOINT_BYTES, what="initial checkpoint", error=ConfigError)
+            with os.fdopen(fd, "rb") as handle:  # a regular file only: a FIFO is never waited on
+                state = torch.load(handle, map_location="cpu", weights_only=True)
             net.load_state_dict(_weights(state))
         except (OSError, RuntimeError, ValueError, KeyError, AttributeError, EOFError, TypeError,
                 pickle.UnpicklingError) as exc:

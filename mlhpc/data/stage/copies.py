@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mlhpc.data.claims import RemovalRefused, is_state_file, read_claim, remove_claimed
+from mlhpc.data.files import open_state_file
 from mlhpc.data.inputs import read_text_input
 from mlhpc.data.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
 from mlhpc.data.stage.dest import COPY_KIND, recorded_files
@@ -121,13 +122,25 @@ def find_copies(roots: Optional[list[Path]] = None) -> list[StagedCopy]:
 
 
 def _open_readers(dest: Path) -> int:
-    return os.open(Path(dest) / READERS_NAME, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    """``dest``'s `READERS_NAME` file (`mlhpc.data.files.open_state_file`: created ``0600``,
+    never through a link, a FIFO refused rather than waited on).
+
+    Raises:
+        StagingError: it is not a regular file (naming it).
+        OSError: it cannot be opened or created.
+    """
+    return open_state_file(Path(dest) / READERS_NAME, os.O_RDONLY, "readers' lock of the staged copy",
+                           StagingError)
 
 
 def hold(dest: Path) -> None:
     """Hold a shared ``flock`` on ``dest``'s `READERS_NAME` file until `unhold` or the end of
     this process (the file created ``0600`` without following a link). A copy that cannot take
-    the lock is left unmarked (staging has already checked the folder)."""
+    the lock is left unmarked (staging has already checked the folder).
+
+    Raises:
+        StagingError: the readers' lock is not a regular file (a FIFO there is never waited on).
+    """
     if str(dest) in _held:
         return
     try:
@@ -178,7 +191,8 @@ def remove_copy(path: Path, wait_s: float = 0.0) -> StagedCopy:
     Raises:
         StagingError: ``path`` is not a staged copy of this user (a link, someone else's, not
             claimed by staging for this folder), holds anything staging did not write (naming
-            it; nothing is removed), a run still reads it, or it cannot be removed.
+            it; nothing is removed), its readers' lock is not a regular file (a FIFO, never
+            waited on), a run still reads it, or it cannot be removed.
     """
     path = Path(path)
     if not is_own_copy(path):

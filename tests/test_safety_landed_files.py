@@ -1,0 +1,121 @@
+"""What mlhpc leaves on disk keeps its promises, tried through the command line:
+
+- a FIFO where a lock file or a checkpoint belongs is refused with one line, never waited on
+  (staging, ``stage --clean``, ``run --resume``);
+- a claimed folder mlhpc removes whole (an interrupted synthesis's hidden folder) is refused,
+  with nothing deleted, when it holds a file mlhpc did not record making;
+- a synthesis whose last step (the rename into place) fails keeps its claim, so a later
+  ``mlhpc data synth`` finishes it instead of refusing the data as not mlhpc's.
+
+Commands that could wait forever run in a subprocess with a timeout: a regression fails, it
+does not hang the suite."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlhpc.data.claims import CLAIM_NAME
+
+REPO = Path(__file__).resolve().parents[1]
+MINI = REPO / "configs" / "cosmoflow-mini.yaml"
+TINY_SYNTH = ["--set", "synth.cube_size=8", "--set", "synth.train_samples=4", "--set",
+              "synth.eval_samples=2", "--set", "synth.workers=1"]
+WAIT_S = 60
+
+
+def _mlhpc(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m mlhpc ARGS``, killed (and the test failed) after `WAIT_S` seconds."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(cwd)}
+    return subprocess.run([sys.executable, "-m", "mlhpc", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=WAIT_S, check=False)
+
+
+def _one_line(proc: subprocess.CompletedProcess, *names: str) -> str:
+    """The command ended with exit 2 and one ``mlhpc: error:`` line naming each of ``names``."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, (proc.returncode, proc.stdout, proc.stderr)
+    assert lines[0].startswith("mlhpc: error: "), lines[0]
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+    return lines[0]
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    """Every regular file under ``root`` with its bytes (FIFOs and links by kind)."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_fifo():
+            found[rel] = b"<fifo>"
+        elif path.is_symlink():
+            found[rel] = os.readlink(path).encode()
+        elif path.is_file():
+            found[rel] = path.read_bytes()
+    return found
+
+
+@pytest.fixture
+def staged(tmp_path: Path) -> tuple[Path, Path]:
+    """``(source, destination)``: a two-file source staged once to a copy of mlhpc's."""
+    src = tmp_path / "src"
+    for rel, text in {"train/a.bin": "a" * 100, "validation/b.bin": "b" * 50}.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text)
+    dest = tmp_path / "node" / "copy"
+    dest.parent.mkdir()
+    proc = _stage(src, dest)
+    assert proc.returncode == 0, proc.stderr
+    return src, dest
+
+
+def _stage(src: Path, dest: Path) -> subprocess.CompletedProcess:
+    return _mlhpc("stage", str(MINI), "--set", f"data.path={src}", "--set",
+                  f"data.staging.dest={dest}", cwd=dest.parent)
+
+
+# ---- a FIFO is refused, never waited on ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [".mlhpc-readers", ".mlhpc-lock"])
+def test_a_fifo_lock_file_in_a_staged_copy_is_refused_by_staging(staged, name):
+    """Staging again into a copy whose readers' lock or node lock is a FIFO: one line naming
+    it, at once (the readers' lock was opened blocking and waited for a writer forever)."""
+    src, dest = staged
+    os.unlink(dest / name)
+    os.mkfifo(dest / name)
+    before = _tree(dest)
+    _one_line(_stage(src, dest), str(dest / name), "FIFO")
+    after = _tree(dest)
+    after.pop(CLAIM_NAME), before.pop(CLAIM_NAME)  # the claim is rewritten once a copy is done
+    assert after == before
+
+
+def test_a_fifo_readers_lock_is_refused_by_stage_clean_and_the_copy_kept(staged):
+    """``stage --clean`` takes each copy's readers' lock before removing it: a FIFO there is
+    said in one line naming it and that copy is left whole (as a copy in use is)."""
+    _, dest = staged
+    os.unlink(dest / ".mlhpc-readers")
+    os.mkfifo(dest / ".mlhpc-readers")
+    before = _tree(dest)
+    proc = _mlhpc("stage", "--clean", "--in", str(dest.parent), cwd=dest.parent)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(dest / ".mlhpc-readers") in lines[0] and "FIFO" in lines[0], lines
+    assert "0 staged copies, 0.0 MB removed" in proc.stdout
+    assert _tree(dest) == before
+
+
+def test_a_fifo_checkpoint_is_refused_by_run_resume(tmp_path):
+    """``run --resume`` on a folder whose checkpoint is a FIFO: one line naming it, at once
+    (torch.load opened it blocking); nothing written in the folder."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    os.mkfifo(run_dir / "checkpoint_0.pt")
+    _one_line(_mlhpc("run", "--resume", str(run_dir), cwd=tmp_path), str(run_dir / "checkpoint_0.pt"),
+              "FIFO")
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint_0.pt"]
