@@ -124,17 +124,18 @@ def _number_in(value: Any, low: float, high: float) -> bool:
 
 
 def _history(state: dict[str, Any], source: str) -> list[tuple[int, float]]:
-    """``state["history"]`` as ``[(epoch, metric value)]``: epochs 1 .. `MAX_COUNT`, values
-    finite. Raises ConfigError naming ``source``."""
+    """``state["history"]`` as ``[(epoch, metric value)]``: epochs 0 .. `MAX_COUNT` (0: the
+    evaluation of the starting model, before the first step, `Workload.evaluate_at_start`, as
+    OpenFold's), values finite. Raises ConfigError naming ``source``."""
     raw = state.get("history", [])
     if not isinstance(raw, list) or len(raw) > MAX_COUNT:
         raise ConfigError(f"{source}: 'history' is not a list of [epoch, value] pairs")
     history = []
     for entry in raw:
         if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and type(entry[0]) is int
-                and 1 <= entry[0] <= MAX_COUNT and _number_in(entry[1], -math.inf, math.inf)
+                and 0 <= entry[0] <= MAX_COUNT and _number_in(entry[1], -math.inf, math.inf)
                 and math.isfinite(entry[1])):
-            raise ConfigError(f"{source}: 'history' entry {clip(entry, 80)} is not [epoch 1 .. "
+            raise ConfigError(f"{source}: 'history' entry {clip(entry, 80)} is not [epoch 0 .. "
                               f"{MAX_COUNT}, finite value]")
         history.append((entry[0], float(entry[1])))
     return history
