@@ -34,7 +34,7 @@ def earlier_attempts_s(parsed: ParsedLog) -> float | None:
     for event in parsed.events:
         if event.key == RESUME_KEY and isinstance(event.value, dict):
             value = event.value.get("earlier_attempts_s")
-            return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+            return None if implausible("duration_s", value) or value is None else float(value)
     return None
 
 

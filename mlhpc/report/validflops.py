@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 from mlhpc.data.inputs import read_json_object
 from mlhpc.errors import ConfigError
 from mlhpc.log.parse import Event
-from mlhpc.log.plausible import implausible
+from mlhpc.log.plausible import implausible, out_of_range
 from mlhpc.log.summary import samples_trained
 
 if TYPE_CHECKING:
@@ -166,7 +166,8 @@ def valid_flops(run: "RunSummary", per_sample: float | None, source: str, sample
 
     A run that stopped short of its target is penalised, not dropped; a run with no time to
     train (incomplete, invalid), no quality record, no target or no sample count gets none,
-    and ``note`` says why. Never raises.
+    and ``note`` says why; so does a run whose last quality value is not a finite number (NaN,
+    Infinity: a malformed value, never credited) or whose FLOP/s overflow. Never raises.
     """
     base = ValidFlops(exponent=exponent, train_flops_per_sample=per_sample, flops_source=source,
                       target=run.target, direction=run.target_direction,
@@ -175,6 +176,8 @@ def valid_flops(run: "RunSummary", per_sample: float | None, source: str, sample
     if why:
         return _with(base, note=why, samples_trained=samples)
     flops = per_sample * samples / run.time_to_train_s  # type: ignore[operator]
+    if (problem := out_of_range(flops, 0.0)) is not None:  # a product of two in-range values can overflow
+        return _with(base, note=f"refused: training FLOP/s {problem}", samples_trained=samples)
     try:
         penalty = quality_penalty(base.achieved, base.target, base.direction, exponent)  # type: ignore[arg-type]
         value = flops * penalty
@@ -203,7 +206,8 @@ def _missing(run: "RunSummary", per_sample: float | None, source: str, samples: 
         return "samples trained not in the log (train_samples, epoch records)"
     if not run.metric_series or run.target is None or run.target_direction is None:
         return "no quality record or no target"
-    return None
+    problem = out_of_range(run.metric_series[-1][1])  # Infinity would pass every target: a malformed value
+    return f"refused: {run.metric_key or 'the quality reached'} {problem}" if problem else None
 
 
 def with_valid_flops(run: "RunSummary", log: Path, events: list[Event],

@@ -107,6 +107,6 @@ def check_references(store: Store, references: Path, window: int = 5,
     for ref in checks.load_references(references):
         rows = select_runs(store, replace(base, system=ref.system, benchmark=ref.benchmark, status="success"),
                            (ref.figure,))
-        values = [r[ref.figure] for r in rows if r[ref.figure] is not None][-window:]
+        values = [r[ref.figure] for r in rows if checks.in_bounds(ref.figure, r[ref.figure])][-window:]
         verdicts.append(checks.judge(ref, values))
     return verdicts

@@ -10,7 +10,11 @@ The references file (YAML) maps system -> benchmark -> figure -> ``[value, lower
         samples_per_s: {value: 950.0, lower: -0.10, upper: null, unit: samples/s}
 
 Figures: ``time_to_train_s`` (unit ``s`` or ``min``), ``energy_to_train_j`` (``J``, ``kJ``,
-``kWh``): lower is better; ``samples_per_s`` (``samples/s``): higher is better. The measured
+``kWh``): lower is better; ``samples_per_s`` (``samples/s``): higher is better. Each number passes
+the one range check (`mlhpc.log.plausible.out_of_range`) where it is read: ``value`` finite, above
+0 and within the figure's `mlhpc.log.plausible.BOUNDS`, ``lower`` from -1 to 0, ``upper`` from 0
+to `MAX_UPPER` (NaN or Infinity would make the gate never fire, a bound on the wrong side of the
+value make it always fire); a stored figure outside its bounds is left out of the runs judged. The measured
 figure is the olympic mean of the system's last ``window`` successful runs of the benchmark
 (their mean with fewer than 3). Outside the bounds on the worse side is a regression; outside
 on the better side is "improved" (the reference may be updated), not a failure.
@@ -27,6 +31,7 @@ import yaml
 
 from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import ConfigError
+from mlhpc.log.plausible import BOUNDS, checked_number, out_of_range
 from mlhpc.text import clip
 from mlhpc.report.score import compute_olympic_average
 
@@ -36,6 +41,10 @@ FIGURES: dict[str, tuple[dict[str, float], str]] = {
     "energy_to_train_j": ({"J": 1.0, "kJ": 1e3, "kWh": 3.6e6}, "lower"),
     "samples_per_s": ({"samples/s": 1.0}, "higher"),
 }
+#: figure -> its name in `mlhpc.log.plausible.BOUNDS` (the stored unit's bounds).
+_BOUNDS_OF = {"time_to_train_s": "time_to_train_s", "energy_to_train_j": "energy_j", "samples_per_s": "samples_per_s"}
+#: The largest ``upper`` fraction: a million times the value.
+MAX_UPPER = 1e6
 
 
 @dataclass(frozen=True)
@@ -69,12 +78,19 @@ class Verdict:
     runs: int = 0
 
 
-def _number(where: str, value: Any, optional: bool) -> float | None:
+def _number(where: str, value: Any, optional: bool, low: float, high: float, unit: str = "",
+            above_low: bool = False) -> float | None:
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{where}: expected a number{' or null' if optional else ''}, got {clip(value, 80)}")
-    return float(value)
+    return checked_number(value, where, ConfigError, low, high, unit, above_low)
+
+
+def in_bounds(figure: str, value: Any) -> bool:
+    """Whether a stored ``figure`` (stored unit) is a finite number within its bounds."""
+    low, high, _ = BOUNDS[_BOUNDS_OF[figure]]
+    return out_of_range(value, low, high, above_low=True) is None
 
 
 def _reference(where: str, system: str, benchmark: str, figure: str, spec: Any) -> Reference:
@@ -89,8 +105,11 @@ def _reference(where: str, system: str, benchmark: str, figure: str, spec: Any) 
     if unit not in units:
         raise ConfigError(f"{where}: unit {clip(repr(unit), 80)} for {figure} (one of {', '.join(units)})")
     factor = units[unit]
-    return Reference(system, benchmark, figure, _number(where + " value", spec[0], False) * factor,  # type: ignore[operator]
-                     _number(where + " lower", spec[1], True), _number(where + " upper", spec[2], True), unit)
+    high = BOUNDS[_BOUNDS_OF[figure]][1] / factor
+    value = _number(where + " value", spec[0], False, 0.0, high, unit, above_low=True)
+    return Reference(system, benchmark, figure, value * factor,  # type: ignore[operator]
+                     _number(where + " lower", spec[1], True, -1.0, 0.0),
+                     _number(where + " upper", spec[2], True, 0.0, MAX_UPPER), unit)
 
 
 def load_references(path: Path) -> list[Reference]:

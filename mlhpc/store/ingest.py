@@ -26,6 +26,7 @@ from sqlalchemy import Connection, select
 from mlhpc.data.inputs import SIDE_FILE_BYTES, read_input, read_json_object
 from mlhpc.errors import DataError, LogFormatError
 from mlhpc.log.parse import ParsedLog, decode_log, read_log
+from mlhpc.log.plausible import out_of_range
 from mlhpc.log.summary import RunSummary
 from mlhpc.report.folders import find_result_folders, sidecars
 from mlhpc.report.score import FolderResult, score_folder
@@ -135,12 +136,28 @@ def run_row(folder: FolderResult, run: RunSummary, log: _Log, campaign_id: str |
         "run_start_ms": run.run_start_ms, "run_stop_ms": run.run_stop_ms,
         "time_to_train_s": run.time_to_train_s, "staging_s": run.staging_s, "init_s": run.init_s,
         "epochs_to_target": run.epochs_to_target, "metric_key": run.metric_key,
-        "final_metric": run.metric_series[-1][1] if run.metric_series else None,
+        "final_metric": _finite(run.metric_series[-1][1]) if run.metric_series else None,
         "samples_per_s": run.samples_per_s, "energy_to_train_j": run.energy_to_train_j,
         **_valid_flops(run),
         "campaign_id": campaign_id, "ingested_at": schema.now_utc(),
         "log_bytes": len(log.data), "log_zlib": zlib.compress(log.data, 6),
     }
+
+
+def _finite(value: float) -> float | None:
+    """``value``, or None where it is not a finite number (a diverged run's NaN quality is kept
+    as "not measured": the run is stored, never credited)."""
+    return None if out_of_range(value) else value
+
+
+def _row_problem(row: dict[str, Any]) -> str | None:
+    """Why a row cannot be stored as it is, or None: each number in it (read from the log or
+    made from its values, such as accelerators = nodes x accelerators per node) passes the one
+    range check (`mlhpc.log.plausible.out_of_range`: finite, an integer within 64 bits)."""
+    for key, value in row.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and (problem := out_of_range(value)):
+            return f"{key} {problem}"
+    return None
 
 
 def _insert(conn: Connection, rows: list[dict[str, Any]]) -> tuple[list[int], int]:
@@ -196,7 +213,11 @@ def ingest_folder(store: Store, folder: Path, files: list[Path], campaign_id: st
         elif not (scored.benchmark or run.benchmark):
             result.refused.append(f"{run.path}: names no benchmark (no submission_benchmark record)")
         else:
-            rows.append(run_row(scored, run, log, campaign_id))
+            row = run_row(scored, run, log, campaign_id)
+            if problem := _row_problem(row):
+                result.refused.append(f"{run.path}: {problem} (not stored)")
+            else:
+                rows.append(row)
     if rows:
         added, already = retrying(store, _insert, rows)
         result.added += added
