@@ -5,6 +5,11 @@ The URL is ``--store URL``, else ``$MLHPC_STORE``, else SQLite at
 SQLAlchemy URL works; ``postgresql+psycopg://user@host/db`` is the site-wide store. A bare path
 is a SQLite file. ``MLHPC_STORE=none`` turns recording off (`disabled`).
 
+An existing SQLite file is identified before anything writes to it (`identify_sqlite`: read
+only, its journal mode untouched): a file that is not SQLite, a SQLite database without mlhpc's
+tables, or a store of another schema version is refused with its bytes as they were; an absent
+or empty file becomes a new store.
+
 SQLite is opened in WAL mode with a busy timeout, and every write transaction begins
 ``IMMEDIATE`` (the write lock is taken at the start, so two writers never deadlock upgrading a
 read lock) and is retried when the database stays locked: many jobs finishing at once lose
@@ -151,6 +156,9 @@ def _sqlite_engine(url: str) -> tuple[Engine, list[str]]:
         except OSError as exc:
             raise StoreError(f"{path.parent}: cannot create the store's folder ({exc.strerror})") from None
         check_store_file(path)
+        version = identify_sqlite(path)
+        if version is not None and version != schema.SCHEMA_VERSION:
+            check_version(Store(url=show_url(url), engine=None), version)  # type: ignore[arg-type]
         warning = network_fs_warning(path)
         if warning:
             warnings.append(warning)
@@ -174,6 +182,57 @@ def _sqlite_engine(url: str) -> tuple[Engine, list[str]]:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("write") else "BEGIN")
 
     return engine, warnings
+
+
+#: The first 16 bytes of every SQLite 3 database file (sqlite.org/fileformat.html, 1.3).
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def identify_sqlite(path: Path) -> int | None:
+    """The schema version the existing mlhpc store ``path`` records, read through a read-only
+    connection (``mode=ro``: nothing in the file is written, its journal mode included), or None
+    for a file to be made: absent, empty (0 bytes), or a SQLite database with no table at all.
+
+    Raises:
+        StoreError: one line naming ``path``: not a SQLite database, a SQLite database without
+            mlhpc's tables (`mlhpc.store.schema.MARKER_TABLES`: a user's own database is never
+            adopted), a ``schema_version`` row that is not a version, or unreadable.
+    """
+    import sqlite3
+    from urllib.parse import quote
+
+    from mlhpc.data.files import reason
+
+    keep = "left as it is: give a new path or an mlhpc store (--store PATH or MLHPC_STORE=PATH)"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StoreError(f"{path}: the store cannot be read ({reason(exc)})") from None
+    with os.fdopen(fd, "rb") as handle:
+        head = handle.read(len(SQLITE_HEADER))
+    if not head:
+        return None
+    if head != SQLITE_HEADER:
+        raise StoreError(f"{path}: not a SQLite database, so not an mlhpc results store; {keep}")
+    try:
+        conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
+        try:
+            tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            objects = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            if not objects:
+                return None
+            if not schema.MARKER_TABLES <= tables:
+                raise StoreError(f"{path}: not an mlhpc results store (a SQLite database without the "
+                                 f"{' and '.join(sorted(schema.MARKER_TABLES))} tables); {keep}")
+            return schema.checked_versions([v for (v,) in conn.execute("SELECT version FROM schema_version")])
+        finally:
+            conn.close()
+    except schema.BadVersionRow as exc:
+        raise StoreError(f"{path}: the store's schema_version {exc}; {keep}") from None
+    except sqlite3.Error as exc:
+        raise StoreError(f"{path}: cannot be read as an mlhpc results store ({clip(exc, 200)}); {keep}") from None
 
 
 def _read_only_engine(path: Path) -> Engine:
@@ -260,6 +319,9 @@ def open_store(url: str | None = None) -> Store:
                 check_version(store, schema.current_version(conn) or schema.SCHEMA_VERSION)
         else:
             check_version(store, retrying(store, schema.create))
+    except schema.BadVersionRow as exc:
+        store.close()
+        raise StoreError(f"the results store at {clip(store.url)}: its schema_version {exc}") from None
     except BaseException:
         store.close()
         raise

@@ -29,6 +29,9 @@ from sqlalchemy import (
     text,
 )
 
+from mlhpc.log.plausible import MAX_INT, out_of_range
+from mlhpc.text import clip
+
 #: The schema version this code reads and writes.
 SCHEMA_VERSION = 4
 #: An arbitrary 64-bit key for PostgreSQL's advisory lock around a store's creation.
@@ -85,12 +88,41 @@ def now_utc() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
+#: The tables that mark a database as an mlhpc results store (any version).
+MARKER_TABLES = frozenset({"schema_version", "runs"})
+
+
+class BadVersionRow(ValueError):
+    """The store's ``schema_version`` table holds no row, or a row that is not a version."""
+
+
+def checked_versions(values: list[object]) -> int:
+    """The highest of the ``schema_version`` rows' ``values`` (a store's ``version`` column),
+    each a whole number from 1 to 2^63 - 1 (`mlhpc.log.plausible.out_of_range`: a hand-edited
+    row of ``'abc'``, ``4.5`` or Infinity is not a version).
+
+    Raises:
+        BadVersionRow: no row, or a row that is not a version (the reason in words).
+    """
+    if not values:
+        raise BadVersionRow("holds no row")
+    for value in values:
+        problem = out_of_range(value, 1, MAX_INT) or (None if type(value) is int else
+                                                      f"{clip(repr(value), 40)} is not a whole number")
+        if problem:
+            raise BadVersionRow(f"row {problem}")
+    return max(values)  # type: ignore[type-var, return-value]
+
+
 def current_version(conn: Connection) -> int:
-    """The version the store records (its highest ``schema_version`` row; 0 for an empty database)."""
+    """The version the store records (its highest ``schema_version`` row; 0 for an empty database).
+
+    Raises:
+        BadVersionRow: the table holds no row or a row that is not a version (`checked_versions`).
+    """
     if not inspect(conn).has_table("schema_version"):
         return 0
-    value = conn.execute(select(schema_version.c.version).order_by(schema_version.c.version.desc())).scalar()
-    return int(value or 0)
+    return checked_versions([v for (v,) in conn.execute(select(schema_version.c.version))])
 
 
 def create(conn: Connection) -> int:
