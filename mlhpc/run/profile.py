@@ -28,7 +28,7 @@ from mlhpc import runtime
 from mlhpc.run.result import check_output_dir
 
 from mlhpc.run import assemble
-from mlhpc.data.files import atomic_output
+from mlhpc.data.files import atomic_output, output_file
 from mlhpc.run.roofline_figure import Roofline, write_roofline
 from mlhpc.config import Config
 from mlhpc.errors import ConfigError, OutputError
@@ -101,15 +101,13 @@ def profile(config: Config, steps: int = 5, warmup: int = 2, trace_path: Path | 
         raise ConfigError(f"profile --steps {steps}: must be an integer from 1 to {MAX_STEPS}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or not 0 <= warmup <= MAX_STEPS:
         raise ConfigError(f"profile --warmup {warmup}: must be an integer from 0 to {MAX_STEPS}")
-    trace = Path(trace_path) if trace_path is not None else default_trace(config)
+    trace = output_file(trace_path, "--trace") if trace_path is not None else default_trace(config)
     if trace.is_dir():
         raise OutputError(f"--trace {trace}: is a folder; give a file name")
     check_output_dir(trace.parent if str(trace.parent) else Path("."),
                             key="--trace folder" if trace_path is not None else "output.dir")
     if roofline_path is not None:
-        roofline_path = Path(roofline_path)
-        if roofline_path.is_dir():
-            raise OutputError(f"--roofline {roofline_path}: is a folder; give a file name")
+        roofline_path = output_file(roofline_path, "--roofline")  # used as given or refused
         check_output_dir(roofline_path.parent if str(roofline_path.parent) else Path("."), key="--roofline folder")
     with runtime.started(config.train.device, threads=config.train.threads) as (rt, _):
         return _profile(config, rt, _Plan(steps, warmup, trace, top, roofline_path))

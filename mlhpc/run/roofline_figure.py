@@ -28,7 +28,7 @@ from matplotlib.ticker import EngFormatter, FuncFormatter
 
 from mlhpc.data.files import atomic_output, reason
 from mlhpc.errors import OutputError
-from mlhpc.text import file_name, plot_text
+from mlhpc.text import plot_text
 
 #: Said on every roofline: how its bytes were counted.
 TRAFFIC_NOTE = ("bytes: each operator's input and output tensor sizes, a lower bound on its memory "
@@ -175,7 +175,7 @@ def write_roofline(roof: Roofline, path: Path | str) -> Path:
     with plot_text():  # names drawn as written, never read as mathtext
         fig = roofline_figure(roof)
         try:
-            with atomic_output(path.parent / file_name(path.name), 0o644) as tmp:
+            with atomic_output(path, 0o644) as tmp:  # the name asked for, never rewritten
                 fig.savefig(tmp, dpi=150, format="png")
         except OSError as exc:
             raise OutputError(f"--roofline {path}: cannot write ({reason(exc)})") from None
