@@ -37,6 +37,7 @@ import torch
 
 from mlhpc.config import Config
 from mlhpc.errors import ConfigError, OutputError
+from mlhpc.log.plausible import out_of_range
 from mlhpc.text import clip
 
 CHECKPOINT_PATTERN = "checkpoint_{}.pt"
@@ -120,7 +121,7 @@ class CheckpointState:
 
 
 def _number_in(value: Any, low: float, high: float) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+    return out_of_range(value, low, high) is None  # the one range check: finite, within bounds
 
 
 def _history(state: dict[str, Any], source: str) -> list[tuple[int, float]]:

@@ -22,6 +22,7 @@ from mlhpc.config import Config, from_dict
 from mlhpc.data.inputs import read_json_object
 from mlhpc.errors import ConfigError
 from mlhpc.log.parse import parse_log
+from mlhpc.log.plausible import BOUNDS, checked_number
 from mlhpc.run.checkpoint import CLAIM_PATTERN, CheckpointState, Resume, index_of, load
 
 
@@ -38,7 +39,9 @@ def _log_state(log: Path) -> tuple[str, float]:
     earlier = next((e.value.get("earlier_attempts_s", 0.0) for e in events
                     if e.key == "resume" and isinstance(e.value, dict)), 0.0)
     end = stop.time_ms if stop is not None else (events[-1].time_ms if events else None)
-    seconds = (end - start) / 1000.0 + float(earlier or 0.0) if start is not None and end else 0.0
+    earlier = checked_number(0.0 if earlier is None else earlier, f"--resume {log}: the resume record's "
+                             "earlier_attempts_s", ConfigError, 0.0, BOUNDS["duration_s"][1])
+    seconds = (end - start) / 1000.0 + earlier if start is not None and end else 0.0
     if stop is None:
         return "crashed", seconds
     return ("stopped" if stop.metadata.get("signal") else "finished"), seconds
