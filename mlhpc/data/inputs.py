@@ -21,13 +21,16 @@ import errno
 import json
 import os
 import stat
+import struct
+import zipfile
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from mlhpc.data.files import file_kind, is_under, reason, resolved
 from mlhpc.errors import DataError, MlhpcError
+from mlhpc.text import clip
 
 #: A side file (JSON or YAML beside a log, a system description, a config): at most 16 MiB.
 SIDE_FILE_BYTES = 16 << 20
@@ -150,6 +153,109 @@ def inflated_chunks(path: Path | str, cap_bytes: int, inflated_cap_bytes: int,
         raise error(f"{what} is not readable GZIP data ({exc})", path=path) from None
     if fed and not inflater.eof:
         raise error(f"{what} ends inside its GZIP stream (a truncated file?)", path=path)
+
+
+#: ZIP compression methods (PKWARE APPNOTE.TXT 4.4.5): stored and DEFLATE, the two that
+#: ``torch.save`` (stored) and ``numpy.savez_compressed`` (DEFLATE) write.
+_ZIP_STORED, _ZIP_DEFLATED = 0, 8
+#: A ZIP local file header (APPNOTE.TXT 4.3.7): 30 bytes, the name's and extra field's lengths last.
+_ZIP_LOCAL_HEADER = struct.Struct("<4s5H3L2H")
+
+
+def zip_input(path: Path | str, cap_bytes: int, inflated_cap_bytes: int, root: Path | str | None = None,
+              what: str = "file", error: type[MlhpcError] = InputRefused, compressed: bool = True
+              ) -> BinaryIO:
+    """A ZIP archive (a torch checkpoint, NumPy's ``.npz``) opened through `open_input` (same
+    ``path``, ``cap_bytes``, ``root``, ``what``, ``error``), its members checked before anything
+    reads them, so that what a reader (``torch.load``, ``numpy.load``) later allocates for them
+    was counted here, whatever the file's own size:
+
+    - its members together declare at most ``inflated_cap_bytes`` (their sizes in the central
+      directory: what a reader allocates);
+    - a stored member holds the bytes it declares, inside the file;
+    - a DEFLATE member is inflated here, in pieces of at most 1 MiB counted and never held, and
+      refused once it inflates past the size it declares; with ``compressed=False`` (a torch
+      checkpoint: ``torch.save`` writes every member stored, so one takes at most the memory
+      its file's bytes say) it is refused outright, before anything is inflated;
+    - any other method, or a file that is not a ZIP archive, is refused.
+
+    Returns:
+        the open file, at its start (the caller closes it).
+
+    Raises:
+        error: as `open_input`, or for each refusal above (one line naming ``path``).
+    """
+    fd = open_input(path, cap_bytes, root, what, error)
+    handle = os.fdopen(fd, "rb")
+    try:
+        _check_zip(handle, Path(path), os.fstat(fd).st_size, inflated_cap_bytes, what, error, compressed)
+        handle.seek(0)
+    except BaseException:
+        handle.close()
+        raise
+    return handle
+
+
+def _check_zip(handle: BinaryIO, path: Path, size: int, inflated_cap_bytes: int, what: str,
+               error: type[MlhpcError], compressed: bool) -> None:
+    try:
+        members = zipfile.ZipFile(handle).infolist()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
+        why = "an empty file" if size == 0 else f"not a ZIP archive: {clip(str(exc), 80)}"
+        raise error(f"cannot read {what} ({why})", path=path) from None
+    declared = sum(info.file_size for info in members)
+    if declared > inflated_cap_bytes:
+        raise error(f"{what} members declare {declared} bytes once read, over the "
+                    f"{inflated_cap_bytes} bytes a {what} may take; refused", path=path)
+    for info in members:
+        name = clip(info.filename, 80)
+        if info.compress_type == _ZIP_DEFLATED and not compressed:
+            raise error(f"{what} member {name} is compressed (DEFLATE), not stored as torch.save "
+                        f"writes every member, so it could take more memory than the file's "
+                        f"{size} bytes; refused", path=path)
+        if info.compress_type not in (_ZIP_STORED, _ZIP_DEFLATED):
+            raise error(f"{what} member {name} is compressed with ZIP method {info.compress_type}, "
+                        "neither stored nor DEFLATE; refused", path=path)
+        handle.seek(info.header_offset)
+        head = handle.read(_ZIP_LOCAL_HEADER.size)
+        if len(head) < _ZIP_LOCAL_HEADER.size or head[:4] != b"PK\x03\x04":
+            raise error(f"{what} member {name}: no ZIP header at byte {info.header_offset}; refused",
+                        path=path)
+        start = info.header_offset + len(head) + sum(_ZIP_LOCAL_HEADER.unpack(head)[-2:])
+        if start + info.compress_size > size or (
+                info.compress_type == _ZIP_STORED and info.compress_size != info.file_size):
+            raise error(f"{what} member {name} declares {info.file_size} bytes that the file does "
+                        "not hold; refused", path=path)
+        if info.compress_type == _ZIP_DEFLATED:
+            _count_inflated(handle, start, info, name, path, what, error)
+
+
+def _count_inflated(handle: BinaryIO, start: int, info: zipfile.ZipInfo, name: str, path: Path,
+                    what: str, error: type[MlhpcError]) -> None:
+    """Inflate one DEFLATE member (raw, RFC 1951) in pieces, discarding them, and raise ``error``
+    once its bytes pass what it declares, or unless they end exactly there."""
+    handle.seek(start)
+    inflater, left, total = zlib.decompressobj(wbits=-15), info.compress_size, 0
+    try:
+        while left and not inflater.eof:
+            data = handle.read(min(left, _INFLATE_PIECE_BYTES))
+            if not data:
+                break
+            left -= len(data)
+            while True:
+                piece = inflater.decompress(data, _INFLATE_PIECE_BYTES)
+                total += len(piece)
+                if total > info.file_size:
+                    raise error(f"{what} member {name} inflates past the {info.file_size} bytes "
+                                "it declares; refused", path=path)
+                data = inflater.unconsumed_tail
+                if not data and len(piece) < _INFLATE_PIECE_BYTES:
+                    break
+    except zlib.error as exc:
+        raise error(f"{what} member {name} is not readable DEFLATE data ({exc})", path=path) from None
+    if not inflater.eof or total != info.file_size:
+        raise error(f"{what} member {name} inflates to {total} bytes, not the {info.file_size} "
+                    "it declares (a damaged file?); refused", path=path)
 
 
 def read_input(path: Path | str, cap_bytes: int, root: Path | str | None = None,

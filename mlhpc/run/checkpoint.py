@@ -214,24 +214,27 @@ def save(path: Path, state: CheckpointState) -> None:
 MAX_CHECKPOINT_BYTES = 64 << 30
 
 
-def load(path: Path, source: str) -> Any:
+def load(path: Path, source: str, root: Path | None = None) -> Any:
     """The contents of the checkpoint file ``path`` (a dict of tensors and plain containers),
-    read with ``torch.load(weights_only=True)`` from a descriptor of
-    `mlhpc.data.inputs.open_input`: a regular file of at most `MAX_CHECKPOINT_BYTES` (a FIFO is
-    refused at once, never waited on).
+    read with ``torch.load(weights_only=True)`` from `mlhpc.data.inputs.zip_input`: a regular
+    file of at most `MAX_CHECKPOINT_BYTES` (a FIFO is refused at once, never waited on), inside
+    ``root`` when given (a run folder: a link out of it is refused), and a ZIP archive whose
+    members are all stored, as ``torch.save`` writes them, and lie inside the file, so the
+    tensors read take at most the file's own bytes (a compressed member, which could inflate a
+    small file to gigabytes, is refused before anything inflates).
 
     Raises:
-        ConfigError: not a regular file, over the cap, or not a file torch can read (the message
-            starts with ``source``, or names ``path`` for the first two).
+        ConfigError: refused as above (naming ``path``), or not a file torch can read (the
+            message starts with ``source``).
     """
-    from mlhpc.data.inputs import open_input
+    from mlhpc.data.inputs import zip_input
 
-    fd = open_input(path, MAX_CHECKPOINT_BYTES, what="checkpoint", error=ConfigError)
-    with os.fdopen(fd, "rb") as handle:
+    with zip_input(path, MAX_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES, root, "checkpoint", ConfigError,
+                   compressed=False) as handle:
         try:
             return torch.load(handle, map_location="cpu", weights_only=True)
         except Exception as exc:  # torch raises several types for a damaged or foreign file
-            what = "an empty file" if os.fstat(fd).st_size == 0 else type(exc).__name__
+            what = "an empty file" if os.fstat(handle.fileno()).st_size == 0 else type(exc).__name__
             raise ConfigError(f"{source}: cannot read checkpoint ({what})") from None
 
 

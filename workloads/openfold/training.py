@@ -24,7 +24,7 @@ import torch
 from pydantic import Field, create_model
 
 from mlhpc.config import Section
-from mlhpc.data.inputs import input_chunks, open_input
+from mlhpc.data.inputs import input_chunks, zip_input
 from mlhpc.errors import ConfigError
 
 from .features import VAL_MAX_SEQUENCE_LENGTH, FeatureSizes
@@ -180,8 +180,10 @@ def build_model(cfg: Any) -> AveragedAlphaFold:
     net = AlphaFold(alphafold_config(cfg))
     if path is not None:
         try:
-            fd = open_input(path, CHECKPOINT_BYTES, what="initial checkpoint", error=ConfigError)
-            with os.fdopen(fd, "rb") as handle:  # a regular file only: a FIFO is never waited on
+            # a regular file (a FIFO never waited on), its members stored as torch.save writes
+            # them: the tensors read take at most the file's bytes, never what a member inflates to
+            with zip_input(path, CHECKPOINT_BYTES, CHECKPOINT_BYTES, what="initial checkpoint",
+                           error=ConfigError, compressed=False) as handle:
                 state = torch.load(handle, map_location="cpu", weights_only=True)
             net.load_state_dict(_weights(state))
         except (OSError, RuntimeError, ValueError, KeyError, AttributeError, EOFError, TypeError,
