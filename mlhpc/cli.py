@@ -329,7 +329,7 @@ def config_reference_command(out_path: Path | None) -> None:
     if out_path is None:
         echo(config_reference.render(), nl=False)
     else:
-        from mlhpc.data.files import output_file
+        from mlhpc.data.outputs import output_file
         from mlhpc.run.result import write_text_atomic  # OutputError when it cannot be written
 
         write_text_atomic(output_file(out_path, "--out"), config_reference.render())

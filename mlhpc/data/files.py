@@ -148,37 +148,6 @@ def _new_file(dir_fd: int, final: str, bits: int, exclusive: bool) -> Iterator[s
         raise
 
 
-def output_file(path: Path | str, key: str) -> Path:
-    """``path``, a file name the user asked for (``--roofline``, ``--trace``, ``--plot``, ``--out``),
-    exactly as given: the one check of an output name before anything is made. A name is used as
-    given or refused, never rewritten (a rewritten name would replace another of the user's files
-    and the path printed would not exist); the file is then written by `atomic_output`, which
-    replaces the name and never writes through an existing file or link.
-
-    Raises:
-        OutputError: one line naming ``key`` and the path: no file name (``.``, ``..``, empty), a
-            control character in it (it could not be shown as it is), an existing folder or an
-            existing file that is not a regular file (a FIFO, a device).
-    """
-    from mlhpc.errors import OutputError
-
-    path = Path(path)
-    shown = ascii(str(path))[1:-1]  # the name in one line, its control characters escaped
-    if path.name in ("", ".", ".."):
-        raise OutputError(f"{key} {shown}: names no file; give a file name")
-    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in str(path)):
-        raise OutputError(f"{key} {shown}: the name holds a control character; give a name without one")
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return path  # absent (or unreachable: the writer names why)
-    if stat.S_ISDIR(st.st_mode):
-        raise OutputError(f"{key} {path}: is a folder; give a file name")
-    if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
-        raise OutputError(f"{key} {path}: is not a regular file; give a file name")
-    return path
-
-
 def write_text_atomic(final: Path, text: str, exclusive: bool = False) -> None:
     """``text`` (UTF-8) written to ``final`` through `atomic_output` (complete or absent), fsynced.
 

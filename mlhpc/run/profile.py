@@ -28,7 +28,8 @@ from mlhpc import runtime
 from mlhpc.run.result import check_output_dir
 
 from mlhpc.run import assemble
-from mlhpc.data.files import atomic_output, output_file
+from mlhpc.data.files import atomic_output
+from mlhpc.data.outputs import output_file
 from mlhpc.run.roofline_figure import Roofline, write_roofline
 from mlhpc.config import Config
 from mlhpc.errors import ConfigError, OutputError

@@ -156,12 +156,13 @@ def plot(series: list[Series], path: Path, title: str, mode: str = "strong") -> 
     """Draw `figure` into ``path`` (PNG, 110 dpi).
 
     Raises:
-        OutputError: ``path`` names no file or cannot be one (`mlhpc.data.files.output_file`).
+        OutputError: ``path`` names no file or cannot be one (`mlhpc.data.outputs.output_file`).
         OSError: the file cannot be written.
     """
     import matplotlib.pyplot as plt
 
-    from mlhpc.data.files import atomic_output, output_file
+    from mlhpc.data.files import atomic_output
+    from mlhpc.data.outputs import output_file
     from mlhpc.text import plot_text
 
     path = output_file(path, "--plot")  # the name asked for, used as given or refused
