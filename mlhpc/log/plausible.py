@@ -78,9 +78,11 @@ def out_of_range(value: Any, low: float = -math.inf, high: float = math.inf, uni
     return None
 
 
-def checked_number(value: Any, where: str, error: type[MlhpcError], low: float = -math.inf,
-                   high: float = math.inf, unit: str = "", above_low: bool = False) -> float:
-    """``value`` as a float when `out_of_range` finds nothing wrong with it.
+def checked_number(value: Any, where: str, error: type[MlhpcError],
+                   bounds: tuple[float, float] = (-math.inf, math.inf), unit: str = "",
+                   above_low: bool = False) -> float:
+    """``value`` as a float when `out_of_range` finds nothing wrong with it (``bounds``:
+    ``(low, high)``).
 
     Args:
         where: where and what the value is (``"refs.yaml: sys.bench.figure value"``), the
@@ -90,7 +92,7 @@ def checked_number(value: Any, where: str, error: type[MlhpcError], low: float =
     Raises:
         ``error``: ``"{where} {why}"``, one line.
     """
-    problem = out_of_range(value, low, high, unit, above_low)
+    problem = out_of_range(value, bounds[0], bounds[1], unit, above_low)
     if problem is not None:
         raise error(f"{where} {problem}")
     return float(value)

@@ -78,13 +78,13 @@ class Verdict:
     runs: int = 0
 
 
-def _number(where: str, value: Any, optional: bool, low: float, high: float, unit: str = "",
+def _number(where: str, value: Any, optional: bool, bounds: tuple[float, float], unit: str = "",
             above_low: bool = False) -> float | None:
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{where}: expected a number{' or null' if optional else ''}, got {clip(value, 80)}")
-    return checked_number(value, where, ConfigError, low, high, unit, above_low)
+    return checked_number(value, where, ConfigError, bounds, unit, above_low)
 
 
 def in_bounds(figure: str, value: Any) -> bool:
@@ -106,10 +106,10 @@ def _reference(where: str, system: str, benchmark: str, figure: str, spec: Any) 
         raise ConfigError(f"{where}: unit {clip(repr(unit), 80)} for {figure} (one of {', '.join(units)})")
     factor = units[unit]
     high = BOUNDS[_BOUNDS_OF[figure]][1] / factor
-    value = _number(where + " value", spec[0], False, 0.0, high, unit, above_low=True)
+    value = _number(where + " value", spec[0], False, (0.0, high), unit, above_low=True)
     return Reference(system, benchmark, figure, value * factor,  # type: ignore[operator]
-                     _number(where + " lower", spec[1], True, -1.0, 0.0),
-                     _number(where + " upper", spec[2], True, 0.0, MAX_UPPER), unit)
+                     _number(where + " lower", spec[1], True, (-1.0, 0.0)),
+                     _number(where + " upper", spec[2], True, (0.0, MAX_UPPER)), unit)
 
 
 def load_references(path: Path) -> list[Reference]:

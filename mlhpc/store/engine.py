@@ -23,11 +23,13 @@ import contextlib
 import os
 import random
 import re
+import sqlite3
 import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -198,18 +200,12 @@ def identify_sqlite(path: Path) -> int | None:
             mlhpc's tables (`mlhpc.store.schema.MARKER_TABLES`: a user's own database is never
             adopted), a ``schema_version`` row that is not a version, or unreadable.
     """
-    import sqlite3
-    from urllib.parse import quote
-
-    from mlhpc.data.files import reason
+    from mlhpc.data.inputs import open_input
 
     keep = "left as it is: give a new path or an mlhpc store (--store PATH or MLHPC_STORE=PATH)"
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return None
-    except OSError as exc:
-        raise StoreError(f"{path}: the store cannot be read ({reason(exc)})") from None
+    fd = open_input(path, 1 << 62, what="results store", error=StoreError)  # a regular file, never waited on
     with os.fdopen(fd, "rb") as handle:
         head = handle.read(len(SQLITE_HEADER))
     if not head:
@@ -217,7 +213,7 @@ def identify_sqlite(path: Path) -> int | None:
     if head != SQLITE_HEADER:
         raise StoreError(f"{path}: not a SQLite database, so not an mlhpc results store; {keep}")
     try:
-        conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
+        conn = _connect_read_only(path)
         try:
             tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             objects = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
@@ -235,22 +231,25 @@ def identify_sqlite(path: Path) -> int | None:
         raise StoreError(f"{path}: cannot be read as an mlhpc results store ({clip(exc, 200)}); {keep}") from None
 
 
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """A read-only connection to the SQLite file ``path`` (``mode=ro``: its write-ahead log read
+    where one is there; ``immutable=1`` where no ``-shm`` can be made beside it, the file alone).
+
+    Raises:
+        sqlite3.Error: the file cannot be read as a database.
+    """
+    try:
+        conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, check_same_thread=False)
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn
+    except sqlite3.OperationalError:
+        return sqlite3.connect(f"file:{quote(str(path))}?mode=ro&immutable=1", uri=True, check_same_thread=False)
+
+
 def _read_only_engine(path: Path) -> Engine:
     """An engine on the SQLite file ``path`` opened read-only (``mode=ro``, else
     ``immutable=1``): nothing is created beside it, so a store on a read-only mount can be listed."""
-    import sqlite3
-    from urllib.parse import quote
-
-    def connect() -> sqlite3.Connection:
-        try:  # read-only, its write-ahead log read where one is there
-            conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, check_same_thread=False)
-            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            return conn
-        except sqlite3.OperationalError:  # no -shm can be made beside it: the file alone
-            return sqlite3.connect(f"file:{quote(str(path))}?mode=ro&immutable=1", uri=True,
-                                   check_same_thread=False)
-
-    engine = create_engine("sqlite://", creator=connect)
+    engine = create_engine("sqlite://", creator=lambda: _connect_read_only(path))
     engine.mlhpc_read_only = True  # open_store then reads it as it is (nothing created)
     return engine
 
