@@ -13,12 +13,14 @@ session whose defaults all point at a watched folder.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 #: Environment variables the session points into its own folder (or removes).
 REDIRECTED = ("HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "TMPDIR")
 REMOVED = ("MLHPC_CACHE_DIR", "MLHPC_CAMPAIGN")
+#: The session's folder of things made once and shared by the workers (`made_once`).
+SHARED_ENV = "MLHPC_TESTS_SHARED"
 _session: dict = {}
 
 
@@ -80,7 +84,26 @@ def pytest_configure(config) -> None:
     for name in REMOVED:
         os.environ.pop(name, None)
     os.environ["MLHPC_STORE"] = "none"  # runs made by tests are not recorded (store tests set their own)
+    (root / "shared").mkdir()
+    os.environ[SHARED_ENV] = str(root / "shared")  # read by `made_once` in every pytest-xdist worker
     tempfile.tempdir = None  # the next gettempdir() reads the new TMPDIR (pytest's tmp_path included)
+
+
+def made_once(name: str, make: Callable[[Path], None]) -> Path:
+    """The folder ``NAME`` of the session's shared folder, made by ``make(folder)`` once per session
+    and read by every pytest-xdist worker and module after (tests must not change it). The first
+    caller makes it under an exclusive lock while the others wait; a ``make`` that fails leaves
+    nothing, so the next caller tries again and fails the same way."""
+    shared = Path(os.environ[SHARED_ENV])
+    folder = shared / name
+    with open(shared / f"{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (shared / f"{name}.made").exists():
+            return folder
+        shutil.rmtree(folder, ignore_errors=True)  # a failed make's remains, in the session's own folder
+        make(folder)
+        (shared / f"{name}.made").touch()
+    return folder
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
@@ -142,11 +165,17 @@ SERIAL_GROUPS = {"slurm": lambda item: item.get_closest_marker("slurm") is not N
                      "test_the_report_command_the_readme_gives_works")}
 
 
-# tryfirst: pytest-xdist reads the groups in its own hook of this name (appending ``@group`` to
-# each node id) and its hook would otherwise run first, before any group is marked.
+#: Tests that need a service are `cluster` tests whatever their module says: run by .ci/run after
+#: the default tests, and by ``-m cluster``.
+SERVICES = (SERIAL_GROUPS["slurm"], SERIAL_GROUPS["postgres"])
+
+
+# tryfirst: pytest-xdist reads the groups, and pytest's -m the marks, in their own hooks of this name.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
+        if any(needs(item) for needs in SERVICES):
+            item.add_marker(pytest.mark.cluster)
         for group, member in SERIAL_GROUPS.items():
             if member(item):
                 item.add_marker(pytest.mark.xdist_group(group))

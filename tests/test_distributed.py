@@ -13,6 +13,8 @@ import pytest
 
 from test_run_e2e import ONCE_ONLY, events, tiny_args, tiny_data  # noqa: F401 (fixture)
 
+pytestmark = pytest.mark.cluster  # torchrun and mpiexec
+
 BIN = Path(sys.executable).parent
 
 

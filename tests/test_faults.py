@@ -122,6 +122,7 @@ def test_resume_without_checkpoint_is_one_line(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.cluster  # torchrun
 def test_two_instances_write_two_logs(tmp_path, repo, tiny_data):
     out = tmp_path / "out"
     args = tiny_args(repo, tiny_data, out, "--set", "train.target=10.0", "--instances", "2")

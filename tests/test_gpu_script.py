@@ -22,6 +22,7 @@ import gpu_steps  # noqa: E402
 from mlhpc import config as cfg  # noqa: E402
 
 
+@pytest.mark.cluster  # a process group and a run per workload, about a minute
 def test_tiny_run_passes_on_the_cpu(tmp_path):
     """One ``--tiny`` run (about 45 s of one core), every part checked."""
     out = tmp_path / "gpu.json"

@@ -162,6 +162,7 @@ def _files(root: Path) -> set[str]:
             if p.is_file() and not p.name.startswith(".mlhpc")}
 
 
+@pytest.mark.cluster  # two torchrun agents
 def test_two_nodes_stage_disjoint_halves_and_reuse_them_without_the_source(tmp_path, repo,
                                                                           small_files_data):
     source = tmp_path / "shared" / "cosmoflow"
@@ -208,6 +209,7 @@ def _events(log: Path) -> list[dict]:
             if ":::MLLOG " in line]
 
 
+@pytest.mark.cluster  # two torchrun agents
 @pytest.mark.parametrize("placement", ["init", pytest.param("run", marks=pytest.mark.slow)])
 def test_two_nodes_stage_then_train_from_their_shards_with_the_source_gone(tmp_path, repo,
                                                                           small_files_data, placement):

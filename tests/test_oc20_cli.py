@@ -311,6 +311,7 @@ def test_profile_runs_oc20(tiny, tmp_path):
     assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
 
 
+@pytest.mark.cluster  # torchrun
 def test_throughput_mode_runs_two_oc20_instances(tiny, tmp_path):
     """``--instances 2`` under torchrun with two processes: two logs, two seeds, scored as a
     throughput (weak-scaling) result (about 30 s on two loaded cores)."""

@@ -149,6 +149,7 @@ def test_sigterm_during_the_run_exits_143_with_a_complete_node_file(tmp_path, re
     assert run["energy_to_train_j"] == pytest.approx(WATTS * run_window_s(out / "result_0.txt"), rel=1e-9)
 
 
+@pytest.mark.cluster  # torchrun
 def test_instances_sharing_a_node_each_get_the_node_file(tmp_path, repo, tiny_data):
     """Throughput mode, three instances of one rank on one node: each result_N gets the node's
     file (same meter, its own run's window, marked shared), so the summarizer finds power for

@@ -16,6 +16,8 @@ import pytest
 from test_distributed import BIN, launch
 from test_run_e2e import tiny_args, tiny_data  # noqa: F401 (fixture)
 
+pytestmark = pytest.mark.cluster  # torchrun and mpiexec
+
 SET = ["result_0.txt", "measured_0.json", "summary_0.json", "config_0.yaml", "env_0.json"]
 # the cheapest run that misses: 1 epoch of 16 samples, an unreachable target
 MISS = ["--set", "train.target=0.0", "--set", "train.max_epochs=1",

@@ -114,6 +114,7 @@ def _assert_same_figures(case: dict, run: dict) -> None:
     assert run["energy_to_train_j"] is None and "energy_to_train" not in perf  # no power counter here
 
 
+@pytest.mark.cluster  # reframe for real
 def test_local_scheduler_passes_fails_and_says_why(tmp_path: Path, configs: dict[str, str]) -> None:
     """One ``reframe`` on the local scheduler: the staging check passes; the DeepCAM run passes
     sanity but misses a reference no run can meet (a performance failure); the CosmoFlow runs

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import compliance_check
+from conftest import compliance_check, made_once
 from mlhpc.workload import get as get_workload
 
 ONCE_ONLY = ["init_stop", "run_start", "run_stop", "submission_benchmark", "submission_org",
@@ -38,14 +38,16 @@ def run_cli(args: list[str], cwd: Path, launcher: list[str] | None = None, timeo
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory, repo):
-    data = tmp_path_factory.mktemp("tiny") / "data"
-    proc = subprocess.run([sys.executable, "-m", "mlhpc", "data", "synth", "cosmoflow", "--out",
-                           str(data), "--config", str(repo / "configs" / "cosmoflow-mini.yaml"),
-                           *TINY], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return data
+@pytest.fixture(scope="session")
+def tiny_data(repo):
+    """The tiny CosmoFlow data set, synthesised once per test session and read by every module
+    that imports this fixture (no test changes it)."""
+    def synth(data: Path) -> None:
+        proc = subprocess.run([sys.executable, "-m", "mlhpc", "data", "synth", "cosmoflow", "--out",
+                               str(data), "--config", str(repo / "configs" / "cosmoflow-mini.yaml"),
+                               *TINY], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    return made_once("tiny-cosmoflow", synth)
 
 
 def tiny_args(repo: Path, data: Path, out: Path, *extra: str) -> list[str]:
@@ -132,6 +134,7 @@ def test_empty_data_folder_is_one_line_exit_2(tmp_path, repo):
     assert str(data) in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_mini_deepcam_reaches_target_and_passes_the_official_checker(tmp_path, repo):
     """The default suite's one end-to-end run to a quality target: `mlhpc run
     configs/deepcam-mini.yaml` from nothing (embedded data synthesised), mean IoU up to the
