@@ -190,6 +190,9 @@ def zip_input(path: Path | str, cap_bytes: int, inflated_cap_bytes: int, root: P
     try:
         _check_zip(handle, Path(path), os.fstat(fd).st_size, inflated_cap_bytes, what, error, compressed)
         handle.seek(0)
+    except OSError as exc:  # a read that fails (EIO): named, not a traceback
+        handle.close()
+        raise error(f"cannot read {what} ({reason(exc)})", path=path) from None
     except BaseException:
         handle.close()
         raise
@@ -200,7 +203,8 @@ def _check_zip(handle: BinaryIO, path: Path, size: int, inflated_cap_bytes: int,
                error: type[MlhpcError], compressed: bool) -> None:
     try:
         members = zipfile.ZipFile(handle).infolist()
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, struct.error, OSError, ValueError, EOFError,
+            NotImplementedError) as exc:  # the ways zipfile finds a file damaged
         why = "an empty file" if size == 0 else f"not a ZIP archive: {clip(str(exc), 80)}"
         raise error(f"cannot read {what} ({why})", path=path) from None
     declared = sum(info.file_size for info in members)
@@ -216,8 +220,10 @@ def _check_zip(handle: BinaryIO, path: Path, size: int, inflated_cap_bytes: int,
         if info.compress_type not in (_ZIP_STORED, _ZIP_DEFLATED):
             raise error(f"{what} member {name} is compressed with ZIP method {info.compress_type}, "
                         "neither stored nor DEFLATE; refused", path=path)
-        handle.seek(info.header_offset)
-        head = handle.read(_ZIP_LOCAL_HEADER.size)
+        head = b""
+        if 0 <= info.header_offset <= size - _ZIP_LOCAL_HEADER.size:
+            handle.seek(info.header_offset)
+            head = handle.read(_ZIP_LOCAL_HEADER.size)
         if len(head) < _ZIP_LOCAL_HEADER.size or head[:4] != b"PK\x03\x04":
             raise error(f"{what} member {name}: no ZIP header at byte {info.header_offset}; refused",
                         path=path)
