@@ -53,6 +53,7 @@ sys.path.insert(0, str(REPO))
 
 from mlhpc import config as cfg  # noqa: E402
 from mlhpc.data.claims import make_claimed_dir, remove_claimed  # noqa: E402
+from mlhpc.data.statefiles import record_tree, recording  # noqa: E402
 from mlhpc.data.files import part_path, write_text_atomic, write_under  # noqa: E402
 from mlhpc.data.inputs import read_text_input  # noqa: E402
 from mlhpc.power.sampler import Sampler  # noqa: E402
@@ -128,6 +129,8 @@ def sampling(kind: str, interval_s: float, tmp: Path) -> Iterator[TimedSampler |
         yield sampler
     finally:
         sampler.stop()
+        with recording(folder):  # the sampler's file: all the removal may delete
+            record_tree(final)
         remove_claimed(folder, "scratch", "benchmark scratch folder")
 
 

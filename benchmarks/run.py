@@ -44,6 +44,7 @@ from mlhpc.data.claims import make_claimed_dir, remove_claimed  # noqa: E402
 from mlhpc.data.files import write_text_atomic  # noqa: E402
 from mlhpc.data.inputs import read_text_input  # noqa: E402
 from mlhpc.data.stage.copies import remove_copy  # noqa: E402
+from mlhpc.data.statefiles import record_tree, recording  # noqa: E402
 from mlhpc.text import echo  # noqa: E402
 from mlhpc.workload import WorkloadDataset  # noqa: E402
 from mlhpc_workloads.cosmoflow import WORKLOAD as COSMOFLOW  # noqa: E402
@@ -223,6 +224,8 @@ def bench_staging(data: Path, repeats: int) -> dict:
             t0 = time.perf_counter()
             subprocess.run(["cp", "-r", str(data), str(folder / "data")], check=True)
             cp_best = min(cp_best, time.perf_counter() - t0)
+            with recording(folder):  # what cp made there: all the removal may delete
+                record_tree(folder / "data")
             remove_claimed(folder, "scratch", "benchmark scratch folder")
             dest = Path(tmp) / f"stage{i}"
             t0 = time.perf_counter()

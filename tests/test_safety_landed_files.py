@@ -13,12 +13,16 @@ does not hang the suite."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from mlhpc.cli import main
+from mlhpc.data import embedded
 from mlhpc.data.claims import CLAIM_NAME
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,3 +123,82 @@ def test_a_fifo_checkpoint_is_refused_by_run_resume(tmp_path):
     _one_line(_mlhpc("run", "--resume", str(run_dir), cwd=tmp_path), str(run_dir / "checkpoint_0.pt"),
               "FIFO")
     assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint_0.pt"]
+
+
+# ---- a claimed folder removed whole keeps what the user put in it ------------------------------
+
+
+def _synth(out: Path, *extra: str):
+    return CliRunner().invoke(main, ["data", "synth", "cosmoflow", "--out", str(out), *TINY_SYNTH, *extra])
+
+
+def _cli_line(result) -> str:
+    """The command ended with exit 2 and one ``mlhpc: error:`` line (after its progress lines)."""
+    lines = [line for line in result.stderr.splitlines() if line.startswith("mlhpc: error: ")]
+    assert result.exit_code == 2 and len(lines) == 1, (result.exit_code, result.output)
+    assert "Traceback" not in result.output and result.stderr.strip().endswith(lines[0]), result.output
+    return lines[0]
+
+
+def _interrupted(monkeypatch, out: Path) -> Path:
+    """The hidden folder of a synthesis of ``out`` (seed 0) that wrote its files and then
+    failed (a full disk), left claimed as an interrupted synthesis is."""
+    real_run = embedded.SynthWatch.run
+
+    def run_then_fail(self, synthesize, synth, seed):
+        real_run(self, synthesize, synth, seed)
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(embedded.SynthWatch, "run", run_then_fail)
+        assert "No space left on device" in _cli_line(_synth(out))
+    hidden = embedded.staging_folder(out)
+    assert (hidden / CLAIM_NAME).is_file() and list((hidden / "train").glob("*.h5"))
+    return hidden
+
+
+def test_a_users_file_in_an_interrupted_synthesis_folder_is_refused_not_deleted(tmp_path, monkeypatch):
+    """A synthesis with other settings removes the interrupted one's hidden folder: a file the
+    user put there (mlhpc recorded making everything else) is named in one line and nothing is
+    deleted; once the user has taken it away, the folder is removed and the data written."""
+    out = tmp_path / "data"
+    hidden = _interrupted(monkeypatch, out)
+    (hidden / "train" / "mine.h5").write_text("my own file")
+    before = _tree(hidden)
+    line = _cli_line(_synth(out, "--seed", "1"))
+    assert str(hidden / "train" / "mine.h5") in line and "nothing removed" in line, line
+    assert _tree(hidden) == before and not out.exists()
+    os.unlink(hidden / "train" / "mine.h5")
+    made = _synth(out, "--seed", "1")
+    assert made.exit_code == 0, made.output
+    assert not hidden.exists() and embedded.describe(out) == "complete"
+    assert embedded.synth_manifest(out)["seed"] == 1
+
+
+# ---- a failed last step keeps the claim ---------------------------------------------------------
+
+
+def test_a_synthesis_whose_rename_fails_stays_claimed_and_a_later_synth_finishes_it(tmp_path, monkeypatch):
+    """The data are written, then the rename into place fails (a folder of the user's appeared
+    at the final name meanwhile): the complete hidden folder stays mlhpc's, so once the user
+    moves their folder away the next ``mlhpc data synth`` puts it in place."""
+    out = tmp_path / "data"
+    real_run = embedded.SynthWatch.run
+
+    def run_then_user_folder(self, synthesize, synth, seed):
+        real_run(self, synthesize, synth, seed)
+        out.mkdir()
+        (out / "notes.txt").write_text("the user's")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(embedded.SynthWatch, "run", run_then_user_folder)
+        line = _cli_line(_synth(out))
+    assert str(out) in line, line
+    hidden = embedded.staging_folder(out)
+    assert (hidden / CLAIM_NAME).is_file() and (out / "notes.txt").read_text() == "the user's"
+    shutil.move(out, tmp_path / "moved")
+    made = _synth(out)
+    assert made.exit_code == 0, made.output
+    assert embedded.describe(out) == "complete" and not hidden.exists()
+    assert not (out / CLAIM_NAME).exists() and not (out / embedded.INTENT).exists()
+    assert (tmp_path / "moved" / "notes.txt").read_text() == "the user's"

@@ -18,7 +18,9 @@ from click.testing import CliRunner
 from mlhpc.cli import main
 from mlhpc.data import embedded
 from mlhpc.data.claims import CLAIM_NAME, RemovalRefused, make_claimed_dir, remove_claimed
+from mlhpc.data.files import write_text_atomic
 from mlhpc.data.stage.copies import find_copies, release, remove_copy
+from mlhpc.data.statefiles import recording
 from mlhpc.errors import StagingError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -195,12 +197,13 @@ def test_a_hidden_synthesis_folder_mlhpc_did_not_claim_is_left_alone(tmp_path):
 
 def test_a_synthesis_with_other_settings_is_replaced_only_when_mlhpc_made_it(tmp_path):
     """An interrupted synthesis with other settings is removed and started afresh only inside a
-    hidden folder mlhpc claimed whole."""
+    hidden folder mlhpc claimed, and only what its writers recorded making there."""
     out = tmp_path / "data"
     hidden = make_claimed_dir(embedded.staging_folder(out), embedded.SYNTH_KIND)
     (hidden / embedded.INTENT).write_text(json.dumps({"workload": "cosmoflow", "seed": 99, "synth": {}}))
     (hidden / "train").mkdir()
-    (hidden / "train" / "old.h5").write_text("stale")
+    with recording(hidden):  # put in place by mlhpc's writer: recorded as mlhpc's
+        write_text_atomic(hidden / "train" / "old.h5", "stale")
     made = CliRunner().invoke(main, ["data", "synth", "cosmoflow", "--out", str(out), *TINY_SYNTH])
     assert made.exit_code == 0, made.output
     assert not hidden.exists() and not (out / "train" / "old.h5").exists()

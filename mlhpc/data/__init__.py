@@ -3,6 +3,8 @@
 - `files`: the project's one atomic writer and temporary-name rule, checksums, locks, folders
   opened without following links (none written through), ownership and overlap checks;
 - `inputs`: the project's one reader: no link out of a tree, regular files only, sizes capped;
+- `statefiles`: mlhpc's own lock files and journals, opened never waiting on a FIFO, and the
+  record of each file a writer puts in place in a claimed folder;
 - `manifest`: the one manifest schema (versioned) and its one parser; complete-or-absent;
 - `formats`: the `DataTools` protocol a workload implements for its formats, and detection;
 - `pool`: the one parallel driver (threads or processes);

@@ -8,10 +8,11 @@ written when the folder is made:
 - who and when: the user (uid and name), host, process, UTC time;
 - the folder's identity: device and inode of the folder the record was written in, so a record
   copied, moved or planted into another folder licenses nothing;
-- ``files``: the relative paths mlhpc wrote there (a staged copy's files also count when its
-  manifest or journals, which staging writes as it copies, list them); ``whole``: true only for
-  a folder mlhpc created empty and private (``0700``) and writes alone (a synthesis's hidden
-  folder, a scratch folder), where everything below is mlhpc's by construction.
+- ``files``: the relative paths mlhpc wrote there. Files also count when the folder's own
+  records list them: a staged copy's manifest and journals, which staging writes as it copies,
+  and the journals its writers keep under `mlhpc.data.statefiles.recording` (a synthesis's hidden
+  folder: each file put in place is recorded as it lands). A folder mlhpc made empty and
+  private is no exception: a file nothing records (one the user put there) is never mlhpc's.
 
 `remove_claimed` is the only code of the project that deletes a tree. It checks the record (a
 regular file, not a link, in a real folder owned by the invoking user and writable by nobody
@@ -41,6 +42,7 @@ from typing import Any, Iterable, Optional
 
 from mlhpc.data.files import is_part_file, part_path, write_text_atomic
 from mlhpc.data.inputs import read_text_input
+from mlhpc.data.statefiles import MADE_JOURNAL
 from mlhpc.errors import DataError, MlhpcError
 
 CLAIM_NAME = ".mlhpc-claim.json"
@@ -68,7 +70,6 @@ class Claim:
     folder: Path
     kind: str
     files: frozenset[str]
-    whole: bool
     user: str
     made_at: str
 
@@ -80,10 +81,10 @@ def _user() -> str:
         return f"uid {os.geteuid()}"
 
 
-def write_claim(folder: Path, kind: str, files: Iterable[str] = (), whole: bool = False) -> None:
+def write_claim(folder: Path, kind: str, files: Iterable[str] = ()) -> None:
     """Write (or replace) ``folder``'s claim record: ``kind``, the invoking user, host, process,
-    UTC time, the folder's device and inode, the relative ``files`` mlhpc wrote there and
-    ``whole`` (see the module docstring), through the one atomic writer.
+    UTC time, the folder's device and inode and the relative ``files`` mlhpc wrote there (see
+    the module docstring), through the one atomic writer.
 
     Raises:
         OSError: the folder is missing, a link, not private, or not writable.
@@ -93,7 +94,7 @@ def write_claim(folder: Path, kind: str, files: Iterable[str] = (), whole: bool 
            "uid": os.geteuid(), "user": _user(), "host": socket.gethostname(), "pid": os.getpid(),
            "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "folder": {"dev": info.st_dev, "ino": info.st_ino},
-           "whole": bool(whole), "files": sorted(set(files))}
+           "files": sorted(set(files))}
     write_text_atomic(Path(folder) / CLAIM_NAME, json.dumps(doc, indent=0, sort_keys=True) + "\n")
 
 
@@ -108,8 +109,8 @@ def read_claim(folder: Path, kind: str) -> Optional[Claim]:
     problem, doc = _checked(Path(folder), kind)
     if problem is not None:
         return None
-    return Claim(Path(folder), kind, frozenset(doc["files"]), doc.get("whole") is True,
-                 str(doc.get("user"))[:64], str(doc.get("made_at"))[:32])
+    return Claim(Path(folder), kind, frozenset(doc["files"]), str(doc.get("user"))[:64],
+                 str(doc.get("made_at"))[:32])
 
 
 def _checked(folder: Path, kind: str) -> tuple[Optional[str], dict[str, Any]]:
@@ -167,9 +168,7 @@ def is_state_file(rel: str) -> bool:
 def foreign(claim: Claim, recorded: Iterable[str] = ()) -> list[str]:
     """What lies under the claimed folder that neither its claim nor ``recorded`` (the files the
     folder's own records list, e.g. a staged copy's manifest) lists, sorted; folders count only
-    through what they hold. Empty for a ``whole`` claim."""
-    if claim.whole:
-        return []
+    through what they hold."""
     listed = claim.files | frozenset(recorded)
     inside_part = set()
     found = []
@@ -184,6 +183,26 @@ def foreign(claim: Claim, recorded: Iterable[str] = ()) -> list[str]:
     return sorted(found)
 
 
+def made_files(folder: Path) -> set[str]:
+    """The files mlhpc's writers recorded putting in place in ``folder``
+    (`mlhpc.data.statefiles.recording`: its journals ``MADE_JOURNAL*.jsonl``, each read through
+    the one reader); unreadable journals and lines torn by an interruption are passed over."""
+    found: set[str] = set()
+    for journal in sorted(Path(folder).glob(MADE_JOURNAL + "*" + JOURNAL_SUFFIX)):
+        try:
+            lines = read_text_input(journal, MAX_CLAIM_BYTES, folder, "journal").splitlines()
+        except MlhpcError:
+            continue
+        for line in lines:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and isinstance(entry.get("path"), str):
+                found.add(entry["path"])
+    return found
+
+
 def _refuse(claim: Claim, strays: list[str], what: str) -> RemovalRefused:
     more = f" and {len(strays) - 1} more" if len(strays) > 1 else ""
     return RemovalRefused(f"{claim.folder / strays[0]}{more}: not made by mlhpc in this {what}; "
@@ -193,7 +212,8 @@ def _refuse(claim: Claim, strays: list[str], what: str) -> RemovalRefused:
 
 def remove_claimed(folder: Path, kind: str, what: str, recorded: Iterable[str] = ()) -> tuple[int, int]:
     """Delete ``folder``: the one remover of the project (module docstring). ``recorded``: the
-    files the folder's own records list besides its claim. Returns ``(bytes, files)`` removed.
+    files the folder's own records list besides its claim and its writers' journals
+    (`made_files`). Returns ``(bytes, files)`` removed.
 
     Raises:
         RemovalRefused: no valid claim of ``kind`` (naming why), or something there the claim
@@ -204,10 +224,11 @@ def remove_claimed(folder: Path, kind: str, what: str, recorded: Iterable[str] =
     claim = read_claim(folder, kind)
     if claim is None:
         raise RemovalRefused(f"{folder}: not removed: {claim_problem(folder, kind)}")
+    recorded = frozenset(recorded) | made_files(folder)
     strays = foreign(claim, recorded)
     if strays:
         raise _refuse(claim, strays, what)
-    removed = _delete_listed(claim, frozenset(recorded), keep=frozenset())
+    removed = _delete_listed(claim, recorded, keep=frozenset())
     os.rmdir(folder)
     return removed
 
@@ -223,13 +244,14 @@ def prune_claimed(folder: Path, kind: str, keep: set[str], recorded: Iterable[st
     claim = read_claim(folder, kind)
     if claim is None:
         raise RemovalRefused(f"{folder}: not pruned: {claim_problem(folder, kind)}")
-    return _delete_listed(claim, frozenset(recorded), keep=frozenset(keep), state=False)[1]
+    recorded = frozenset(recorded) | made_files(folder)
+    return _delete_listed(claim, recorded, keep=frozenset(keep), state=False)[1]
 
 
 def _delete_listed(claim: Claim, recorded: frozenset[str], keep: frozenset[str],
                    state: bool = True) -> tuple[int, int]:
     """Unlink, relative to folder descriptors and never through a link, each file below the
-    claimed folder that is listed (claim, ``recorded``, a ``whole`` claim; with ``state``, mlhpc's
+    claimed folder that is listed (claim, ``recorded``; with ``state``, mlhpc's
     own state files too) and not in ``keep``; the record itself last; then every folder left
     empty below. Returns ``(bytes, files)``."""
     listed = claim.files | recorded
@@ -241,7 +263,7 @@ def _delete_listed(claim: Claim, recorded: frozenset[str], keep: frozenset[str],
         in_part += [prefix + d + "/" for d in dirs if is_part_file(d)]
         for name in names + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
             rel = prefix + name
-            ours = (claim.whole or rel in listed or any(rel.startswith(p) for p in in_part)
+            ours = (rel in listed or any(rel.startswith(p) for p in in_part)
                     or (is_part_file(name)) or (state and is_state_file(rel)))
             if not ours or rel in keep or rel == CLAIM_NAME or \
                     (not state and is_state_file(rel) and not is_part_file(name)):
@@ -260,11 +282,13 @@ def _delete_listed(claim: Claim, recorded: frozenset[str], keep: frozenset[str],
     return total, count
 
 
-def make_claimed_dir(path: Path, kind: str, whole: bool = True) -> Path:
+def make_claimed_dir(path: Path, kind: str) -> Path:
     """Create ``path`` new (``0700``; it must not exist: a folder someone made beforehand is
-    never adopted) and write its claim of ``kind``. Raises OSError (FileExistsError included)."""
+    never adopted) and write its claim of ``kind``, listing no file yet: what mlhpc writes there
+    counts as its own once recorded (`mlhpc.data.statefiles.recording`). Raises OSError
+    (FileExistsError included)."""
     os.mkdir(path, 0o700)
-    write_claim(path, kind, whole=whole)
+    write_claim(path, kind)
     return Path(path)
 
 
@@ -309,13 +333,17 @@ def remove_leftovers(folder: Path, kind: str) -> int:
 
 
 def release(folder: Path, kind: str, names: Iterable[str]) -> None:
-    """Close a claimed folder that becomes the user's to keep (a synthesis renamed into place:
-    a finished dataset mlhpc never deletes): its state files ``names`` (of `STATE_NAMES`) and
-    then its claim record are removed. Nothing is done without a valid claim of ``kind``."""
+    """Close a claimed folder that becomes the user's to keep (a synthesis once renamed into
+    place: a finished dataset mlhpc never deletes): its state files ``names`` (of
+    `STATE_NAMES`), its journals, and then its claim record are removed. Called only once the
+    folder is in its final place: until then the claim is what lets a later run finish or remove
+    it. Nothing is done without a valid claim of ``kind``."""
     if read_claim(folder, kind) is None:
         return
-    for name in names:
-        if name in STATE_NAMES and name != CLAIM_NAME:
+    with os.scandir(folder) as entries:
+        journals = [e.name for e in entries if is_state_file(e.name) and e.name.startswith(JOURNAL_PREFIX)]
+    for name in [*names, *journals]:
+        if name in STATE_NAMES and name != CLAIM_NAME or name in journals:
             with suppress(FileNotFoundError):
                 os.unlink(Path(folder) / name)
     os.unlink(Path(folder) / CLAIM_NAME)

@@ -5,17 +5,20 @@ module wraps it so that an interrupted synthesis (SIGKILL, a full disk, a node f
 be trained or evaluated on:
 
 1. synthesis writes into a hidden sibling folder ``.<name>.mlhpc-synth`` (same file system),
-   made new and private by mlhpc and claimed whole at once (`mlhpc.data.claims`, kind
-   `SYNTH_KIND`), with an intent record ``.mlhpc-intent.json`` (workload, seed, synth settings)
-   written first; a hidden folder of that name without a valid claim is never used or removed;
+   made new and private by mlhpc and claimed at once (`mlhpc.data.claims`, kind `SYNTH_KIND`),
+   with an intent record ``.mlhpc-intent.json`` (workload, seed, synth settings) written first;
+   each file put in place there is recorded as it lands (`mlhpc.data.statefiles.recording`): all
+   that removing it may delete; a hidden folder of that name without a valid claim is never used
+   or removed;
 2. what unfinished writers left (files and folders under the project's one temporary name,
    `mlhpc.data.files.part_path`; a workload writes its split folders through `splits_written`)
    is removed before it resumes, so it is never staged or read;
 3. when ``synthesize`` returns, the folder's manifest (`mlhpc.data.manifest`, kind ``"synth"``,
    the one completion record of every folder mlhpc writes) is written last, holding the
-   workload, seed, synth settings and every file with its size and checksum; its claim is
-   released (a finished dataset is the user's: mlhpc never deletes it) and the folder renamed
-   into place (one atomic ``rename``; an empty folder of that name is replaced).
+   workload, seed, synth settings and every file with its size and checksum; the folder is
+   renamed into place (one atomic ``rename``; an empty folder of that name is replaced) and only
+   then is its claim released (a finished dataset is the user's: mlhpc never deletes it), so the
+   next synthesis finishes a folder whose rename failed rather than refuse it as not mlhpc's.
 
 On use, a folder with a synthesis manifest is checked against it (file and byte counts per
 split, and the synth settings against the config's): a disagreement (the data changed, were
@@ -45,10 +48,11 @@ from mlhpc.data.claims import (
     remove_leftovers,
     remove_own_part,
 )
-from mlhpc.data.files import checksum, is_part_file, part_path, write_text_atomic
+from mlhpc.data.files import checksum, is_part_file, part_path, reason, write_text_atomic
 from mlhpc.data.formats import splits_of
 from mlhpc.data.inputs import read_text_input
 from mlhpc.data.manifest import require_complete
+from mlhpc.data.statefiles import record_tree, recording
 from mlhpc.data.synthwatch import ProgressFn, SynthWatch
 from mlhpc.errors import ConfigError, DataError, MlhpcError
 
@@ -125,6 +129,7 @@ def splits_written(out_dir: Path, splits: list[str]) -> Iterator[dict[str, Path]
         for split in splits:
             os.rename(temporary[split], out_dir / split)
             moved.append(split)
+            record_tree(out_dir / split)  # in place: counted as mlhpc's in a claimed folder
     except BaseException:
         for split in moved:  # back under this process's temporary name, then removed with it
             os.rename(out_dir / split, temporary[split])
@@ -225,7 +230,7 @@ def check_seed(seed: Any) -> int:
 def _lock(path: Path) -> Iterator[None]:
     """An exclusive advisory lock on ``path``'s parent folder while ``path`` is synthesised
     (concurrent runs on one folder); the folder itself is locked, so no lock file is left."""
-    fd = os.open(path.parent, os.O_RDONLY)
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)  # a folder only, never a FIFO
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -263,6 +268,8 @@ def synthesize(path: Path, workload: "Workload", synth: Any, seed: int,
         path.parent.mkdir(parents=True, exist_ok=True)
         with _lock(path):
             if not _needs_synthesis(path, wanted):
+                if claim_problem(path, SYNTH_KIND) is None:  # renamed into place, not yet released
+                    _finish(path)
                 return False
             _synthesize_into_place(path, workload, synth, seed, wanted, on_progress)
     except OSError as exc:
@@ -309,11 +316,13 @@ def changed_message(path: Path, why: str) -> str:
 def _synthesize_into_place(path: Path, workload: "Workload", synth: Any, seed: int,
                            wanted: dict[str, Any], on_progress: ProgressFn | None) -> None:
     """Write the dataset in the hidden claimed folder beside ``path`` (resuming an interrupted
-    synthesis with the same settings), mark it, release its claim and rename it to ``path``
-    (missing or empty). Called under `_lock`; OSError propagates.
+    synthesis with the same settings), mark it, rename it to ``path`` (missing or empty) and
+    only then release its claim (`_finish`). Called under `_lock`; OSError propagates.
 
     Raises:
-        DataError: a hidden folder of that name that mlhpc did not claim for this user.
+        DataError: a hidden folder of that name not claimed by mlhpc for this user, or holding
+            a file mlhpc did not record making (named; nothing removed); the rename failed (the
+            folder stays claimed for the next run to finish).
     """
     tmp = staging_folder(path)
     if os.path.lexists(tmp):
@@ -325,16 +334,28 @@ def _synthesize_into_place(path: Path, workload: "Workload", synth: Any, seed: i
             remove_claimed(tmp, SYNTH_KIND, "hidden synthesis folder")
     if not os.path.lexists(tmp):
         make_claimed_dir(tmp, SYNTH_KIND)  # new and private while written; the usual mode once complete
-    _write_json(tmp / INTENT, wanted)
-    remove_leftovers(tmp, SYNTH_KIND)
-    with SynthWatch(tmp, path, on_progress) as watch:
-        watch.run(workload.synthesize, synth, seed)
-    remove_leftovers(tmp, SYNTH_KIND)
-    release(tmp, SYNTH_KIND, [INTENT])
-    manifest.write(tmp, KIND, _entries(tmp), **wanted)
-    os.chmod(tmp, 0o777 & ~_umask())
-    os.rename(tmp, path)  # replaces an empty folder of that name
+    with recording(tmp):
+        _write_json(tmp / INTENT, wanted)
+        remove_leftovers(tmp, SYNTH_KIND)
+        with SynthWatch(tmp, path, on_progress) as watch:
+            watch.run(workload.synthesize, synth, seed)
+        remove_leftovers(tmp, SYNTH_KIND)
+        manifest.write(tmp, KIND, _entries(tmp), **wanted)
+    try:
+        os.rename(tmp, path)  # replaces an empty folder of that name
+    except OSError as exc:
+        raise DataError(f"{path}: the synthesised data could not be put in place ({reason(exc)}); "
+                        f"they stay complete, and mlhpc's, in {tmp}: move {path} away (or empty "
+                        "it) and run again to put them there") from None
     _fsync_dir(path.parent)
+    _finish(path)
+
+
+def _finish(path: Path) -> None:
+    """Release the claim of a synthesis in its final place ``path`` (the data are the user's from
+    here) and give the folder the usual mode (``0777`` less the umask; private while written)."""
+    release(path, SYNTH_KIND, [INTENT])
+    os.chmod(path, 0o777 & ~_umask())
 
 
 def _umask() -> int:

@@ -39,7 +39,8 @@ from pathlib import Path
 
 import xxhash
 
-from mlhpc.errors import DataError, MlhpcError, StagingError
+from mlhpc.data.statefiles import open_state_file, record_made, safe_name  # safe_name: re-exported
+from mlhpc.errors import MlhpcError, StagingError
 
 CHECKSUM = "xxh3_128"
 PART_SUFFIX = ".mlhpc-part"
@@ -51,11 +52,6 @@ PRIVATE_FILE_MODE = 0o600
 # The permission bits `atomic_output` gives a new file (before the umask) where its caller names
 # none: set by a driver around a workload's writer (`output_mode`), private otherwise.
 _OUTPUT_MODE: ContextVar[int] = ContextVar("mlhpc_output_mode", default=PRIVATE_FILE_MODE)
-
-
-def safe_name(text: str) -> str:
-    """``text`` with every character but letters, digits, ``.`` and ``_`` replaced by ``_``."""
-    return "".join(c if c.isalnum() or c in "._" else "_" for c in text) or "_"
 
 
 def part_path(final: Path) -> Path:
@@ -124,6 +120,7 @@ def atomic_output(final: Path, mode: int | None = None, exclusive: bool = False)
             yield final.parent / name
     finally:
         os.close(dir_fd)
+    record_made(final)  # in place: a removal of its claimed folder counts it as mlhpc's
 
 
 @contextmanager
@@ -249,45 +246,6 @@ def is_under(path: Path, root: Path) -> bool:
     except ValueError:
         return False
     return True
-
-
-def file_kind(mode: int) -> str:
-    """What a file of ``st_mode`` ``mode`` that is not a regular file is, for messages
-    (``"a FIFO"``, ``"a folder"``, ...)."""
-    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def open_state_file(path: Path, flags: int = os.O_RDWR, what: str = "lock file",
-                    error: type[MlhpcError] = DataError) -> int:
-    """A descriptor of ``path``, a file mlhpc keeps its state in (a lock, a journal), created
-    ``0600`` where missing: opened ``flags | O_CREAT | O_NOFOLLOW | O_NONBLOCK`` (never through
-    a link, and a FIFO never waited on), then refused unless it is a regular file. Reading a
-    file a user supplies is `mlhpc.data.inputs.open_input`; this is its sibling for files
-    opened for locking or appending.
-
-    Raises:
-        error: ``path`` is a FIFO, a device, a socket or a folder (one line naming it; the
-            caller's error class, `DataError` by default).
-        OSError: it cannot be opened or created (ELOOP for a link).
-    """
-    try:
-        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        if exc.errno not in (errno.ENXIO, errno.EISDIR):  # a FIFO without a reader, a folder
-            raise
-        raise error(f"{what} is {file_kind(os.lstat(path).st_mode)}, not a regular file; refused "
-                    "(remove it, and run again)", path=path) from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        raise error(f"{what} is {file_kind(info.st_mode)}, not a regular file; refused (remove "
-                    "it, and run again)", path=path)
-    return fd
 
 
 @contextmanager
@@ -457,6 +415,7 @@ def write_under(root: Path, rel: Path, data: bytes, mode: int = PRIVATE_FILE_MOD
         raise OSError(exc.errno, exc.strerror, str(final)) from None
     finally:
         os.close(dir_fd)
+    record_made(final)
     return final
 
 

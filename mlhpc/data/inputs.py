@@ -28,7 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from mlhpc.data.files import file_kind, is_under, reason, resolved
+from mlhpc.data.files import is_under, reason, resolved
+from mlhpc.data.statefiles import file_kind
 from mlhpc.errors import DataError, MlhpcError
 from mlhpc.text import clip
 

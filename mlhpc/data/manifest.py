@@ -42,7 +42,6 @@ from mlhpc.data.files import (
     is_part_file,
     is_under,
     narrow_mode,
-    open_state_file,
     reason,
     resolved,
     safe_name,
@@ -50,6 +49,7 @@ from mlhpc.data.files import (
     write_text_atomic,
 )
 from mlhpc.data.inputs import read_text_input
+from mlhpc.data.statefiles import open_state_file
 from mlhpc.errors import DataError, MlhpcError, StagingError
 
 #: Staging's plan entries, job and shard (`mlhpc.data.stage`), named here only in annotations:

@@ -32,6 +32,8 @@ from concurrent.futures import (
 )
 from typing import Any, Literal
 
+from mlhpc.data.statefiles import record_into, recording_folder
+
 PoolKind = Literal["thread", "process"]
 
 
@@ -92,8 +94,10 @@ def run_all(fn: Callable[..., Any], jobs: list[tuple[Any, ...]], workers: int,
             raise
 
 
-def _start_worker(initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
+def _start_worker(initializer: Callable[..., None] | None, initargs: tuple[Any, ...],
+                  recorded: str | None = None) -> None:
     _ignore_interrupt()
+    record_into(recorded)  # the parent's writers record what they make: so do its workers
     if initializer is not None:
         initializer(*initargs)
 
@@ -124,6 +128,7 @@ def map_in_order(fn: Callable[[Any], Any], jobs: list[Any], workers: int, *,
     # so an interruption (Ctrl-C, or SIGTERM turned into an exception by the run) ends the
     # command now instead of after the chunks in flight (minutes of synthesis).
     with _signals_held():  # workers and the pool's threads begin with the signals blocked
-        pool = context.Pool(workers, initializer=_start_worker, initargs=(initializer, initargs))
+        pool = context.Pool(workers, initializer=_start_worker,
+                            initargs=(initializer, initargs, recording_folder()))
     with pool:
         yield from pool.imap(fn, jobs, chunksize=chunk)

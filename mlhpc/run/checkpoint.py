@@ -209,8 +209,8 @@ def save(path: Path, state: CheckpointState) -> None:
         raise OutputError(f"{path}: cannot write checkpoint ({exc.strerror or exc})") from None
 
 
-#: The most bytes a checkpoint file may hold (OpenFold's, the suite's largest model with its
-#: optimizer state, is a few GiB).
+#: The most bytes a checkpoint file may hold (the suite's largest model with its optimizer
+#: state takes a few GiB).
 MAX_CHECKPOINT_BYTES = 64 << 30
 
 

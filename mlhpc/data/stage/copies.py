@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mlhpc.data.claims import RemovalRefused, is_state_file, read_claim, remove_claimed
-from mlhpc.data.files import open_state_file
 from mlhpc.data.inputs import read_text_input
 from mlhpc.data.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
 from mlhpc.data.stage.dest import COPY_KIND, recorded_files
+from mlhpc.data.statefiles import open_state_file
 from mlhpc.errors import DataError, StagingError
 
 
@@ -122,7 +122,7 @@ def find_copies(roots: Optional[list[Path]] = None) -> list[StagedCopy]:
 
 
 def _open_readers(dest: Path) -> int:
-    """``dest``'s `READERS_NAME` file (`mlhpc.data.files.open_state_file`: created ``0600``,
+    """``dest``'s `READERS_NAME` file (`mlhpc.data.statefiles.open_state_file`: created ``0600``,
     never through a link, a FIFO refused rather than waited on).
 
     Raises:
