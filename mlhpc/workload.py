@@ -16,6 +16,7 @@ imports a workload package (the bundled ones are installed as ``mlhpc_workloads`
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
@@ -373,18 +374,35 @@ def register(workload: Workload, *, replace: bool = False) -> None:
     _REGISTERED[workload.name] = workload
 
 
+#: The entry points found for each ``sys.path``: reading every installed distribution's metadata
+#: takes milliseconds, and a report asks once per log (half its time over a published round).
+_FOUND: dict[tuple[str, ...], dict[str, EntryPoint] | ConfigError] = {}
+#: What each entry point loaded (a report asks once per log).
+_LOADED: dict[EntryPoint, Any] = {}
+
+
 def _entry_points() -> dict[str, EntryPoint]:
-    """Entry points of the ``mlhpc.workloads`` group by name.
+    """Entry points of the ``mlhpc.workloads`` group by name, read once per ``sys.path``.
 
     Raises:
         ConfigError: two installed entry points declare the same name.
     """
+    key = tuple(sys.path)
+    if key not in _FOUND:
+        _FOUND[key] = _read_entry_points()
+    found = _FOUND[key]
+    if isinstance(found, ConfigError):
+        raise found
+    return dict(found)
+
+
+def _read_entry_points() -> dict[str, EntryPoint] | ConfigError:
     found: dict[str, EntryPoint] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         held = found.get(ep.name)
         if held is not None and held.value != ep.value:
-            raise ConfigError(f"workload {ep.name!r}: declared twice in entry-point group "
-                              f"{ENTRY_POINT_GROUP} ({held.value} and {ep.value}); uninstall one")
+            return ConfigError(f"workload {ep.name!r}: declared twice in entry-point group "
+                               f"{ENTRY_POINT_GROUP} ({held.value} and {ep.value}); uninstall one")
         found[ep.name] = ep
     return found
 
@@ -411,7 +429,9 @@ def get(name: str) -> Workload:
         meant = closest(name, names())
         hint = f" (did you mean {meant!r}?)" if meant else ""
         raise ConfigError(f"workload: unknown workload {name!r}{hint}; known: {known}")
-    workload = found[name].load()
+    if found[name] not in _LOADED:
+        _LOADED[found[name]] = found[name].load()
+    workload = _LOADED[found[name]]
     if not isinstance(workload, Workload):
         raise ConfigError(f"workload {name!r}: entry point {found[name].value} is not a Workload")
     if workload.name != name:
