@@ -251,23 +251,23 @@ def test_zip_input_counts_what_compressed_members_inflate_to(tmp_path):
     the size it declares, is refused before any reader allocates, naming the file."""
     import numpy as np
 
-    from mlhpc.data.inputs import InputRefused, zip_input
+    from mlhpc.data.inputs import InputRefused, ZipReading, zip_input
 
     honest = tmp_path / "honest.npz"
     np.savez_compressed(honest, a=np.zeros(1 << 16, np.float32))
-    with zip_input(honest, 1 << 20, 1 << 20, what="archive") as handle:
+    with zip_input(honest, ZipReading(1 << 20, 1 << 20, what="archive")) as handle:
         assert np.load(handle)["a"].shape == (1 << 16,)
     with pytest.raises(InputRefused, match="declare .* over the 65536 bytes"):
-        zip_input(honest, 1 << 20, 1 << 16, what="archive")
+        zip_input(honest, ZipReading(1 << 20, 1 << 16, what="archive"))
     with pytest.raises(InputRefused, match="compressed .DEFLATE., not stored"):
-        zip_input(honest, 1 << 20, 1 << 20, what="archive", compressed=False)
+        zip_input(honest, ZipReading(1 << 20, 1 << 20, what="archive", compressed=False))
     data, crc = _zeros_deflated(8 << 20)
     liar = tmp_path / "liar.npz"
     _write_zip(liar, [("a.npy", data, 8, 1024, crc)])  # declares 1 KiB, inflates to 8 MiB
     with pytest.raises(InputRefused, match="inflates past the 1024 bytes it declares") as refused:
-        zip_input(liar, 1 << 20, 1 << 30, what="archive")
+        zip_input(liar, ZipReading(1 << 20, 1 << 30, what="archive"))
     assert str(liar) in str(refused.value)
     short = tmp_path / "short.npz"
     _write_zip(short, [("a.npy", b"\x00" * 10, 0, 1 << 20, 0)])  # stored, declares 1 MiB, holds 10 bytes
     with pytest.raises(InputRefused, match="does not hold"):
-        zip_input(short, 1 << 20, 1 << 30, what="archive")
+        zip_input(short, ZipReading(1 << 20, 1 << 30, what="archive"))

@@ -25,6 +25,7 @@ import struct
 import zipfile
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -163,85 +164,120 @@ _ZIP_STORED, _ZIP_DEFLATED = 0, 8
 _ZIP_LOCAL_HEADER = struct.Struct("<4s5H3L2H")
 
 
-def zip_input(path: Path | str, cap_bytes: int, inflated_cap_bytes: int, root: Path | str | None = None,
-              what: str = "file", error: type[MlhpcError] = InputRefused, compressed: bool = True
-              ) -> BinaryIO:
-    """A ZIP archive (a torch checkpoint, NumPy's ``.npz``) opened through `open_input` (same
-    ``path``, ``cap_bytes``, ``root``, ``what``, ``error``), its members checked before anything
-    reads them, so that what a reader (``torch.load``, ``numpy.load``) later allocates for them
-    was counted here, whatever the file's own size:
+@dataclass(frozen=True)
+class ZipReading:
+    """How `zip_input` reads one ZIP archive.
 
-    - its members together declare at most ``inflated_cap_bytes`` (their sizes in the central
-      directory: what a reader allocates);
+    Attributes:
+        cap_bytes: the most bytes the file may hold (`open_input`'s cap).
+        inflated_cap_bytes: the most bytes its members may declare together (their sizes in the
+            central directory: what a reader allocates).
+        root: the tree the file must lie in (`open_input`'s); None: a path the user named.
+        what: the file's kind, as messages name it ("checkpoint").
+        error: the class of every refusal.
+        compressed: whether a DEFLATE member is valid; False: stored members only (a torch
+            checkpoint: ``torch.save`` writes every member stored).
+    """
+
+    cap_bytes: int
+    inflated_cap_bytes: int
+    root: Path | str | None = None
+    what: str = "file"
+    error: type[MlhpcError] = InputRefused
+    compressed: bool = True
+
+    def refused(self, path: Path | str, detail: str) -> MlhpcError:
+        """The refusal ``PATH: DETAIL`` of class `error`."""
+        return self.error(detail, path=path)
+
+
+def zip_input(path: Path | str, reading: ZipReading) -> BinaryIO:
+    """A ZIP archive (a torch checkpoint, NumPy's ``.npz``) opened through `open_input` (its
+    ``cap_bytes``, ``root``, ``what`` and ``error`` from ``reading``), its members checked before
+    anything reads them, so that what a reader (``torch.load``, ``numpy.load``) later allocates
+    for them was counted here, whatever the file's own size:
+
+    - its members together declare at most ``reading.inflated_cap_bytes``;
     - a stored member holds the bytes it declares, inside the file;
     - a DEFLATE member is inflated here, in pieces of at most 1 MiB counted and never held, and
-      refused once it inflates past the size it declares; with ``compressed=False`` (a torch
-      checkpoint: ``torch.save`` writes every member stored, so one takes at most the memory
-      its file's bytes say) it is refused outright, before anything is inflated;
+      refused once it inflates past the size it declares; with ``reading.compressed`` False (a
+      torch checkpoint, whose members each take at most the memory its file's bytes say) it is
+      refused outright, before anything is inflated;
     - any other method, or a file that is not a ZIP archive, is refused.
 
     Returns:
         the open file, at its start (the caller closes it).
 
     Raises:
-        error: as `open_input`, or for each refusal above (one line naming ``path``).
+        reading.error: as `open_input`, or for each refusal above (one line naming ``path``).
     """
-    fd = open_input(path, cap_bytes, root, what, error)
+    fd = open_input(path, reading.cap_bytes, reading.root, reading.what, reading.error)
     handle = os.fdopen(fd, "rb")
     try:
-        _check_zip(handle, Path(path), os.fstat(fd).st_size, inflated_cap_bytes, what, error, compressed)
+        size = os.fstat(fd).st_size
+        for info in _zip_members(handle, Path(path), size, reading):
+            _check_member(handle, info, Path(path), size, reading)
         handle.seek(0)
     except OSError as exc:  # a read that fails (EIO): named, not a traceback
         handle.close()
-        raise error(f"cannot read {what} ({reason(exc)})", path=path) from None
+        raise reading.refused(path, f"cannot read {reading.what} ({reason(exc)})") from None
     except BaseException:
         handle.close()
         raise
     return handle
 
 
-def _check_zip(handle: BinaryIO, path: Path, size: int, inflated_cap_bytes: int, what: str,
-               error: type[MlhpcError], compressed: bool) -> None:
+def _zip_members(handle: BinaryIO, path: Path, size: int, reading: ZipReading) -> list[zipfile.ZipInfo]:
+    """The members of the archive ``handle`` (``size`` bytes), refused unless zipfile parses its
+    central directory and their declared sizes fit ``reading.inflated_cap_bytes``."""
+    what, cap = reading.what, reading.inflated_cap_bytes
     try:
         members = zipfile.ZipFile(handle).infolist()
     except (zipfile.BadZipFile, zipfile.LargeZipFile, struct.error, OSError, ValueError, EOFError,
             NotImplementedError) as exc:  # the ways zipfile finds a file damaged
         why = "an empty file" if size == 0 else f"not a ZIP archive: {clip(str(exc), 80)}"
-        raise error(f"cannot read {what} ({why})", path=path) from None
+        raise reading.refused(path, f"cannot read {what} ({why})") from None
     declared = sum(info.file_size for info in members)
-    if declared > inflated_cap_bytes:
-        raise error(f"{what} members declare {declared} bytes once read, over the "
-                    f"{inflated_cap_bytes} bytes a {what} may take; refused", path=path)
-    for info in members:
-        name = clip(info.filename, 80)
-        if info.compress_type == _ZIP_DEFLATED and not compressed:
-            raise error(f"{what} member {name} is compressed (DEFLATE), not stored as torch.save "
-                        f"writes every member, so it could take more memory than the file's "
-                        f"{size} bytes; refused", path=path)
-        if info.compress_type not in (_ZIP_STORED, _ZIP_DEFLATED):
-            raise error(f"{what} member {name} is compressed with ZIP method {info.compress_type}, "
-                        "neither stored nor DEFLATE; refused", path=path)
-        head = b""
-        if 0 <= info.header_offset <= size - _ZIP_LOCAL_HEADER.size:
-            handle.seek(info.header_offset)
-            head = handle.read(_ZIP_LOCAL_HEADER.size)
-        if len(head) < _ZIP_LOCAL_HEADER.size or head[:4] != b"PK\x03\x04":
-            raise error(f"{what} member {name}: no ZIP header at byte {info.header_offset}; refused",
-                        path=path)
-        start = info.header_offset + len(head) + sum(_ZIP_LOCAL_HEADER.unpack(head)[-2:])
-        if start + info.compress_size > size or (
-                info.compress_type == _ZIP_STORED and info.compress_size != info.file_size):
-            raise error(f"{what} member {name} declares {info.file_size} bytes that the file does "
-                        "not hold; refused", path=path)
-        if info.compress_type == _ZIP_DEFLATED:
-            _count_inflated(handle, start, info, name, path, what, error)
+    if declared > cap:
+        raise reading.refused(path, f"{what} members declare {declared} bytes once read, over the "
+                                    f"{cap} bytes a {what} may take; refused")
+    return members
 
 
-def _count_inflated(handle: BinaryIO, start: int, info: zipfile.ZipInfo, name: str, path: Path,
-                    what: str, error: type[MlhpcError]) -> None:
-    """Inflate one DEFLATE member (raw, RFC 1951) in pieces, discarding them, and raise ``error``
-    once its bytes pass what it declares, or unless they end exactly there."""
-    handle.seek(start)
+def _check_member(handle: BinaryIO, info: zipfile.ZipInfo, path: Path, size: int,
+                  reading: ZipReading) -> None:
+    """Refuse the member ``info`` unless its method is allowed, its local header lies in the
+    file, a stored member's bytes are inside it and a DEFLATE member inflates to its size."""
+    what, name = reading.what, clip(info.filename, 80)
+    if info.compress_type == _ZIP_DEFLATED and not reading.compressed:
+        raise reading.refused(path, f"{what} member {name} is compressed (DEFLATE), not stored as "
+                                    f"torch.save writes every member, so it could take more memory "
+                                    f"than the file's {size} bytes; refused")
+    if info.compress_type not in (_ZIP_STORED, _ZIP_DEFLATED):
+        raise reading.refused(path, f"{what} member {name} is compressed with ZIP method "
+                                    f"{info.compress_type}, neither stored nor DEFLATE; refused")
+    head = b""
+    if 0 <= info.header_offset <= size - _ZIP_LOCAL_HEADER.size:
+        handle.seek(info.header_offset)
+        head = handle.read(_ZIP_LOCAL_HEADER.size)
+    if len(head) < _ZIP_LOCAL_HEADER.size or head[:4] != b"PK\x03\x04":
+        raise reading.refused(path, f"{what} member {name}: no ZIP header at byte "
+                                    f"{info.header_offset}; refused")
+    start = info.header_offset + len(head) + sum(_ZIP_LOCAL_HEADER.unpack(head)[-2:])
+    if start + info.compress_size > size or (
+            info.compress_type == _ZIP_STORED and info.compress_size != info.file_size):
+        raise reading.refused(path, f"{what} member {name} declares {info.file_size} bytes that "
+                                    "the file does not hold; refused")
+    if info.compress_type == _ZIP_DEFLATED:
+        handle.seek(start)
+        _count_inflated(handle, info, path, reading)
+
+
+def _count_inflated(handle: BinaryIO, info: zipfile.ZipInfo, path: Path, reading: ZipReading) -> None:
+    """Inflate the DEFLATE member ``info`` (raw, RFC 1951) from where ``handle`` stands, in
+    pieces, discarding them, and refuse it once its bytes pass what it declares, or unless they
+    end exactly there."""
+    what, name = reading.what, clip(info.filename, 80)
     inflater, left, total = zlib.decompressobj(wbits=-15), info.compress_size, 0
     try:
         while left and not inflater.eof:
@@ -253,16 +289,16 @@ def _count_inflated(handle: BinaryIO, start: int, info: zipfile.ZipInfo, name: s
                 piece = inflater.decompress(data, _INFLATE_PIECE_BYTES)
                 total += len(piece)
                 if total > info.file_size:
-                    raise error(f"{what} member {name} inflates past the {info.file_size} bytes "
-                                "it declares; refused", path=path)
+                    raise reading.refused(path, f"{what} member {name} inflates past the "
+                                                f"{info.file_size} bytes it declares; refused")
                 data = inflater.unconsumed_tail
                 if not data and len(piece) < _INFLATE_PIECE_BYTES:
                     break
     except zlib.error as exc:
-        raise error(f"{what} member {name} is not readable DEFLATE data ({exc})", path=path) from None
+        raise reading.refused(path, f"{what} member {name} is not readable DEFLATE data ({exc})") from None
     if not inflater.eof or total != info.file_size:
-        raise error(f"{what} member {name} inflates to {total} bytes, not the {info.file_size} "
-                    "it declares (a damaged file?); refused", path=path)
+        raise reading.refused(path, f"{what} member {name} inflates to {total} bytes, not the "
+                                    f"{info.file_size} it declares (a damaged file?); refused")
 
 
 def read_input(path: Path | str, cap_bytes: int, root: Path | str | None = None,

@@ -227,10 +227,11 @@ def load(path: Path, source: str, root: Path | None = None) -> Any:
         ConfigError: refused as above (naming ``path``), or not a file torch can read (the
             message starts with ``source``).
     """
-    from mlhpc.data.inputs import zip_input
+    from mlhpc.data.inputs import ZipReading, zip_input
 
-    with zip_input(path, MAX_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES, root, "checkpoint", ConfigError,
-                   compressed=False) as handle:
+    stored = ZipReading(MAX_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES, root, "checkpoint", ConfigError,
+                        compressed=False)
+    with zip_input(path, stored) as handle:
         try:
             return torch.load(handle, map_location="cpu", weights_only=True)
         except Exception as exc:  # torch raises several types for a damaged or foreign file

@@ -24,7 +24,7 @@ import torch
 from pydantic import Field, create_model
 
 from mlhpc.config import Section
-from mlhpc.data.inputs import input_chunks, zip_input
+from mlhpc.data.inputs import InputRefused, ZipReading, input_chunks, zip_input
 from mlhpc.errors import ConfigError
 
 from .features import VAL_MAX_SEQUENCE_LENGTH, FeatureSizes
@@ -33,6 +33,9 @@ from .model import AlphaFold, AlphaFoldConfig, LossConfig, openfold_loss
 
 #: The largest initial checkpoint read (the reference's is about 1.1 GB with its optimizer).
 CHECKPOINT_BYTES = 64 << 30
+#: How model.init_checkpoint is read: a ZIP archive of stored members (as torch.save writes
+#: them), at most `CHECKPOINT_BYTES` on disk and once read.
+_STORED_CHECKPOINT = ZipReading(CHECKPOINT_BYTES, CHECKPOINT_BYTES, what="checkpoint", compressed=False)
 #: sha256 of the reference's starting checkpoint (closed_openfold.yaml).
 REFERENCE_CHECKPOINT_SHA256 = "b518be4677048f2c0f94889c91e2da73655a73b825a8aa7f8b6f5e580d8ffbed"
 
@@ -182,10 +185,12 @@ def build_model(cfg: Any) -> AveragedAlphaFold:
         try:
             # a regular file (a FIFO never waited on), its members stored as torch.save writes
             # them: the tensors read take at most the file's bytes, never what a member inflates to
-            with zip_input(path, CHECKPOINT_BYTES, CHECKPOINT_BYTES, what="initial checkpoint",
-                           error=ConfigError, compressed=False) as handle:
+            with zip_input(path, _STORED_CHECKPOINT) as handle:
                 state = torch.load(handle, map_location="cpu", weights_only=True)
             net.load_state_dict(_weights(state))
+        except InputRefused as exc:  # the reader's reason, under the key that named the file
+            raise ConfigError(f"{path}: model.init_checkpoint cannot be loaded "
+                              f"({exc.detail[:200]})") from None
         except (OSError, RuntimeError, ValueError, KeyError, AttributeError, EOFError, TypeError,
                 pickle.UnpicklingError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
