@@ -34,23 +34,33 @@ from test_openfold_cli import MINI, TINY_RUN, tiny  # noqa: F401 (fixture)
 GIB = 1 << 30
 
 
+#: ``python -m mlhpc`` that writes its own peak resident KiB (VmHWM) to the file named first at
+#: exit. wait4's ru_maxrss would not do: Linux carries the forking worker's peak into the child.
+_PEAK_THEN_MLHPC = """
+import atexit, sys
+peak_file = sys.argv.pop(1)
+def write_peak():
+    with open("/proc/self/status") as status, open(peak_file, "w") as out:
+        out.write(next(line.split()[1] for line in status if line.startswith("VmHWM:")))
+atexit.register(write_peak)
+sys.argv[0] = "mlhpc"
+from mlhpc.cli import main
+main()
+"""
+
+
 def cli(args: list[str], cwd: Path, timeout_s: float = 300) -> tuple[int, str, str, float, int]:
     """``python -m mlhpc ARGS`` in ``cwd``: (exit status, stdout, stderr, seconds, peak resident
-    KiB of that process alone, from wait4)."""
-    out, err = cwd / ".cli.out", cwd / ".cli.err"
+    KiB of that process alone, as its /proc/self/status says at exit)."""
+    peak = cwd / ".cli.peak"
     t0 = time.monotonic()
-    with out.open("w") as stdout, err.open("w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "mlhpc", *args], cwd=cwd, stdout=stdout,
-                                stderr=stderr, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            proc.returncode = 0  # reaped by wait4: Popen must not wait again
+    proc = subprocess.run([sys.executable, "-c", _PEAK_THEN_MLHPC, str(peak), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout_s,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     seconds = time.monotonic() - t0
-    texts = out.read_text(), err.read_text()
-    out.unlink()
-    err.unlink()
-    return os.waitstatus_to_exitcode(status), *texts, seconds, usage.ru_maxrss
+    peak_kib = int(peak.read_text())
+    peak.unlink()
+    return proc.returncode, proc.stdout, proc.stderr, seconds, peak_kib
 
 
 def one_line(status: int, stderr: str, *names: str) -> str:
