@@ -227,6 +227,12 @@ def _epochs(s: dict[str, Any]) -> str:
     return f"{done:g}"
 
 
+def _known(value: float | None, form: str, scale: float = 1.0) -> str:
+    """``value * scale`` in ``form``, or "unknown" where the log gave no figure (a resumed
+    OpenFold run counts no samples trained): never a 0 the run did not measure."""
+    return "unknown" if value is None else form.format(value * scale)
+
+
 def print_summary(summary: dict[str, Any]) -> None:
     """The end-of-run table: `mlhpc.run.result` figures, read back from the run's log."""
     from rich.table import Table
@@ -250,13 +256,13 @@ def print_summary(summary: dict[str, Any]) -> None:
           else f"{_unit(s)} run (target not reached)"), _epochs(s)),
         (f"final {s['metric_key']}", f"{s['metric_series'][-1][1]:.4f}" if s.get("metric_series") else "n/a"),
         ("mean epoch time", _secs(s.get("mean_epoch_s"))),
-        ("training throughput", f"{s.get('samples_per_s') or 0:.1f} samples/s"),
+        ("training throughput", _known(s.get("samples_per_s"), "{:.1f} samples/s")),
         ("evaluation time (total)", _secs(s.get("total_eval_s"))),
         ("residual (time to train - epochs - evals)", _secs(s.get("residual_s"))),
         ("training FLOPs per sample (FlopCounterMode)",
          f"{perf.get('train_flops_per_sample', 0) / 1e9:.3f} GFLOP"),
-        ("achieved FLOP/s (MFU)", f"{perf.get('achieved_flop_per_s', 0) / 1e9:.2f} GFLOP/s "
-         f"({100 * (perf.get('mfu') or 0):.1f}% of {perf.get('peak_source', '?')})"),
+        ("achieved FLOP/s (MFU)", _known(perf.get("achieved_flop_per_s"), "{:.2f} GFLOP/s", 1e-9)
+         + (f" ({100 * perf['mfu']:.1f}% of {perf.get('peak_source', '?')})" if perf.get("mfu") is not None else "")),
         ("global batch size / ranks / nodes",
          f"{s.get('global_batch_size')} / {s.get('world_size')} / {s.get('num_nodes')}"),
     ]

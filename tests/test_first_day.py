@@ -68,6 +68,25 @@ def test_run_summary_prints_the_result_log_whole(capsys, monkeypatch):
     assert f"result log: {path}\n" in out and f"checkpoint: {path.replace('result', 'checkpoint')}" in out
 
 
+def test_a_figure_the_log_does_not_give_is_unknown_never_zero(capsys, monkeypatch):
+    """A resumed OpenFold run counts no samples trained: its throughput and FLOP/s are unknown."""
+    from mlhpc.progress import print_summary
+
+    monkeypatch.setenv("COLUMNS", "200")
+    print_summary({"workload": "openfold", "status": "success", "metric_key": "eval_accuracy", "target": 0.8,
+                   "samples_per_s": None, "perf": {"train_flops_per_sample": 1e9}, "path": "out/result_1.txt"})
+    rows = {line.split("\u2502")[1].strip(): line.split("\u2502")[2].strip()
+            for line in capsys.readouterr().out.splitlines() if line.count("\u2502") >= 3}
+    assert rows["training throughput"] == "unknown" and rows["achieved FLOP/s (MFU)"] == "unknown"
+    print_summary({"workload": "cosmoflow", "status": "success", "metric_key": "eval_error", "target": 0.3,
+                   "samples_per_s": 737.04, "perf": {"achieved_flop_per_s": 2.5e9, "mfu": 0.125,
+                                                     "peak_source": "measured matmul"}, "path": "out/result_0.txt"})
+    rows = {line.split("\u2502")[1].strip(): line.split("\u2502")[2].strip()
+            for line in capsys.readouterr().out.splitlines() if line.count("\u2502") >= 3}
+    assert rows["training throughput"] == "737.0 samples/s"
+    assert rows["achieved FLOP/s (MFU)"] == "2.50 GFLOP/s (12.5% of measured matmul)"
+
+
 def test_synthesis_line_never_says_zero_kb_written():
     from mlhpc.progress import SynthLines
 
