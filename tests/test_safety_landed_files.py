@@ -5,7 +5,8 @@
 - a claimed folder mlhpc removes whole (an interrupted synthesis's hidden folder) is refused,
   with nothing deleted, when it holds a file mlhpc did not record making;
 - a synthesis whose last step (the rename into place) fails keeps its claim, so a later
-  ``mlhpc data synth`` finishes it instead of refusing the data as not mlhpc's.
+  ``mlhpc data synth`` finishes it instead of refusing the data as not mlhpc's;
+- a GZIP TFRecord read whole is refused once it inflates past its cap, never held whole.
 
 Commands that could wait forever run in a subprocess with a timeout: a regression fails, it
 does not hang the suite."""
@@ -202,3 +203,43 @@ def test_a_synthesis_whose_rename_fails_stays_claimed_and_a_later_synth_finishes
     assert embedded.describe(out) == "complete" and not hidden.exists()
     assert not (out / CLAIM_NAME).exists() and not (out / embedded.INTENT).exists()
     assert (tmp_path / "moved" / "notes.txt").read_text() == "the user's"
+
+
+# ---- a GZIP TFRecord read whole counts what it inflates to ---------------------------------------
+
+
+def _gzip_frame_of_zeros(path: Path, data_bytes: int) -> None:
+    """One TFRecord frame of ``data_bytes`` zero bytes, its length and CRCs right, GZIP-compressed
+    a MiB at a time (the test never holds the inflated bytes)."""
+    import struct
+    import zlib
+
+    from crc32c import crc32c
+
+    from mlhpc_workloads.cosmoflow.tfrecord_io import masked_crc
+
+    zeros, crc, deflate = bytes(1 << 20), 0, zlib.compressobj(9, zlib.DEFLATED, 31)
+    length = struct.pack("<Q", data_bytes)
+    with path.open("wb") as out:
+        out.write(deflate.compress(length + struct.pack("<I", masked_crc(length))))
+        for _ in range(data_bytes >> 20):
+            crc = crc32c(zeros, crc)
+            out.write(deflate.compress(zeros))
+        masked = (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+        out.write(deflate.compress(struct.pack("<I", masked)) + deflate.flush())
+
+
+def test_a_gzip_tfrecord_that_inflates_past_its_cap_is_one_line(tmp_path):
+    """A 300 KB GZIP TFRecord whose one record inflates to 320 MiB, in a dataset otherwise whole:
+    `data check --full` names it in one line, having inflated no more than the cap (256 MiB)."""
+    import cosmoflow_writers as writers
+
+    root = writers.write_dataset(tmp_path / "data", "tfrecord", writers.samples(4), writers.samples(2, seed=1),
+                                 per_file=2)
+    bomb = min((root / "train").glob("*.tfrecord"))
+    _gzip_frame_of_zeros(bomb, 320 << 20)
+    assert bomb.stat().st_size < 1 << 20
+    result = CliRunner().invoke(main, ["data", "check", "cosmoflow", str(root), "--full"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    naming = [line for line in result.output.splitlines() if str(bomb) in line]
+    assert len(naming) == 1 and "inflates to more than the 268435456 bytes" in naming[0], result.output

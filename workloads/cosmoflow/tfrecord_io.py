@@ -47,6 +47,12 @@ FRAME_OVERHEAD_BYTES = _HEADER.size + _FOOTER.size  # 16 bytes around each recor
 MAX_FILE_BYTES = 1 << 40
 #: Compressed bytes inflated at a time by the streamed check.
 _BLOCK_BYTES = 1 << 16
+#: Inflated bytes produced at a time when a GZIP file is read whole.
+_INFLATE_PIECE_BYTES = 1 << 26
+#: A GZIP file read whole may inflate to 64 times its size (`inflated_cap_bytes`) ...
+INFLATED_RATIO_MAX = 64
+#: ... and to 256 MiB whatever its size (small files of small, very regular cubes).
+MIN_INFLATED_BYTES = 256 << 20
 
 
 def masked_crc(data: bytes | memoryview) -> int:
@@ -61,19 +67,29 @@ def is_gzip(path: Path) -> bool:
         return handle.read(2) == GZIP_MAGIC
 
 
-def gunzip(raw: bytes | memoryview, path: Path) -> bytes:
-    """The inflated contents of a GZIP stream (every member, concatenated).
+def inflated_cap_bytes(compressed_bytes: int) -> int:
+    """The most bytes a GZIP TFRecord file of ``compressed_bytes`` may inflate to when no index
+    says how many it holds: int16 counts deflate by a few times, a crafted stream by up to 1032
+    (DEFLATE's limit), so 64 times the file, and at least `MIN_INFLATED_BYTES`."""
+    return max(MIN_INFLATED_BYTES, INFLATED_RATIO_MAX * compressed_bytes)
+
+
+def gunzip(raw: bytes | memoryview, path: Path, cap_bytes: int | None = None) -> bytes:
+    """The inflated contents of a GZIP stream (every member, concatenated), counted while
+    inflating against ``cap_bytes`` (default `inflated_cap_bytes` of the stream's size), so a
+    small file that inflates to gigabytes is stopped at the cap.
 
     Raises:
-        DataError: naming ``path``: the stream is corrupt or ends before its last member does
-            (a truncated download or copy).
+        DataError: naming ``path``: the stream is corrupt, ends before its last member does
+            (a truncated download or copy), or inflates past ``cap_bytes``.
     """
+    cap = inflated_cap_bytes(len(raw)) if cap_bytes is None else cap_bytes
     parts: list[bytes] = []
     rest = memoryview(raw)
     while True:
         inflater = zlib.decompressobj(wbits=31)
         try:
-            parts.append(inflater.decompress(rest))
+            _inflate_member(inflater, rest, parts, cap, path)
         except zlib.error as exc:
             raise DataError(f"{path}: corrupt GZIP stream ({exc})") from None
         if not inflater.eof:
@@ -87,13 +103,30 @@ def gunzip(raw: bytes | memoryview, path: Path) -> bytes:
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def read_file(path: Path) -> bytes:
-    """The TFRecord bytes of a file: read once, inflated when it is GZIP. Raises DataError."""
+def _inflate_member(inflater, data: memoryview, parts: list[bytes], cap: int, path: Path) -> None:
+    """Inflate one GZIP member of ``data`` into ``parts`` in pieces, refusing past ``cap`` bytes
+    in all (``parts`` included)."""
+    total = sum(len(part) for part in parts)
+    while True:
+        piece = inflater.decompress(data, _INFLATE_PIECE_BYTES)
+        total += len(piece)
+        if total > cap:
+            raise DataError(f"{path}: GZIP stream inflates to more than the {cap} bytes this "
+                            "TFRecord file may hold; refused")
+        parts.append(piece)
+        data = inflater.unconsumed_tail
+        if inflater.eof or (not data and len(piece) < _INFLATE_PIECE_BYTES):
+            return
+
+
+def read_file(path: Path, cap_bytes: int | None = None) -> bytes:
+    """The TFRecord bytes of a file: read once, inflated when it is GZIP (at most ``cap_bytes``,
+    default `inflated_cap_bytes` of the file's size). Raises DataError."""
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
         raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    return gunzip(raw, path) if raw[:2] == GZIP_MAGIC else raw
+    return gunzip(raw, path, cap_bytes) if raw[:2] == GZIP_MAGIC else raw
 
 
 def records(data: bytes | memoryview, path: Path) -> Iterator[memoryview]:
