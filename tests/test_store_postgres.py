@@ -72,3 +72,26 @@ def test_kill_mid_ingest_postgres(url, tmp_path):
     assert set(per_folder.values()) == {3}
     result = ingest_paths(open_store(url), [tmp_path / "many"])
     assert len(result.added) == 3 * (len(folders) - len(per_folder))
+
+
+def test_a_database_of_someone_elses_is_refused_untouched_postgres(url):
+    """A PostgreSQL database that already holds a table and no schema_version (a site's own) is
+    not adopted: `mlhpc results list` says so in one line, exit 2, and makes nothing in it."""
+    from click.testing import CliRunner
+
+    from mlhpc.cli import main
+
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE jobs (id integer primary key, name text)"))
+        conn.execute(text("INSERT INTO jobs VALUES (1, 'theirs')"))
+    result = CliRunner().invoke(main, ["results", "list", "--store", url])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert "not an mlhpc results store" in lines[0] and "jobs" in lines[0], lines[0]
+    with engine.connect() as conn:
+        tables = sorted(r[0] for r in conn.execute(text(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")))
+        assert tables == ["jobs"]
+        assert conn.execute(text("SELECT name FROM jobs")).scalar_one() == "theirs"
+    engine.dispose()

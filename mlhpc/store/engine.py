@@ -321,6 +321,10 @@ def open_store(url: str | None = None) -> Store:
     except schema.BadVersionRow as exc:
         store.close()
         raise StoreError(f"the results store at {clip(store.url)}: its schema_version {exc}") from None
+    except schema.NotAStore as exc:
+        store.close()
+        raise StoreError(f"{clip(store.url)}: not an mlhpc results store: the database {exc}; left as it "
+                         f"is: give an empty database or an mlhpc store (--store URL or {ENV}=URL)") from None
     except BaseException:
         store.close()
         raise

@@ -96,6 +96,10 @@ class BadVersionRow(ValueError):
     """The store's ``schema_version`` table holds no row, or a row that is not a version."""
 
 
+class NotAStore(ValueError):
+    """The database holds tables but no ``schema_version``: someone else's, never adopted."""
+
+
 def checked_versions(values: list[object]) -> int:
     """The highest of the ``schema_version`` rows' ``values`` (a store's ``version`` column),
     each a whole number from 1 to 2^63 - 1 (`mlhpc.log.plausible.out_of_range`: a hand-edited
@@ -135,12 +139,20 @@ def create(conn: Connection) -> int:
     Returns:
         the version the store records: `SCHEMA_VERSION` for one just made, else its own (the
         caller refuses a store whose version is not `SCHEMA_VERSION`).
+
+    Raises:
+        NotAStore: the database holds tables and no ``schema_version`` (a PostgreSQL database
+            of the site's, say): nothing is made in it.
     """
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LOCK_KEY})
     have = current_version(conn)
     if have:
         return have
+    tables = sorted(inspect(conn).get_table_names())
+    if tables:
+        raise NotAStore(f"holds {len(tables)} table(s) ({', '.join(tables[:3])}"
+                        f"{', ...' if len(tables) > 3 else ''}) but no schema_version")
     metadata.create_all(conn)
     conn.execute(schema_version.insert().values(version=SCHEMA_VERSION, applied_at=now_utc()))
     return SCHEMA_VERSION
