@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from mlhpc.data.files import is_part_file, part_path, write_text_atomic
-from mlhpc.data.inputs import read_text_input
+from mlhpc.data.inputs import journal_objects, read_text_input
 from mlhpc.data.statefiles import MADE_JOURNAL
 from mlhpc.errors import DataError, MlhpcError
 
@@ -187,20 +187,8 @@ def made_files(folder: Path) -> set[str]:
     """The files mlhpc's writers recorded putting in place in ``folder``
     (`mlhpc.data.statefiles.recording`: its journals ``MADE_JOURNAL*.jsonl``, each read through
     the one reader); unreadable journals and lines torn by an interruption are passed over."""
-    found: set[str] = set()
-    for journal in sorted(Path(folder).glob(MADE_JOURNAL + "*" + JOURNAL_SUFFIX)):
-        try:
-            lines = read_text_input(journal, MAX_CLAIM_BYTES, folder, "journal").splitlines()
-        except MlhpcError:
-            continue
-        for line in lines:
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(entry, dict) and isinstance(entry.get("path"), str):
-                found.add(entry["path"])
-    return found
+    entries = journal_objects(folder, MADE_JOURNAL + "*" + JOURNAL_SUFFIX, MAX_CLAIM_BYTES)
+    return {entry["path"] for entry in entries if isinstance(entry.get("path"), str)}
 
 
 def _refuse(claim: Claim, strays: list[str], what: str) -> RemovalRefused:

@@ -315,6 +315,24 @@ def read_text_input(path: Path | str, cap_bytes: int = SIDE_FILE_BYTES,
     return read_input(path, cap_bytes, root, what, error).decode("utf-8", errors="replace")
 
 
+def journal_objects(folder: Path | str, pattern: str, cap_bytes: int) -> Iterator[dict[str, Any]]:
+    """Every JSON object in the JSON Lines journals ``pattern`` at the top of ``folder``, journal
+    by journal in name order, each read through `read_text_input` inside ``folder`` (at most
+    ``cap_bytes``); unreadable journals and lines torn by an interruption are passed over."""
+    for journal in sorted(Path(folder).glob(pattern)):
+        try:
+            lines = read_text_input(journal, cap_bytes, folder, "journal").splitlines()
+        except DataError:
+            continue
+        for line in lines:
+            try:
+                entry = json.loads(line)
+            except (ValueError, RecursionError):
+                continue  # a line torn by an interruption, or nested past what json reads
+            if isinstance(entry, dict):
+                yield entry
+
+
 def read_json_object(path: Path | str, what: str = "file") -> dict[str, Any]:
     """The JSON object in ``path``, read through `read_text_input` under its own folder, or ``{}``
     where it cannot be read (refused, missing), is not JSON, or is not an object: for a side

@@ -48,7 +48,7 @@ from mlhpc.data.files import (
     unlink_quietly,
     write_text_atomic,
 )
-from mlhpc.data.inputs import read_text_input
+from mlhpc.data.inputs import journal_objects, read_text_input
 from mlhpc.data.statefiles import open_state_file
 from mlhpc.errors import DataError, MlhpcError, StagingError
 
@@ -181,19 +181,8 @@ def read_state(dest: Path, source: Path) -> dict[str, dict[str, Any]]:
 
 def journal_entries(dest: Path) -> Iterator[dict[str, Any]]:
     """Every entry (a JSON object) of the journals at the top of ``dest``, in journal order; unreadable
-    journals and lines torn by an interruption are passed over."""
-    for journal in sorted(dest.glob(JOURNAL_PREFIX + "*.jsonl")):
-        try:
-            lines = read_text_input(journal, JOURNAL_MAX_BYTES, dest, "journal").splitlines()
-        except DataError:
-            continue
-        for line in lines:
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue  # a line torn by an interruption
-            if isinstance(entry, dict):
-                yield entry
+    journals and lines torn by an interruption are passed over (`mlhpc.data.inputs.journal_objects`)."""
+    return journal_objects(dest, JOURNAL_PREFIX + "*.jsonl", JOURNAL_MAX_BYTES)
 
 
 def valid_entry(entry: Any) -> bool:
