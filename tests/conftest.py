@@ -125,6 +125,21 @@ FIXTURES = REPO / "tests" / "data" / "mlperf-hpc-results"
 FIXTURES_ARCHIVE = FIXTURES / "mlperf-hpc-results.tar.xz"
 
 
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    """Every entry under ``root`` by its relative path: a file's bytes, a link's target text, a
+    FIFO as ``b"<fifo>"`` (never opened), so that a test sees any of them changed or gone."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_fifo():
+            found[rel] = b"<fifo>"
+        elif path.is_symlink():
+            found[rel] = os.readlink(path).encode()
+        elif path.is_file():
+            found[rel] = path.read_bytes()
+    return found
+
+
 def compliance_check(log: Path) -> subprocess.CompletedProcess:
     """Run MLCommons' own checker (hpc ruleset 3.0.0) on ``log``, in the log's folder (the checker
     writes compliance_checker.log into its working folder)."""

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import tree_bytes
 
 from mlhpc.cli import main
 from mlhpc.data import embedded
@@ -48,20 +49,6 @@ def _one_line(proc: subprocess.CompletedProcess, *names: str) -> str:
     for name in names:
         assert name in lines[0], (name, lines[0])
     return lines[0]
-
-
-def _tree(root: Path) -> dict[str, bytes]:
-    """Every regular file under ``root`` with its bytes (FIFOs and links by kind)."""
-    found = {}
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root).as_posix()
-        if path.is_fifo():
-            found[rel] = b"<fifo>"
-        elif path.is_symlink():
-            found[rel] = os.readlink(path).encode()
-        elif path.is_file():
-            found[rel] = path.read_bytes()
-    return found
 
 
 @pytest.fixture
@@ -93,9 +80,9 @@ def test_a_fifo_lock_file_in_a_staged_copy_is_refused_by_staging(staged, name):
     src, dest = staged
     os.unlink(dest / name)
     os.mkfifo(dest / name)
-    before = _tree(dest)
+    before = tree_bytes(dest)
     _one_line(_stage(src, dest), str(dest / name), "FIFO")
-    after = _tree(dest)
+    after = tree_bytes(dest)
     after.pop(CLAIM_NAME), before.pop(CLAIM_NAME)  # the claim is rewritten once a copy is done
     assert after == before
 
@@ -106,13 +93,13 @@ def test_a_fifo_readers_lock_is_refused_by_stage_clean_and_the_copy_kept(staged)
     _, dest = staged
     os.unlink(dest / ".mlhpc-readers")
     os.mkfifo(dest / ".mlhpc-readers")
-    before = _tree(dest)
+    before = tree_bytes(dest)
     proc = _mlhpc("stage", "--clean", "--in", str(dest.parent), cwd=dest.parent)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and str(dest / ".mlhpc-readers") in lines[0] and "FIFO" in lines[0], lines
     assert "0 staged copies, 0.0 MB removed" in proc.stdout
-    assert _tree(dest) == before
+    assert tree_bytes(dest) == before
 
 
 def test_a_fifo_checkpoint_is_refused_by_run_resume(tmp_path):
@@ -165,10 +152,10 @@ def test_a_users_file_in_an_interrupted_synthesis_folder_is_refused_not_deleted(
     out = tmp_path / "data"
     hidden = _interrupted(monkeypatch, out)
     (hidden / "train" / "mine.h5").write_text("my own file")
-    before = _tree(hidden)
+    before = tree_bytes(hidden)
     line = _cli_line(_synth(out, "--seed", "1"))
     assert str(hidden / "train" / "mine.h5") in line and "nothing removed" in line, line
-    assert _tree(hidden) == before and not out.exists()
+    assert tree_bytes(hidden) == before and not out.exists()
     os.unlink(hidden / "train" / "mine.h5")
     made = _synth(out, "--seed", "1")
     assert made.exit_code == 0, made.output

@@ -30,6 +30,7 @@ import pytest
 import torch
 from conftest import compliance_check
 from test_openfold_cli import MINI, TINY_RUN, tiny  # noqa: F401 (fixture)
+from test_resume import wait_for
 
 GIB = 1 << 30
 
@@ -178,15 +179,6 @@ def test_an_openfold_starting_checkpoint_that_inflates_is_refused(tiny, tmp_path
 # ---- a stopped tiny OpenFold run, shared by the tests below ------------------------------------
 
 
-def _wait_for(log: Path, token: str, proc: subprocess.Popen, timeout_s: float = 180) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline and proc.poll() is None:
-        if log.exists() and token in log.read_text():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{token} never appeared in {log}")
-
-
 @pytest.fixture(scope="module")
 def stopped_openfold(tiny, tmp_path_factory) -> Path:
     """A tiny OpenFold run stopped by SIGTERM in its first epoch (after its starting evaluation at
@@ -199,7 +191,7 @@ def stopped_openfold(tiny, tmp_path_factory) -> Path:
          "--set", "train.check_every_steps=1", "--set", f"output.dir={out}"],
         cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    _wait_for(out / "result_0.txt", '"key": "epoch_start"', proc)
+    wait_for(out / "result_0.txt", '"key": "epoch_start"', proc, timeout_s=180)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=180)
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import tree_bytes
 
 from mlhpc.cli import main
 from mlhpc.data import embedded
@@ -27,18 +28,6 @@ REPO = Path(__file__).resolve().parents[1]
 MINI = REPO / "configs" / "cosmoflow-mini.yaml"
 TINY_SYNTH = ["--set", "synth.cube_size=8", "--set", "synth.train_samples=4", "--set",
               "synth.eval_samples=2", "--set", "synth.workers=1"]
-
-
-def _tree(root: Path) -> dict[str, bytes]:
-    """Every file under ``root`` (links as their target text) with its bytes."""
-    found = {}
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root).as_posix()
-        if path.is_symlink():
-            found[rel] = os.readlink(path).encode()
-        elif path.is_file():
-            found[rel] = path.read_bytes()
-    return found
 
 
 @pytest.fixture
@@ -68,13 +57,13 @@ def test_a_destination_that_is_another_dataset_is_refused_untouched(tmp_path, sr
     other = tmp_path / "other-dataset"
     made = CliRunner().invoke(main, ["data", "synth", "cosmoflow", "--out", str(other), *TINY_SYNTH])
     assert made.exit_code == 0, made.output
-    before = _tree(other)
+    before = tree_bytes(other)
     line = _one_error_line(_stage(src, other))
     assert f"the staging destination {other} holds files mlhpc did not stage and is no staged copy of yours" in line
-    assert _tree(other) == before
+    assert tree_bytes(other) == before
     with pytest.raises(StagingError, match="not a staged copy of yours"):
         remove_copy(other)
-    assert _tree(other) == before
+    assert tree_bytes(other) == before
 
 
 def test_results_inside_a_staged_copy_are_never_lost(tmp_path, src):
@@ -84,7 +73,7 @@ def test_results_inside_a_staged_copy_are_never_lost(tmp_path, src):
     assert _stage(src, dest).exit_code == 0
     (dest / "results").mkdir()
     (dest / "results" / "result_0.txt").write_text(":::MLLOG {}\n")
-    before = _tree(dest)
+    before = tree_bytes(dest)
     line = _one_error_line(_stage(src, dest))
     assert line.startswith(f"mlhpc: error: {dest / 'results' / 'result_0.txt'}: in the staging destination")
     cleaned = CliRunner().invoke(main, ["stage", "--clean", "--in", str(dest.parent)])
@@ -95,7 +84,7 @@ def test_results_inside_a_staged_copy_are_never_lost(tmp_path, src):
 
     said = release(_staged(dest, 1), keep=False, local_rank=0)
     assert said.startswith("staged copy left in place: ") and "result_0.txt" in said
-    assert _tree(dest) == before
+    assert tree_bytes(dest) == before
 
 
 def test_a_file_left_inside_a_copy_keeps_the_whole_copy(tmp_path, src):
@@ -173,13 +162,13 @@ def test_a_changed_synthesis_is_refused_never_deleted(tmp_path):
     out = tmp_path / "data"
     assert CliRunner().invoke(main, ["data", "synth", "cosmoflow", "--out", str(out), *TINY_SYNTH]).exit_code == 0
     (out / "my-notes.txt").write_text("mine")
-    before = _tree(out)
+    before = tree_bytes(out)
     line = _one_error_line(CliRunner().invoke(main, ["data", "synth", "cosmoflow", "--out", str(out), *TINY_SYNTH]))
     assert "my-notes.txt was not written by the synthesis" in line and "never deletes" in line
     run = CliRunner().invoke(main, ["run", str(MINI), "--set", f"data.path={out}", *TINY_SYNTH,
                                     "--set", f"output.dir={tmp_path / 'out'}"])
     assert "my-notes.txt was not written by the synthesis" in _one_error_line(run)
-    assert _tree(out) == before
+    assert tree_bytes(out) == before
 
 
 def test_a_hidden_synthesis_folder_mlhpc_did_not_claim_is_left_alone(tmp_path):
