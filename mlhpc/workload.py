@@ -376,7 +376,7 @@ def register(workload: Workload, *, replace: bool = False) -> None:
 
 #: The entry points found for each ``sys.path``: reading every installed distribution's metadata
 #: takes milliseconds, and a report asks once per log (half its time over a published round).
-_FOUND: dict[tuple[str, ...], dict[str, EntryPoint] | ConfigError] = {}
+_FOUND: dict[tuple[str, ...], dict[str, EntryPoint]] = {}
 #: What each entry point loaded (a report asks once per log).
 _LOADED: dict[EntryPoint, Any] = {}
 
@@ -390,19 +390,16 @@ def _entry_points() -> dict[str, EntryPoint]:
     key = tuple(sys.path)
     if key not in _FOUND:
         _FOUND[key] = _read_entry_points()
-    found = _FOUND[key]
-    if isinstance(found, ConfigError):
-        raise found
-    return dict(found)
+    return dict(_FOUND[key])
 
 
-def _read_entry_points() -> dict[str, EntryPoint] | ConfigError:
+def _read_entry_points() -> dict[str, EntryPoint]:
     found: dict[str, EntryPoint] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         held = found.get(ep.name)
         if held is not None and held.value != ep.value:
-            return ConfigError(f"workload {ep.name!r}: declared twice in entry-point group "
-                               f"{ENTRY_POINT_GROUP} ({held.value} and {ep.value}); uninstall one")
+            raise ConfigError(f"workload {ep.name!r}: declared twice in entry-point group "
+                              f"{ENTRY_POINT_GROUP} ({held.value} and {ep.value}); uninstall one")
         found[ep.name] = ep
     return found
 
