@@ -111,7 +111,7 @@ def test_a_write_cut_short_without_an_errno_on_a_full_disk_says_so(tmp_path, mon
     def short(*_args, **_kwargs):
         raise OSError("131072 requested and 131008 written")
 
-    monkeypatch.setattr(DATA_TOOLS, "convert_file", short)
+    monkeypatch.setattr(type(DATA_TOOLS), "convert_file", short)  # the class: undone cleanly
     monkeypatch.setattr(convert, "disk_full", lambda folder: True)
     out = tmp_path / "out"
     one_error_line(cli("data", "convert", "cosmoflow", str(data), str(out), "--to", "npy", "--workers", "1"),
