@@ -135,8 +135,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "folder (walk_files: no link out of it); its size is checked against the counts first",
     ("workloads/cosmoflow/tfrecord_io.py", "open"): "reads two magic bytes of a data file found by "
         "walking the split folder (walk_files)",
-    ("workloads/cosmoflow/tfrecord_io.py", "read_bytes"): "reads a TFRecord data file found by walking "
-        "the split folder (walk_files); every record is checked by its CRC",
     ("workloads/opencatalyst/lmdb_io.py", "lmdb.open"): "opens an OC20 LMDB read-only, lock-free, "
         "without readahead, after the file's kind and size were checked",
     ("workloads/opencatalyst/lmdb_io.py", "os.replace"): "the LMDB writer makes its file under "

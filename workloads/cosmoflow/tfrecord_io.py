@@ -34,7 +34,7 @@ from pathlib import Path
 
 import crc32c as _crc32c
 
-from mlhpc.data.inputs import input_chunks
+from mlhpc.data.inputs import input_chunks, read_input
 from mlhpc.errors import DataError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -120,12 +120,10 @@ def _inflate_member(inflater, data: memoryview, parts: list[bytes], cap: int, pa
 
 
 def read_file(path: Path, cap_bytes: int | None = None) -> bytes:
-    """The TFRecord bytes of a file: read once, inflated when it is GZIP (at most ``cap_bytes``,
-    default `inflated_cap_bytes` of the file's size). Raises DataError."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    """The TFRecord bytes of a file, read once through the one reader (a regular file of at most
+    `MAX_FILE_BYTES`: a FIFO refused, never waited on) and inflated when it is GZIP (at most
+    ``cap_bytes``, default `inflated_cap_bytes` of the file's size). Raises DataError naming it."""
+    raw = read_input(path, MAX_FILE_BYTES, what="TFRecord file", error=DataError)
     return gunzip(raw, path, cap_bytes) if raw[:2] == GZIP_MAGIC else raw
 
 
