@@ -84,7 +84,7 @@ def _user() -> str:
 def write_claim(folder: Path, kind: str, files: Iterable[str] = ()) -> None:
     """Write (or replace) ``folder``'s claim record: ``kind``, the invoking user, host, process,
     UTC time, the folder's device and inode and the relative ``files`` mlhpc wrote there (see
-    the module docstring), through the one atomic writer.
+    the module docstring), written by `mlhpc.data.files.write_text_atomic`.
 
     Raises:
         OSError: the folder is missing, a link, not private, or not writable.
@@ -185,8 +185,8 @@ def foreign(claim: Claim, recorded: Iterable[str] = ()) -> list[str]:
 
 def made_files(folder: Path) -> set[str]:
     """The files mlhpc's writers recorded putting in place in ``folder``
-    (`mlhpc.data.statefiles.recording`: its journals ``MADE_JOURNAL*.jsonl``, each read through
-    the one reader); unreadable journals and lines torn by an interruption are passed over."""
+    (`mlhpc.data.statefiles.recording`: its journals ``MADE_JOURNAL*.jsonl``, read by
+    `mlhpc.data.inputs.journal_objects`, which passes over unreadable journals and torn lines)."""
     entries = journal_objects(folder, MADE_JOURNAL + "*" + JOURNAL_SUFFIX, MAX_CLAIM_BYTES)
     return {entry["path"] for entry in entries if isinstance(entry.get("path"), str)}
 

@@ -121,7 +121,7 @@ class CheckpointState:
 
 
 def _number_in(value: Any, low: float, high: float) -> bool:
-    return out_of_range(value, low, high) is None  # the one range check: finite, within bounds
+    return out_of_range(value, low, high) is None  # finite and within bounds (out_of_range)
 
 
 def _history(state: dict[str, Any], source: str) -> list[tuple[int, float]]:

@@ -11,7 +11,7 @@ The references file (YAML) maps system -> benchmark -> figure -> ``[value, lower
 
 Figures: ``time_to_train_s`` (unit ``s`` or ``min``), ``energy_to_train_j`` (``J``, ``kJ``,
 ``kWh``): lower is better; ``samples_per_s`` (``samples/s``): higher is better. Each number passes
-the one range check (`mlhpc.log.plausible.out_of_range`) where it is read: ``value`` finite, above
+the range check `mlhpc.log.plausible.out_of_range` where it is read: ``value`` finite, above
 0 and within the figure's `mlhpc.log.plausible.BOUNDS`, ``lower`` from -1 to 0, ``upper`` from 0
 to `MAX_UPPER` (NaN or Infinity would make the gate never fire, a bound on the wrong side of the
 value make it always fire); a stored figure outside its bounds is left out of the runs judged. The measured

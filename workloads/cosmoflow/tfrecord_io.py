@@ -121,7 +121,7 @@ def _inflate_member(inflater, data: memoryview, parts: list[bytes], cap: int, pa
 
 
 def read_file(path: Path, cap_bytes: int | None = None) -> bytes:
-    """The TFRecord bytes of a file, read once through the one reader (a regular file of at most
+    """The TFRecord bytes of a file, read once by `mlhpc.data.inputs.read_input` (a regular file of at most
     `MAX_FILE_BYTES`: a FIFO refused, never waited on) and inflated when it is GZIP (at most
     ``cap_bytes``, default `inflated_cap_bytes` of the file's size). Raises DataError naming it."""
     raw = read_input(path, MAX_FILE_BYTES, what="TFRecord file", error=DataError)
