@@ -59,11 +59,22 @@ def report_command(paths: tuple[Path, ...], fmt: str, level: str, wide: bool, co
     power/result_N/node_K.txt, integrated as MLCommons' result_summarizer does; "-" where a
     run has none (no power counter, or a published round without power). Valid FLOPS (HPC
     AI500) is the counted training FLOPs over time to train, penalised for quality short of the
-    target; per watt where energy was measured."""
+    target; per watt where energy was measured.
+
+    A folder holding study.json (an `mlhpc automl` search) is reported alone, as AIPerf scores
+    it: score and regulated score per time mark, the gates, the best trial; --format and --plots
+    (automl-scores.png) apply, --package, --org, --system, --rcp-bypass and the prices are
+    refused, the other options are not used."""
     from mlhpc.errors import ConfigError, MlhpcError
     from mlhpc.report import PackageOptions, ReportOptions, run_report
 
     width = _console_width()
+    refused = [name for name, value in (("--package", package_dir), ("--org", org), ("--system", system_name),
+                                        ("--price-per-node-hour", price_per_node_hour),
+                                        ("--price-per-kwh", price_per_kwh), ("--rcp-bypass", rcp_bypass or None))
+               if value is not None]
+    if _report_automl(paths, fmt, plots_dir, width, refused):
+        return
     try:
         if package_dir is None and (org is not None or system_name is not None or rcp_bypass):
             raise ConfigError("--org/--system/--rcp-bypass: only used with --package OUT")
@@ -89,6 +100,37 @@ def report_command(paths: tuple[Path, ...], fmt: str, level: str, wide: bool, co
         echo(line, err=True)
     if outcome.package is not None:
         _echo_package(outcome.package)
+
+
+def _report_automl(paths: tuple[Path, ...], fmt: str, plots_dir: Path | None, width: int,
+                   refused: list[str]) -> bool:
+    """Print the AutoML report when ``paths`` is an AutoML folder (`mlhpc.report.automl_render`)
+    and say so; False otherwise. Bad input: one line, exit status 2."""
+    from mlhpc.errors import ConfigError, MlhpcError
+    from mlhpc.report.automl import automl_folder
+    from mlhpc.report.automl_render import automl_report
+
+    try:
+        folder = automl_folder(list(paths))
+        if folder is None:
+            return False
+        if refused:
+            raise ConfigError(f"{', '.join(refused)}: not used for an AutoML folder ({folder})")
+        outcome = automl_report(folder, fmt, plots_dir)
+    except MlhpcError as exc:
+        echo(f"mlhpc: error: {one_line(exc)}", err=True)
+        raise SystemExit(2) from None
+    for line in outcome.score.warnings:
+        echo(f"warning: {line}", err=True)
+    if isinstance(outcome.output, str):
+        echo(outcome.output, nl=not outcome.output.endswith("\n"))
+    else:
+        console(width=width).print(outcome.output)
+    for path in outcome.plots:
+        echo(f"wrote {path}", err=True)
+    for line in outcome.plots_skipped:
+        echo(line, err=True)
+    return True
 
 
 def _console_width() -> int:
