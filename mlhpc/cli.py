@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from mlhpc import rules
+from mlhpc.automl.cli import automl_command
 from mlhpc.data.cli import data_group  # the data commands live with their package, as below
 from mlhpc.errors import ConfigError, one_line_errors
 from mlhpc.report.cli import report_command
@@ -337,6 +338,7 @@ def config_reference_command(out_path: Path | None) -> None:
 
 
 main.add_command(report_command)
+main.add_command(automl_command)
 main.add_command(data_group)
 main.add_command(results_group)
 

@@ -31,6 +31,18 @@ import torch
 
 DEFAULT_PORT = 29511
 _MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
+#: What `detect` reads to find a launcher's ranks (and the prefixes of MPI's own variables).
+_LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                 "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_ID") + _MPI_ENV
+_MPI_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "MPI_LOCAL")
+
+
+def single_process_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default ``os.environ``) without what marks a process as one rank of a launched
+    job, so that a process started from a rank (an AutoML trial, `mlhpc.automl`) detects itself
+    as a single process rather than as a rank of its parent's job."""
+    env = os.environ if env is None else env
+    return {k: v for k, v in env.items() if k not in _LAUNCHER_ENV and not k.startswith(_MPI_PREFIXES)}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict
 
 from mlhpc.errors import ConfigError, DataError
+from mlhpc.knob import Knob
 
 if TYPE_CHECKING:  # pragma: no cover - typing only (config reads this registry at run time)
     import torch
@@ -298,6 +299,8 @@ class Workload:
             the published v3.0 logs hold that evaluation, e.g. 0.6985 on NVIDIA Eos).
         data_tools: its `DataTools` for ``mlhpc data convert | prepare | check`` and staging
             conversions; None when the workload offers none.
+        search_knobs: the knobs (`Knob`) of the model family an AutoML search may vary (``mlhpc automl``),
+            besides the harness's own (`mlhpc.knob.COMMON_KNOBS`).
     """
 
     name: str
@@ -317,6 +320,7 @@ class Workload:
     data_tools: DataTools | None = None
     evaluate_at_start: bool = False
     reference_train_flops_per_sample: tuple[float, str] | None = None
+    search_knobs: tuple[Knob, ...] = ()
 
     def __post_init__(self) -> None:
         if self.data_tools is not None and not isinstance(self.data_tools, DataTools):

@@ -22,12 +22,12 @@ FLOOR_NAMES = {GROUND: "ground", TRAINING: "training", RESULTS: "results", ROOF:
 FLOORS: dict[str, int] = {
     "mlhpc": GROUND, "mlhpc.errors": GROUND, "mlhpc.text": GROUND, "mlhpc.hints": GROUND,
     "mlhpc.rules": GROUND, "mlhpc.runtime": GROUND, "mlhpc.config": GROUND,
-    "mlhpc.workload": GROUND, "mlhpc.log": GROUND, "mlhpc.data": GROUND,
+    "mlhpc.workload": GROUND, "mlhpc.knob": GROUND, "mlhpc.log": GROUND, "mlhpc.data": GROUND,
     "mlhpc.data.files": GROUND, "mlhpc.data.inputs": GROUND, "mlhpc.data.claims": GROUND,
     "mlhpc.data.statefiles": GROUND,
     "mlhpc.data.": TRAINING, "mlhpc.power": TRAINING, "mlhpc.run": TRAINING,
     "mlhpc.slurm": TRAINING,
-    "mlhpc.report": RESULTS, "mlhpc.store": RESULTS, "mlhpc.reframe": RESULTS,
+    "mlhpc.report": RESULTS, "mlhpc.store": RESULTS, "mlhpc.automl": RESULTS, "mlhpc.reframe": RESULTS,
     "mlhpc.cli": ROOF, "mlhpc.__main__": ROOF, "mlhpc.progress": ROOF,
 }
 

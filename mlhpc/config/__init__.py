@@ -34,6 +34,7 @@ from mlhpc.config.yamlfile import UniqueKeyLoader, parse_override, set_path
 from mlhpc.config.yamlfile import show as _show
 from mlhpc.errors import ConfigError
 from mlhpc.hints import did_you_mean, existing_file, section_model
+from mlhpc.config.automl import AutomlConfig
 from mlhpc.config.power import PowerConfig
 from mlhpc.workload import get as get_workload
 
@@ -277,6 +278,7 @@ class _CommonConfig(Section):
     train: TrainConfig
     output: OutputConfig = OutputConfig()
     power: PowerConfig = PowerConfig()
+    automl: Optional[AutomlConfig] = None  # read by mlhpc automl only
 
 
 class Config(_CommonConfig):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mlhpc.workload import QualityMetric, Workload
+from mlhpc.workload import Knob, QualityMetric, Workload
 
 from ..departures import training_departures
 from .convert import DATA_TOOLS
@@ -86,4 +86,14 @@ WORKLOAD = Workload(
     departures=departures,
     data_tools=DATA_TOOLS,
     reference_train_flops_per_sample=(192_090_785_280.0, "4 x 128^3 universe"),  # counted, mlhpc.run.step.count_flops_on_meta
+    search_knobs=(
+        Knob("model.n_conv_layers", "architecture", "depth: convolution blocks, each halving the cube"),
+        Knob("model.conv_channels", "architecture", "width: filters of the first convolution block"),
+        Knob("model.kernel_size", "architecture", "side of the Conv3D kernels"),
+        Knob("model.fc1_size", "architecture", "units of the first dense layer"),
+        Knob("model.fc2_size", "architecture", "units of the second dense layer"),
+        Knob("model.dropout", "hyperparameter", "dropout rate after each dense layer"),
+        Knob("optimizer.base_learning_rate", "hyperparameter", "learning rate at the base batch size"),
+        Knob("optimizer.warmup_epochs", "hyperparameter", "epochs of linear learning-rate warm-up"),
+    ),
 )

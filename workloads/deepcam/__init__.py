@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from mlhpc.workload import Workload
+from mlhpc.workload import Knob, Workload
 
 from ..departures import training_departures
 from .convert import DATA_TOOLS
@@ -92,4 +92,11 @@ WORKLOAD = Workload(
     departures=departures,
     data_tools=DATA_TOOLS,
     reference_train_flops_per_sample=(4_409_062_993_920.0, "16 x 768 x 1152 climate image"),  # counted, mlhpc.run.step.count_flops_on_meta
+    search_knobs=(
+        Knob("model.middle_blocks", "architecture", "depth: Xception middle-flow blocks"),
+        Knob("model.aspp_channels", "architecture", "width: channels of the ASPP module"),
+        Knob("model.decoder_channels", "architecture", "width: channels of the decoder"),
+        Knob("optimizer.lr", "hyperparameter", "peak learning rate after warm-up"),
+        Knob("optimizer.weight_decay", "hyperparameter", "weight decay"),
+    ),
 )

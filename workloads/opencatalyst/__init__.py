@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import Field
 
-from mlhpc.workload import QualityMetric, Workload
+from mlhpc.workload import Knob, QualityMetric, Workload
 
 from ..departures import training_departures
 from .convert import DATA_TOOLS
@@ -92,4 +92,12 @@ WORKLOAD = Workload(
     reference_samples=REFERENCE_SAMPLES,
     departures=departures,
     data_tools=DATA_TOOLS,
+    search_knobs=(
+        Knob("model.num_blocks", "architecture", "depth: DimeNet++ interaction blocks"),
+        Knob("model.hidden_channels", "architecture", "width: hidden embedding size"),
+        Knob("model.int_emb_size", "architecture", "triplet embedding size"),
+        Knob("model.cutoff", "architecture", "interaction cutoff, Angstrom"),
+        Knob("optimizer.lr", "hyperparameter", "peak learning rate after warm-up"),
+        Knob("optimizer.weight_decay", "hyperparameter", "AdamW weight decay"),
+    ),
 )

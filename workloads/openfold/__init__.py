@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlhpc.errors import ConfigError, DataError
-from mlhpc.workload import QualityMetric, Workload
+from mlhpc.workload import Knob, QualityMetric, Workload
 
 from ..departures import training_departures
 from .data import OpenFoldDataset, training_set_identity
@@ -160,4 +160,10 @@ WORKLOAD = Workload(
     departures=departures,
     data_tools=DATA_TOOLS,
     evaluate_at_start=True,
+    search_knobs=(
+        Knob("model.evoformer_blocks", "architecture", "depth: Evoformer blocks (a changed shape cannot start from model.init_checkpoint)"),
+        Knob("model.c_m", "architecture", "width: MSA representation channels (as above)"),
+        Knob("model.c_z", "architecture", "width: pair representation channels (as above)"),
+        Knob("optimizer.lr", "hyperparameter", "base learning rate after warm-up"),
+    ),
 )
