@@ -157,7 +157,10 @@ def test_no_precision_measured_passes_with_a_note(tmp_path):
     folder = make_folder(tmp_path)
     for trial in ("trial_0000", "trial_0001"):
         (folder / trial / "measured_0.json").unlink()
-    data = score_folder(folder).to_dict()
+    score = score_folder(folder)
+    data = score.to_dict()
+    assert sum("trial_0001" in w and "0 FLOPs" in w for w in score.warnings) == 1  # finished, yet no file
+    assert not any("trial_0002" in w for w in score.warnings)  # killed: no file is expected
     gate = next(g for g in data["gates"] if g["name"] == "precision")
     assert gate["passed"] and "nothing to check" in gate["reason"]
     assert data["trials"]["without_flops"] == 3 and data["marks"][-1]["total_flops"] == 0.0

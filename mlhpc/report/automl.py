@@ -287,8 +287,13 @@ def duration_gate(study: Study, duration_s: float) -> Gate:
     """AIPerf: the search runs "at least 1 hour"; mlhpc: at least ``gates.min_duration_s``."""
     how = "to ended_unix_s" if study.ended_unix_s is not None else "to its last logged event"
     passed = duration_s >= study.min_duration_s
-    return Gate("duration", passed, f"the search ran {duration_s:,.0f} s ({how}); "
-                                    f"{'at least' if passed else 'short of'} the {study.min_duration_s:,.0f} s required")
+    return Gate("duration", passed, f"the search ran {_seconds(duration_s)} s ({how}); "
+                                    f"{'at least' if passed else 'short of'} the {_seconds(study.min_duration_s)} s required")
+
+
+def _seconds(value: float) -> str:
+    """``3,600`` for a long time, ``0.0351`` for a short one (three figures)."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def quality_gate(study: Study, best: float | None) -> Gate:

@@ -119,7 +119,7 @@ def notes(score: AutomlScore) -> list[str]:
 def _title(score: AutomlScore) -> str:
     s = score.study
     return (f"AutoML study {s.study_name} ({s.workload}, {s.metric_key} {s.direction}, target {s.target:g}): "
-            f"{score.trials_total} trials, {clock(score.duration_s)} of a {clock(s.budget_s)} budget, "
+            f"{score.trials_total} trial(s), {clock(score.duration_s)} of a {clock(s.budget_s)} budget, "
             f"a mark every {clock(s.mark_every_s)}")
 
 
@@ -193,6 +193,7 @@ def scores_figure(score: AutomlScore) -> Any:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter
 
     series = [("score = FLOPs / time", [(m.elapsed_s, m.score_flop_per_s) for m in score.marks]),
               (f"regulated = FLOPs x ln(1/Error) / time, Error = {score.study.error_is}",
@@ -206,8 +207,10 @@ def scores_figure(score: AutomlScore) -> Any:
         if points:
             ax.plot([t / per_unit for t, _ in points], [v for _, v in points], marker=marker, label=label)
     ax.set_yscale("log")
+    for axis_format in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        axis_format(EngFormatter(unit="FLOP/s"))  # plain text: mathtext is off in plot_text
     ax.set_xlabel(f"time since the search started ({unit})")
-    ax.set_ylabel("FLOP/s")
+    ax.set_ylabel("score")
     ax.set_title(f"AIPerf scores of {score.study.study_name} ({score.study.workload})", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
