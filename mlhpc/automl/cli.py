@@ -112,6 +112,13 @@ def _progress(event: dict[str, Any]) -> None:
 
 
 def _score(folder: Path) -> int:
-    """The search's score (`mlhpc.report.automl`); 0 when its gates passed, else 1."""
-    echo(f"mlhpc: search ended; mlhpc report {folder} shows its score")
-    return 0
+    """The search's score as ``mlhpc report FOLDER`` prints it (`mlhpc.report.automl_render`);
+    0 when its gates passed, else 1."""
+    from mlhpc.report.automl_render import automl_report
+    from mlhpc.text import console
+
+    outcome = automl_report(folder, "table", None)
+    for line in outcome.score.warnings:
+        echo(f"warning: {line}", err=True)
+    console().print(outcome.output)
+    return 0 if outcome.score.valid else 1

@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from mlhpc.automl.space import check_space
+from mlhpc.automl.space import check_space, given_values
 from mlhpc.automl.study import (
     STUDY_FILE,
     StudyFile,
@@ -28,6 +28,7 @@ from mlhpc.automl.study import (
     describe,
     fail_stale_trials,
     load_study,
+    open_storage,
     read_study_file,
     storage_spec,
     write_study_file,
@@ -56,11 +57,15 @@ def prepare(config: Config, on_progress: Callable[[dict[str, Any]], None]) -> St
         raise ConfigError(f"output.dir {folder}: already holds a search ({STUDY_FILE}); choose another "
                           "output.dir, or add workers with mlhpc automl CONFIG --worker")
     workload = get_workload(config.workload)
+    open_storage(storage_spec(config))  # a storage that cannot be opened is refused before any data are made
     ensure_data(config, workload, runtime.detect(runtime.single_process_env(), "cpu"), on_progress)
-    create_study(config, workload.metric.direction)
-    study = describe(config, time.time())  # the budget starts here
-    write_study_file(folder, study, exclusive=True)
-    return study
+    study = create_study(config, workload.metric.direction)
+    seed = given_values(config, config.automl.space) if config.automl.seed_trial else None  # type: ignore[union-attr]
+    if seed is not None:
+        study.enqueue_trial(seed)  # trial 0 trains the config as given: AIPerf's seed network
+    started = describe(config, time.time())  # the budget starts here
+    write_study_file(folder, started, exclusive=True)
+    return started
 
 
 def start_workers(config_path: Path, overrides: tuple[str, ...], workers: int, threads: int) -> list[int]:
@@ -101,9 +106,20 @@ def finish(config: Config) -> StudyFile:
     study_file = read_study_file(folder)
     study = load_study(study_file, storage_spec(config))
     fail_stale_trials(study, config.automl.heartbeat_s)
-    ended = replace(study_file, ended_unix_s=time.time())
+    ended = replace(study_file, ended_unix_s=_end_of(folder, study_file))
     write_study_file(folder, ended)
     return ended
+
+
+def _end_of(folder: Path, study: StudyFile) -> float:
+    """When the search ended: now, if before its deadline (it was stopped); else the last write
+    of a trial's log after the deadline (a stopped trial's run_stop), so that a late --finish
+    adds no marks."""
+    now = time.time()
+    if now <= study.deadline_unix_s:
+        return now
+    last = max((log.lstat().st_mtime for log in folder.glob("trial_*/result_*.txt")), default=0.0)
+    return min(now, max(study.deadline_unix_s, last))
 
 
 def default_threads(workers: int) -> int:

@@ -95,3 +95,19 @@ def suggest(trial: "optuna.trial.BaseTrial", space: dict[str, KnobRange]) -> dic
 def overrides_of(values: dict[str, Any]) -> tuple[str, ...]:
     """``values`` as ``--set KEY=VALUE`` texts."""
     return tuple(f"{key}={_yaml_value(value)}" for key, value in values.items())
+
+
+def given_values(config: Config, space: dict[str, KnobRange]) -> dict[str, Any] | None:
+    """The config's own values of the knobs in ``space`` (the seed trial, AIPerf's seed
+    network), or None when one lies outside its range or choices."""
+    tree, values = config.to_dict(), {}
+    for key, spec in space.items():
+        node: Any = tree
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        inside = (node in spec.choices) if spec.choices is not None else (
+            isinstance(node, (int, float)) and spec.low <= node <= spec.high)  # type: ignore[operator]
+        if not inside:
+            return None
+        values[key] = node
+    return values

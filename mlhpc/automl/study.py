@@ -94,6 +94,7 @@ def open_storage(spec: str) -> "optuna.storages.BaseStorage":
     import optuna
     from optuna.storages.journal import JournalFileBackend
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # mlhpc says what it does itself
     try:
         if "://" in spec:
             return optuna.storages.RDBStorage(spec)

@@ -292,7 +292,7 @@ class Config(_CommonConfig):
 
     def to_dict(self) -> dict[str, Any]:
         """Plain YAML-able dict of the whole resolved config (paths as strings)."""
-        return self.model_dump(mode="json", exclude={"source"})
+        return self.model_dump(mode="json", exclude={"source"} | ({"automl"} if self.automl is None else set()))
 
 
 def _key_path(loc: tuple[Any, ...]) -> str:

@@ -71,6 +71,9 @@ class AutomlConfig(BaseModel):
         "(postgresql://..., sqlite:///...); null: <output.dir>/study.journal"))
     study_name: Optional[StrictStr] = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
                                             description="the study's name; null: output.dir's folder name")
+    seed_trial: StrictBool = Field(True, description=(
+        "the first trial trains the config's own values of the knobs (AIPerf's seed network), "
+        "when they lie in the space"))
     sampler: Literal["tpe", "random"] = Field("tpe", description=(
         "Optuna sampler: tpe (AIPerf's hyperparameter search) or random"))
     startup_trials: StrictInt = Field(10, ge=0, le=100_000, description=(

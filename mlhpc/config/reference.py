@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import textwrap
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -30,7 +31,7 @@ UNITS = {
     "_eV_per_A": "eV/Å", "_m_per_s": "m/s", "_mpc_h": "Mpc/h", "_bytes": "bytes", "_epochs": "epochs",
     "_steps": "steps", "_ms": "ms", "_km": "km", "_pa": "Pa", "_A": "Å", "_k": "K", "_s": "s",
 }
-COMMON = ("submission", "data", "train", "output", "power")
+COMMON = ("submission", "data", "train", "output", "power", "automl")
 
 
 @dataclass(frozen=True)
@@ -124,8 +125,9 @@ def section_keys(model: type[BaseModel], prefix: str) -> list[Key]:
     attributes = docstring_attributes(model)
     for name, field in model.model_fields.items():
         nested = _section(field.annotation)
-        if nested is not None:
-            out += section_keys(nested, f"{prefix}{name}.")
+        if nested is not None:  # a mapping of sections (automl.space) is keyed by name
+            keyed = "<key>." if typing.get_origin(field.annotation) is dict else ""
+            out += section_keys(nested, f"{prefix}{name}.{keyed}")
             continue
         meaning = field.description or attributes.get(name, "")
         out.append(Key(prefix + name, _type(field.annotation), _default(field), _allowed(field),

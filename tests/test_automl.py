@@ -1,0 +1,162 @@
+"""`mlhpc automl`: AIPerf's AutoML search on an Optuna study (mlhpc/automl/). Bad input is one
+line naming the key; a tiny search runs its trials as ordinary `mlhpc run`s in their own
+folders and scores; a worker killed mid-trial leaves its trial failed and the search going."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from conftest import made_once
+from mlhpc.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+MINI = ROOT / "configs" / "cosmoflow-automl-mini.yaml"
+#: The AutoML mini shrunk to seconds: tiny data, trials of a few epochs.
+TINY = ("synth.train_samples=64", "synth.eval_samples=16", "synth.samples_per_file=32",
+        "train.max_epochs=4", "train.global_batch_size=8", "optimizer.base_batch_size=8",
+        "optimizer.decay_schedule={}", "power.enabled=false",
+        "automl.space={model.conv_channels: {low: 2, high: 8}, "
+        "optimizer.base_learning_rate: {low: 0.0003, high: 0.01, log: true}}",
+        "automl.startup_trials=2", "automl.heartbeat_s=2", "automl.min_duration_s=1",
+        "automl.min_quality=10.0")
+
+
+@pytest.fixture(scope="module")
+def tiny_data() -> Path:
+    def synth(data: Path) -> None:
+        args = [sys.executable, "-m", "mlhpc", "data", "synth", "cosmoflow", "--out", str(data),
+                "--config", str(MINI)]
+        for o in TINY[:3]:
+            args += ["--set", o]
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    return made_once("automl-tiny-cosmoflow", synth)
+
+
+def sets(*overrides: str) -> list[str]:
+    return [part for o in overrides for part in ("--set", o)]
+
+
+def tiny_args(data: Path, out: Path, budget_s: float, *extra: str) -> list[str]:
+    return [str(MINI), *sets(*TINY, f"data.path={data}", "data.synthesize_if_missing=false",
+                             f"output.dir={out}", f"automl.budget_s={budget_s}",
+                             f"automl.mark_every_s={budget_s / 3:.3f}", *extra)]
+
+
+def mlhpc(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mlhpc", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "MLHPC_STORE": "none", **(env or {})})
+
+
+def study_trials(out: Path) -> list:
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = optuna.storages.JournalStorage(JournalFileBackend(str(out / "study.journal")))
+    return optuna.load_study(study_name=out.name, storage=storage).get_trials(deepcopy=False)
+
+
+@pytest.mark.parametrize("override, named", [
+    ("automl.space={model.conv_chanels: {low: 2, high: 6}}", "automl.space.model.conv_chanels"),
+    ("automl.space={model.conv_channels: {low: 6, high: 2}}", "automl.space.model.conv_channels"),
+    ("automl.space={model.conv_channels: {low: 4, high: 4}}", "automl.space.model.conv_channels"),
+    ("automl.space={model.conv_channels: {choices: []}}", "automl.space.model.conv_channels"),
+    ("automl.space={model.conv_channels: {low: 0, high: 6}}", "automl.space.model.conv_channels.low"),
+    ("automl.budget_s=0", "automl.budget_s"),
+    ("automl.mark_every_s=1000", "mark_every_s"),
+    ("automl.storage=/nonexistent-folder/study.journal", "automl.storage"),
+    ("automl.storage=nosuchdriver://host/db", "automl.storage"),
+])
+def test_bad_input_is_one_line_naming_the_key(tmp_path, override, named):
+    out = tmp_path / "search"
+    args = [str(MINI), *sets(f"output.dir={out}", f"data.path={tmp_path / 'no-data'}",
+                             "data.synthesize_if_missing=false", "automl.budget_s=600",
+                             "automl.mark_every_s=60", override)]
+    result = CliRunner().invoke(main, ["automl", *args])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mlhpc: error:") and named in lines[0], lines
+    assert not (out / "study.json").exists()
+
+
+def test_a_config_without_a_search_is_refused(tmp_path):
+    result = CliRunner().invoke(main, ["automl", str(ROOT / "configs" / "cosmoflow-mini.yaml"),
+                                       "--set", f"output.dir={tmp_path}"])
+    assert result.exit_code == 2 and "automl: section missing" in result.stderr
+
+
+def test_knobs_lists_the_workloads_declared_knobs():
+    result = CliRunner().invoke(main, ["automl", str(MINI), "--knobs"])
+    assert result.exit_code == 0
+    assert "model.conv_channels" in result.output and "train.global_batch_size" in result.output
+
+
+def test_a_tiny_search_runs_its_trials_as_runs_and_scores(tmp_path, tiny_data):
+    out = tmp_path / "search"
+    proc = mlhpc("automl", *tiny_args(tiny_data, out, 12), "--workers", "2")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    trials = study_trials(out)
+    assert len(trials) >= 2 and {t.user_attrs["worker"] for t in trials} and len(
+        {t.user_attrs["worker"] for t in trials}) == 2  # both workers took trials from one study
+    assert trials[0].params == {"model.conv_channels": 8, "optimizer.base_learning_rate": 0.001}  # the seed trial
+    for t in trials:
+        folder = out / f"trial_{t.number:04d}"
+        record = json.loads((folder / "trial.json").read_text())
+        assert record["state"] == t.state.name
+        # a run stopped by the budget before its first evaluation may have no log; every other has one
+        assert (folder / "result_0.txt").is_file() or (record["state"] == "FAIL" and record["stopped"] == "budget")
+        assert "automl" not in yaml.safe_load((folder / "trial.yaml").read_text())
+    report = mlhpc("report", str(out), "--format", "json")
+    assert report.returncode == 0, report.stderr
+    score = json.loads(report.stdout)
+    assert [m["elapsed_s"] for m in score["marks"]] == pytest.approx([4.0, 8.0, 12.0], abs=1e-3)
+    assert score["marks"][-1]["total_flops"] > 0 and score["valid"] is True
+    assert "AutoML study" in proc.stdout  # the launcher ends with the score
+
+
+def _running_trial_of(out: Path, pid: int, timeout_s: float = 60) -> int:
+    """The number of the trial worker ``pid`` is running once its log has an evaluation."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if (out / "study.journal").exists():
+            for t in study_trials(out):
+                log = out / f"trial_{t.number:04d}" / "result_0.txt"
+                if (t.state.name == "RUNNING" and t.user_attrs.get("worker", "").endswith(f":{pid}")
+                        and log.exists() and "eval_error" in log.read_text()):
+                    return t.number
+        time.sleep(0.2)
+    raise AssertionError("no running trial with an evaluation")
+
+
+def test_a_killed_worker_leaves_its_trial_failed_and_the_search_going(tmp_path, tiny_data):
+    out = tmp_path / "search"
+    args = tiny_args(tiny_data, out, 20, "train.max_epochs=40")
+    assert mlhpc("automl", *args, "--prepare").returncode == 0
+    env = {**os.environ, "MLHPC_STORE": "none"}
+    workers = [subprocess.Popen([sys.executable, "-m", "mlhpc", "automl", *args, "--worker"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2)]
+    try:
+        number = _running_trial_of(out, workers[0].pid)
+        workers[0].send_signal(signal.SIGKILL)
+        assert workers[1].wait(timeout=120) == 0
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait()
+    assert mlhpc("automl", *args, "--finish").returncode in (0, 1)
+    states = {t.number: t.state.name for t in study_trials(out)}
+    assert states[number] == "FAIL"
+    others = [n for n in states if n != number]
+    assert others and all(states[n] in ("COMPLETE", "PRUNED") for n in others), states
+    log = (out / f"trial_{number:04d}" / "result_0.txt").read_text()
+    assert "eval_error" in log and "run_stop" in log  # its run was stopped with its parent, log closed
