@@ -102,8 +102,8 @@ def test_knobs_lists_the_workloads_declared_knobs():
 
 
 def test_a_tiny_search_runs_its_trials_as_runs_and_scores(tmp_path, tiny_data):
-    out = tmp_path / "search"
-    proc = mlhpc("automl", *tiny_args(tiny_data, out, 12), "--workers", "2")
+    out, store = tmp_path / "search", tmp_path / "results.db"
+    proc = mlhpc("automl", *tiny_args(tiny_data, out, 12), "--workers", "2", env={"MLHPC_STORE": str(store)})
     assert proc.returncode == 0, proc.stderr + proc.stdout
     trials = study_trials(out)
     assert len(trials) >= 2 and {t.user_attrs["worker"] for t in trials} and len(
@@ -116,6 +116,10 @@ def test_a_tiny_search_runs_its_trials_as_runs_and_scores(tmp_path, tiny_data):
         # a run stopped by the budget before its first evaluation may have no log; every other has one
         assert (folder / "result_0.txt").is_file() or (record["state"] == "FAIL" and record["stopped"] == "budget")
         assert "automl" not in yaml.safe_load((folder / "trial.yaml").read_text())
+    logged = sorted(str(p) for p in out.glob("trial_*/result_0.txt"))
+    stored = mlhpc("results", "list", "--campaign", out.name, "--format", "json", "--store", str(store))
+    assert stored.returncode == 0, stored.stderr
+    assert len(json.loads(stored.stdout)) == len(logged) > 0  # every trial's run recorded under the study's name
     report = mlhpc("report", str(out), "--format", "json")
     assert report.returncode == 0, report.stderr
     score = json.loads(report.stdout)
