@@ -11,10 +11,11 @@ Under them (`mlhpc.run.roofline_figure.Roofline`, drawn by `mlhpc.run.roofline_f
 - the training step: its FLOPs and bytes summed over its operators, over the seconds of the
   step as `mlhpc run` runs it (`mlhpc.run.step.train_step`: compiled, DDP, autocast);
 - its heaviest operators (most FLOPs): each distinct operator and input shapes, its FLOPs from
-  torch's counter (`torch.utils.flop_counter`'s formulas, the ones `FlopCounterMode` applies:
-  matrix products, convolutions, attention; a multiply-add is 2 FLOPs), its bytes from its input
-  and output tensor sizes (a lower bound on its memory traffic: each read or written once,
-  caches and fusion not modelled), its seconds timed call by call (the device synchronised).
+  torch's counter (`torch.utils.flop_counter`'s formulas as mlhpc's `FlopCounterMode` applies
+  them, `mlhpc.run.flops.FLOP_FORMULAS`: matrix products, convolutions, attention; a
+  multiply-add is 2 FLOPs), its bytes from its input and output tensor sizes (a lower bound on
+  its memory traffic: each read or written once, caches and fusion not modelled), its seconds
+  timed call by call (the device synchronised).
 
 Operators are tallied on an eager copy of the model (`OperatorTally`, a `TorchDispatchMode`) for
 one step after a warm-up step, on one batch of the run's loader; views (no data moved) are left
@@ -32,8 +33,8 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry
 
+from mlhpc.run.flops import FLOP_FORMULAS
 from mlhpc.run.roofline_figure import Ceilings, Roofline, RooflinePoint
 from mlhpc.run.step import Step, autocast, measure_matmul_peak
 
@@ -125,8 +126,8 @@ def _first_shape(args: Any) -> str:
 
 
 class OperatorTally(TorchDispatchMode):
-    """Every ATen operator call in its block: FLOPs (torch's flop formulas, as
-    `FlopCounterMode` counts them), bytes of its tensor inputs and outputs, and its seconds
+    """Every ATen operator call in its block: FLOPs (`mlhpc.run.flops.FLOP_FORMULAS`, as
+    `mlhpc.run.flops.flop_counter` counts them), bytes of its tensor inputs and outputs, and its seconds
     (``device`` synchronised before and after), summed per (operator, first input's shape).
     Views move no data and are not tallied; an operator without a formula that torch can
     decompose is tallied as its parts, as `FlopCounterMode` does."""
@@ -139,7 +140,7 @@ class OperatorTally(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         packet = func._overloadpacket
-        if packet not in flop_registry:
+        if packet not in FLOP_FORMULAS:
             with self:
                 decomposed = func.decompose(*args, **kwargs)
             if decomposed is not NotImplemented:
@@ -151,7 +152,7 @@ class OperatorTally(TorchDispatchMode):
         seconds = time.perf_counter() - t0
         if func.is_view:
             return out
-        flops = flop_registry[packet](*args, **kwargs, out_val=out) if packet in flop_registry else 0
+        flops = FLOP_FORMULAS[packet](*args, **kwargs, out_val=out) if packet in FLOP_FORMULAS else 0
         group = self.groups[(packet.__name__, _first_shape(args))]
         group[0] += flops
         group[1] += _tensor_bytes((args, kwargs)) + _tensor_bytes(out)

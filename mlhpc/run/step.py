@@ -11,8 +11,9 @@ what trains.
 What it costs, counted and measured:
 
 - FLOPs per sample, forward and forward+backward, counted by PyTorch itself with
-  `torch.utils.flop_counter.FlopCounterMode` on the workload's model (no hand-written formulas;
-  a multiply-add counts as 2 FLOPs, as in the MLPerf / AIPerf convention).
+  `torch.utils.flop_counter.FlopCounterMode` on the workload's model (a multiply-add counts as 2
+  FLOPs, as in the MLPerf / AIPerf convention), with torch's formulas except a grouped
+  convolution's backward, counted by its own formula (`mlhpc.run.flops`).
 - Achieved FLOP/s = training FLOPs per sample x samples/s, and model FLOP utilisation (MFU)
   against the device's peak at the step's precision: a small table of published dense peaks for
   known GPUs, or, on a CPU or an unknown device, a peak measured here with a large matrix
@@ -31,8 +32,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
+from mlhpc.run.flops import flop_counter
 from mlhpc.runtime import Runtime
 
 #: ``phase(name)`` -> a context wrapped around one phase of the step ("forward", "backward",
@@ -145,19 +146,20 @@ class FlopCount:
 def count_flops(model: torch.nn.Module, sample: Any, loss_fn: Any, target: Any,
                 n: int | None = None) -> FlopCount:
     """FLOPs per sample of ``model`` on ``sample`` (N, ...) with targets ``target`` (N, ...), as
-    torch's FlopCounterMode counts them (matrix products and convolutions; gathers, scatters
-    and element-wise work are not counted). ``n``: samples in ``sample`` when it is not a
-    tensor (a graph batch; default ``sample.shape[0]``).
+    torch's FlopCounterMode counts them (matrix products and convolutions, a grouped convolution
+    by `mlhpc.run.flops.conv_backward_flops`; gathers, scatters and element-wise work are not
+    counted). ``n``: samples in ``sample`` when it is not a tensor (a graph batch; default
+    ``sample.shape[0]``).
 
     The model is left unchanged (gradients are cleared afterwards).
     """
     n = sample.shape[0] if n is None else n
     was_training = model.training
     model.train()
-    with FlopCounterMode(display=False) as forward_counter:
+    with flop_counter() as forward_counter:
         with torch.no_grad():
             model(sample)
-    with FlopCounterMode(display=False) as train_counter:
+    with flop_counter() as train_counter:
         loss_fn(model(sample), target).backward()
     model.zero_grad(set_to_none=True)
     model.train(was_training)
