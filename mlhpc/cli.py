@@ -22,6 +22,7 @@ from mlhpc.errors import ConfigError, one_line_errors
 from mlhpc.report.cli import report_command
 from mlhpc.store.cli import results_group
 from mlhpc.text import console, echo
+from mlhpc.validate.cli import validate_command
 
 SET_HELP = "Override a config value, e.g. --set train.max_epochs=5 (repeatable)."
 
@@ -341,6 +342,7 @@ main.add_command(report_command)
 main.add_command(automl_command)
 main.add_command(data_group)
 main.add_command(results_group)
+main.add_command(validate_command)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

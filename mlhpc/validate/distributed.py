@@ -1,0 +1,151 @@
+"""Level 3 of ``mlhpc validate``, distributed training (Deep500 ``lv3``: a distributed optimizer
+against its consistent, one-process version).
+
+W ranks (2 started here with ``torch.multiprocessing`` spawn: Gloo on the CPU, NCCL on GPUs when
+there are two, Gloo between ranks sharing one GPU; or the ranks of the launcher that started the
+job, torchrun or srun, `mlhpc.runtime`) each take their share of one global batch (one sample of
+W), run forward and backward in DistributedDataParallel as a run does
+(`mlhpc.run.step.wrap_model`) at the run's precision, and their averaged gradients are compared
+with the gradients one process gets on the same global batch in float64 on the CPU, taken as W
+micro-batches (gradient accumulation, averaged): what data parallel must equal, whatever couples
+the samples of a batch (batch statistics, a loss averaged per atom). The ranks must also agree
+with each other exactly (every rank steps with the same gradients).
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from mlhpc.runtime import Runtime
+from mlhpc.validate.checks import TOLERANCES, Check, judged, skipped
+from mlhpc.validate.material import Material, reference_copy
+from mlhpc.validate.network import forward_backward, gradient_rows, grads
+
+SPAWNED_RANKS = 2
+#: How long the parent waits for the spawned ranks' gradients.
+RANKS_TIMEOUT_S = 600.0
+
+
+def ddp_grads(model: torch.nn.Module, loss_fn: Any, batch: Any, seed: int, rt: Runtime,
+              precision: str) -> dict[str, torch.Tensor | None]:
+    """This rank's gradients after one forward and backward of ``model`` (float32, on
+    ``rt.device``) in DistributedDataParallel on ``batch``: the average over the ranks."""
+    from mlhpc.run.step import wrap_model
+
+    wrapped = wrap_model(model.to(rt.device).train(), rt, False)
+    forward_backward(wrapped, loss_fn, batch, seed, (rt.device, precision))
+    return {n: (g.detach().to("cpu", torch.float64) if g is not None else None)
+            for n, g in grads(model).items()}
+
+
+def reference_grads(mat: Material, world: int) -> dict[str, torch.Tensor | None]:
+    """One process, float64 on the CPU: the mean of the gradients of the ``world``
+    micro-batches (sample ``r`` with the draws of seed ``seed + r``)."""
+    model = reference_copy(mat.model)
+    for r in range(world):
+        forward_backward(model, mat.loss_fn, mat.batch([r]), mat.seed + r, None)
+    return {n: (g / world if g is not None else None) for n, g in grads(model).items()}
+
+
+def compare(mat: Material, ranks: list[dict[str, torch.Tensor | None]]) -> list[Check]:
+    """Level 3's rows: rank 0's gradients against the one-process reference, and every rank's
+    against rank 0's (exactly)."""
+    tol = TOLERANCES[mat.precision].network
+    world = len(ranks)
+    what = (f"{world} ranks on {mat.device} {mat.precision}, one sample each, against one process "
+            f"on the same {world} samples in float64")
+    rows = gradient_rows(3, ranks[0], reference_grads(mat, world), tol, what)
+    spread = 0.0
+    for other in ranks[1:]:
+        for name, g in ranks[0].items():
+            h = other.get(name)
+            if g is not None and h is not None:
+                spread = max(spread, float((g - h).abs().max()))
+    rows.append(judged(3, "ranks agree", "max abs", spread, 0.0,
+                       "every rank must hold the same averaged gradient"))
+    return rows
+
+
+def level3(mat: Material, rt: Runtime) -> list[Check]:
+    """Level 3 (module docstring): with the launcher's ranks when ``rt`` is distributed, else
+    with `SPAWNED_RANKS` processes spawned here."""
+    if rt.distributed:
+        from mlhpc.runtime import all_gather
+
+        mine = ddp_grads(mat.device_copy(), mat.loss_fn, mat.batch([rt.rank]), mat.seed + rt.rank,
+                         rt, mat.precision)
+        return compare(mat, all_gather(mine))
+    return _spawned(mat)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _spawned(mat: Material) -> list[Check]:
+    ctx = torch.multiprocessing.get_context("spawn")
+    results: Any = ctx.Queue()
+    port = _free_port()
+    state = {k: v.detach().clone() for k, v in mat.model.state_dict().items()}
+    procs = [ctx.Process(target=_rank, daemon=True, args=(
+        r, port, str(mat.device), mat.config.model_dump(mode="json"), state, mat.batch([r]), mat.precision, mat.seed,
+        results)) for r in range(SPAWNED_RANKS)]
+    for p in procs:
+        p.start()
+    got: dict[int, Any] = {}
+    try:
+        while len(got) < SPAWNED_RANKS:
+            rank, payload = results.get(timeout=RANKS_TIMEOUT_S)
+            got[rank] = payload if isinstance(payload, str) else {
+                n: (torch.from_numpy(a) if a is not None else None) for n, a in payload.items()}
+    except queue.Empty:
+        got.setdefault(0, f"no answer from the spawned ranks within {RANKS_TIMEOUT_S:g} s")
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+    failed = [v for v in got.values() if isinstance(v, str)]
+    if failed:
+        return [skipped(3, "distributed gradients", f"the spawned ranks could not run: {failed[0]}")]
+    return compare(mat, [got[r] for r in range(SPAWNED_RANKS)])
+
+
+def _rank(rank: int, port: int, device: str, tree: dict[str, Any], state: dict[str, torch.Tensor],
+          batch: Any, precision: str, seed: int, results: Any) -> None:
+    """One spawned rank: its gradients, or one line saying why it could not, to ``results``."""
+    torch.set_num_threads(1)
+    try:
+        from mlhpc.config import from_dict
+        from mlhpc.workload import get
+
+        config = from_dict(tree, source="the validated config")  # its class is made per workload
+        dev = torch.device(device)
+        several = dev.type == "cuda" and torch.cuda.device_count() >= SPAWNED_RANKS
+        if several:
+            dev = torch.device("cuda", rank)
+            torch.cuda.set_device(dev)
+        rt = Runtime(rank=rank, world_size=SPAWNED_RANKS, local_rank=rank,
+                     local_world_size=SPAWNED_RANKS, master_port=port, device=dev)
+        torch.distributed.init_process_group(
+            "nccl" if several else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+            world_size=SPAWNED_RANKS, timeout=timedelta(seconds=RANKS_TIMEOUT_S))
+        workload = get(config.workload)
+        model = workload.build_model(config.model)
+        model.load_state_dict(state)
+        found = ddp_grads(model.float(), workload.build_loss(config), batch, seed + rank, rt,
+                          precision)
+        # plain arrays: a tensor sent through a queue is shared memory its sender must outlive
+        results.put((rank, {n: (g.numpy() if g is not None else None) for n, g in found.items()}))
+    except Exception as exc:  # noqa: BLE001 - any failure of a rank is reported to the parent
+        results.put((rank, f"rank {rank}: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"))
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
