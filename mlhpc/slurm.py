@@ -143,26 +143,62 @@ def render_sbatch(config_path: Path | str, **options: Any) -> str:
             override, a missing config file or a bad environment variable name.
     """
     job = SbatchJob(config_path, **options)
+    parts = check_job(job)
+    seeds = _run_seeds(job.seeds, job.runs)
+    return render_template(template_text("sbatch.sh.in"), {**parts.values, **_run_values(job, parts, seeds)})
+
+
+def _run_values(job: SbatchJob, parts: JobParts, seeds: list[int]) -> dict[str, object]:
+    """The run template's own values (`render_template`'s rules): runs, seeds, the srun steps."""
+    layout, out = parts.layout, parts.output_dir
+    head = _srun(layout, job.mpi) + [parts.python, "-m", "mlhpc", "run", str(parts.config)]
+    user_seed = any(text.split("=", 1)[0].strip() == "train.seed" for text in job.overrides)
+    return {
+        "runs": job.runs, "instances": job.instances, "last_run": job.runs - 1,
+        "seeds": Verbatim(" ".join(str(s) for s in seeds)),
+        "steps": _run_steps(layout, head, out, job.overrides, not user_seed, job.master_port),
+        # node-local output.dir: node K's power files fetched after each run (one instance only;
+        # an instance's node K is not the job's)
+        "collect_nodes": job.nodes if job.nodes > 1 and layout.instances == 1 else None,
+    }
+
+
+@dataclass(frozen=True)
+class JobParts:
+    """A checked job (`check_job`): its tasks, absolute config and results folder, interpreter,
+    and the template ``values`` every job script shares (`render_template`'s rules)."""
+
+    layout: _Layout
+    config: Path
+    output_dir: Path
+    python: str
+    values: dict[str, object]
+
+
+def check_job(job: SbatchJob) -> JobParts:
+    """``job`` checked, and the values every job script shares: the ``#SBATCH`` lines, ``stamp``,
+    ``workdir``, ``output_dir``, ``body_log_dir``, ``exports``, ``python`` (mlhpc/templates/).
+
+    Raises:
+        ConfigError: as `render_sbatch` (counts, Slurm syntax, overrides, config file, env).
+    """
     layout = _layout(job)
     _check_slurm_syntax(job)
     for text in job.overrides:
         parse_override(text)  # raises ConfigError on a malformed one
-    seeds = _run_seeds(job.seeds, job.runs)
     env = _environment(job.env, job.cpus_per_task)
     config = Path(job.config_path).expanduser()
     if not config.is_file():
         raise ConfigError(f"{job.config_path}: config file not found")
-    return render_template(_template("sbatch.sh.in"), _values(job, layout, config.resolve(), seeds, env))
-
-
-def _values(job: SbatchJob, layout: _Layout, config: Path, seeds: list[int],
-            env: Mapping[str, str]) -> dict[str, object]:
-    """The template's values for a checked job (`render_template`'s rules)."""
     out = Path(job.output_dir).expanduser().absolute()
-    where = Path(job.workdir).expanduser().absolute() if job.workdir is not None else Path.cwd()
     python = job.python or sys.executable
-    head = _srun(layout, job.mpi) + [python, "-m", "mlhpc", "run", str(config)]
-    user_seed = any(text.split("=", 1)[0].strip() == "train.seed" for text in job.overrides)
+    return JobParts(layout, config.resolve(), out, python, _values(job, layout, out, python, env))
+
+
+def _values(job: SbatchJob, layout: _Layout, out: Path, python: str,
+            env: Mapping[str, str]) -> dict[str, object]:
+    """The shared template values of a checked job (`check_job`)."""
+    where = Path(job.workdir).expanduser().absolute() if job.workdir is not None else Path.cwd()
     # Slurm reads "%" in an --output path as a pattern, and a "\\" anywhere turns every pattern
     # off (%j included): such folders, and those sbatch cannot quote, get the log from the body.
     log_in_body = any(c in str(out) for c in _SBATCH_UNSAFE + ("%", "\\", '"'))
@@ -181,14 +217,8 @@ def _values(job: SbatchJob, layout: _Layout, config: Path, seeds: list[int],
         "sbatch_exclusive": Verbatim("--exclusive") if job.exclusive else None,
         "sbatch_output": Verbatim(sbatch_output) if sbatch_output else None,
         "stamp": Verbatim(datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")),
-        "runs": job.runs, "instances": job.instances, "last_run": job.runs - 1,
         "workdir": str(where), "output_dir": str(out), "body_log_dir": str(out) if log_in_body else None,
         "exports": [Verbatim(f"export {key}={shlex.quote(str(value))}") for key, value in sorted(env.items())],
-        "seeds": Verbatim(" ".join(str(s) for s in seeds)),
-        "steps": _run_steps(layout, head, out, job.overrides, not user_seed, job.master_port),
-        # node-local output.dir: node K's power files fetched after each run (one instance only;
-        # an instance's node K is not the job's)
-        "collect_nodes": job.nodes if job.nodes > 1 and layout.instances == 1 else None,
         "python": python,
     }
 
@@ -241,7 +271,7 @@ def _text(value: object) -> str:
     raise TypeError(f"template value {value!r}: expected str, Verbatim or int")
 
 
-def _template(name: str) -> str:
+def template_text(name: str) -> str:
     """A template shipped with the package (mlhpc/templates/, package data)."""
     return resources.files("mlhpc").joinpath("templates", name).read_text(encoding="utf-8")
 
