@@ -24,48 +24,47 @@ import torch
 from mlhpc.runtime import Runtime
 from mlhpc.validate.checks import TOLERANCES, Check, judged, skipped
 from mlhpc.validate.material import Material, reference_copy
-from mlhpc.validate.network import forward_backward, gradient_rows, grads
+from mlhpc.validate.network import Outcome, compare_rows, outcome, sensitivity
 
 SPAWNED_RANKS = 2
 #: How long the parent waits for the spawned ranks' gradients.
 RANKS_TIMEOUT_S = 600.0
 
 
-def ddp_grads(model: torch.nn.Module, loss_fn: Any, batch: Any, seed: int, rt: Runtime,
-              precision: str) -> dict[str, torch.Tensor | None]:
-    """This rank's gradients after one forward and backward of ``model`` (float32, on
-    ``rt.device``) in DistributedDataParallel on ``batch``: the average over the ranks."""
+def ddp_outcome(model: torch.nn.Module, loss_fn: Any, batch: Any, seed: int, rt: Runtime,
+                precision: str) -> Outcome:
+    """This rank's `Outcome` after one forward and backward of ``model`` (float32, on
+    ``rt.device``) in DistributedDataParallel on ``batch``: its gradients the average over the
+    ranks."""
     from mlhpc.run.step import wrap_model
 
     wrapped = wrap_model(model.to(rt.device).train(), rt, False)
-    forward_backward(wrapped, loss_fn, batch, seed, (rt.device, precision))
-    return {n: (g.detach().to("cpu", torch.float64) if g is not None else None)
-            for n, g in grads(model).items()}
+    found = outcome(wrapped, loss_fn, [(batch, seed)], (rt.device, precision))
+    prefix = "gradient of module."  # DistributedDataParallel's own name for the model
+    return {k.replace(prefix, "gradient of ", 1): v for k, v in found.items()}
 
 
-def reference_grads(mat: Material, world: int) -> dict[str, torch.Tensor | None]:
-    """One process, float64 on the CPU: the mean of the gradients of the ``world``
-    micro-batches (sample ``r`` with the draws of seed ``seed + r``)."""
-    model = reference_copy(mat.model)
-    for r in range(world):
-        forward_backward(model, mat.loss_fn, mat.batch([r]), mat.seed + r, None)
-    return {n: (g / world if g is not None else None) for n, g in grads(model).items()}
-
-
-def compare(mat: Material, ranks: list[dict[str, torch.Tensor | None]]) -> list[Check]:
-    """Level 3's rows: rank 0's gradients against the one-process reference, and every rank's
-    against rank 0's (exactly)."""
+def compare(mat: Material, ranks: list[Outcome]) -> list[Check]:
+    """Level 3's rows: rank 0's gradients against the one process's (float64, the ranks'
+    samples as micro-batches), and every rank's against rank 0's (exactly)."""
     tol = TOLERANCES[mat.precision].network
     world = len(ranks)
+    parts = [(mat.batch([r]), mat.seed + r) for r in range(world)]
+    want = outcome(reference_copy(mat.model), mat.loss_fn, parts, None)
+    sens = sensitivity(mat, lambda m: outcome(m, mat.loss_fn, parts, None), want)
     what = (f"{world} ranks on {mat.device} {mat.precision}, one sample each, against one process "
             f"on the same {world} samples in float64")
-    rows = gradient_rows(3, ranks[0], reference_grads(mat, world), tol, what)
+    got = {k: v for k, v in ranks[0].items() if k.startswith("gradient of ")}
+    rows = [r for r in compare_rows(3, {**got, "output": [], "loss": []},
+                                    {**{k: v for k, v in want.items() if k.startswith("gradient of ")},
+                                     "output": [], "loss": []}, sens, tol, what)
+            if r.name != "loss"]
     spread = 0.0
     for other in ranks[1:]:
-        for name, g in ranks[0].items():
+        for name, g in got.items():
             h = other.get(name)
-            if g is not None and h is not None:
-                spread = max(spread, float((g - h).abs().max()))
+            if g and h:
+                spread = max(spread, float((g[0] - h[0]).abs().max()))
     rows.append(judged(3, "ranks agree", "max abs", spread, 0.0,
                        "every rank must hold the same averaged gradient"))
     return rows
@@ -77,7 +76,7 @@ def level3(mat: Material, rt: Runtime) -> list[Check]:
     if rt.distributed:
         from mlhpc.runtime import all_gather
 
-        mine = ddp_grads(mat.device_copy(), mat.loss_fn, mat.batch([rt.rank]), mat.seed + rt.rank,
+        mine = ddp_outcome(mat.device_copy(), mat.loss_fn, mat.batch([rt.rank]), mat.seed + rt.rank,
                          rt, mat.precision)
         return compare(mat, all_gather(mine))
     return _spawned(mat)
@@ -104,7 +103,7 @@ def _spawned(mat: Material) -> list[Check]:
         while len(got) < SPAWNED_RANKS:
             rank, payload = results.get(timeout=RANKS_TIMEOUT_S)
             got[rank] = payload if isinstance(payload, str) else {
-                n: (torch.from_numpy(a) if a is not None else None) for n, a in payload.items()}
+                n: [torch.from_numpy(a) for a in v] for n, v in payload.items()}
     except queue.Empty:
         got.setdefault(0, f"no answer from the spawned ranks within {RANKS_TIMEOUT_S:g} s")
     finally:
@@ -140,10 +139,10 @@ def _rank(rank: int, port: int, device: str, tree: dict[str, Any], state: dict[s
         workload = get(config.workload)
         model = workload.build_model(config.model)
         model.load_state_dict(state)
-        found = ddp_grads(model.float(), workload.build_loss(config), batch, seed + rank, rt,
+        found = ddp_outcome(model.float(), workload.build_loss(config), batch, seed + rank, rt,
                           precision)
         # plain arrays: a tensor sent through a queue is shared memory its sender must outlive
-        results.put((rank, {n: (g.numpy() if g is not None else None) for n, g in found.items()}))
+        results.put((rank, {n: [t.numpy() for t in v] for n, v in found.items()}))
     except Exception as exc:  # noqa: BLE001 - any failure of a rank is reported to the parent
         results.put((rank, f"rank {rank}: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"))
     finally:
