@@ -228,15 +228,19 @@ def _staged_copies(roots: list[Path] | None, clean: bool, fmt: str) -> None:
               help="A campaign: one job per point (the cartesian product of several --sweep), each "
                    "exporting MLHPC_CAMPAIGN=<id> and writing <output.dir>/<id>/<point>. KEY is a "
                    "submit option (nodes, gpus-per-node, tasks-per-node, time, ...) or a config key.")
+@click.option("--automl", is_flag=True,
+              help="An AutoML search (mlhpc automl): prepare once, one worker per node (or per GPU) "
+                   "in one srun step, finish; --time defaults to automl.budget_s plus a margin.")
 @click.option("--dry-run", is_flag=True, help="Print the sbatch script(s); submit nothing.")
 @_friendly
 def submit_command(config_path: Path, nodes: int, gpus_per_node: int, tasks_per_node: int | None,
                    cpus_per_task: int | None, runs: int, instances: int, time_limit: str | None,
                    time_per_run: str, partition: str | None, account: str | None, qos: str | None,
                    constraint: str | None, exclusive: bool, job_name: str,
-                   overrides: tuple[str, ...], sweeps: tuple[str, ...], dry_run: bool) -> None:  # one parameter per option
+                   overrides: tuple[str, ...], sweeps: tuple[str, ...], automl: bool,
+                   dry_run: bool) -> None:  # one parameter per option
     """Render an sbatch script running CONFIG R times under srun, and submit it (--sweep: one
-    script per point of a campaign)."""
+    script per point of a campaign; --automl: one AutoML search)."""
     from mlhpc.store.campaign import render_jobs, submit_jobs
 
     options = {"nodes": nodes, "gpus_per_node": gpus_per_node, "tasks_per_node": tasks_per_node,
@@ -244,6 +248,9 @@ def submit_command(config_path: Path, nodes: int, gpus_per_node: int, tasks_per_
                "time_limit": time_limit, "time_per_run": time_per_run, "partition": partition,
                "account": account, "qos": qos, "constraint": constraint, "exclusive": exclusive,
                "job_name": job_name}
+    if automl:
+        _submit_search(config_path, options, list(overrides), dry_run)
+        return
     # every job's config and script checked before anything is queued
     campaign, jobs = render_jobs(config_path, options, list(overrides), list(sweeps))
     for note in dict.fromkeys(note for job in jobs for note in job.notes):
@@ -257,6 +264,33 @@ def submit_command(config_path: Path, nodes: int, gpus_per_node: int, tasks_per_
         if dry_run:
             echo(job.script, nl=False)
     for job_id in submit_jobs(campaign, jobs, dry_run=dry_run):
+        echo(job_id)
+
+
+#: Options of `mlhpc submit` that an AutoML search's job does not take: parameter -> (option, why).
+_NOT_WITH_AUTOML = {"runs": ("--runs", "the search's trials are its runs"),
+                    "instances": ("--instances", "the search's workers are its instances"),
+                    "sweeps": ("--sweep", "a search is one job"),
+                    "time_per_run": ("--time-per-run", "--time defaults to automl.budget_s plus a margin")}
+
+
+def _submit_search(config_path: Path, options: dict[str, Any], overrides: list[str], dry_run: bool) -> None:
+    """`mlhpc submit CONFIG --automl` (`mlhpc.slurm_automl`): an option given that a search does
+    not take is refused (one line, exit 2)."""
+    from click.core import ParameterSource
+
+    from mlhpc.slurm_automl import render_search, submit_search
+
+    context = click.get_current_context()
+    for name, (flag, why) in _NOT_WITH_AUTOML.items():
+        if context.get_parameter_source(name) not in (None, ParameterSource.DEFAULT):
+            raise ConfigError(f"{flag}: not with --automl ({why})")
+    job = render_search(config_path, options, overrides)
+    for note in job.notes:
+        echo(note, err=True)
+    if dry_run:
+        echo(job.script, nl=False)
+    for job_id in submit_search(job, dry_run):
         echo(job_id)
 
 

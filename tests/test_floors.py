@@ -28,6 +28,7 @@ FLOORS: dict[str, int] = {
     "mlhpc.data.": TRAINING, "mlhpc.power": TRAINING, "mlhpc.run": TRAINING,
     "mlhpc.slurm": TRAINING, "mlhpc.validate": TRAINING,
     "mlhpc.report": RESULTS, "mlhpc.store": RESULTS, "mlhpc.automl": RESULTS, "mlhpc.reframe": RESULTS,
+    "mlhpc.slurm_automl": RESULTS,
     "mlhpc.cli": ROOF, "mlhpc.__main__": ROOF, "mlhpc.progress": ROOF,
 }
 
