@@ -33,14 +33,12 @@ only: an open submission may change the model). `ValidFlops.flops_source` says w
 What the counted FLOPs miss: they are `torch.utils.flop_counter.FlopCounterMode`'s count
 (matrix products, convolutions and attention; a multiply-add is 2 FLOPs). Element-wise work,
 normalisation, activations, pooling, gathers and scatters (most of a graph network's message
-passing), the loss, the optimizer step and evaluation are not counted; torch 2.13's formula
-counts a grouped convolution's weight gradient as if the convolution were dense (``groups``
-ignored; pytorch/pytorch#183405 proposes the fix), so a network with depthwise convolutions is
-over-counted: DeepCAM's reference count, 4.41e12 FLOPs per sample, is 2.24 times the 1.96e12
-counted with groups respected (measured on the meta device, 2026-11-27); padded
-samples (a last batch filled up to the global batch) are not counted as trained. Valid FLOPS is
-therefore a floor on the arithmetic of the counted kinds, and a comparison only between systems
-running the same model.
+passing), the loss, the optimizer step and evaluation are not counted; a grouped convolution is
+counted with its own formula (`mlhpc.run.flops`; torch 2.13's counts its weight gradient as if
+it were dense, which would make DeepCAM's reference count 2.24 times as high, 4.41e12 instead
+of 1.96e12 FLOPs per sample); padded samples (a last batch filled up to the global batch) are
+not counted as trained. Valid FLOPS is therefore a floor on the arithmetic of the counted kinds,
+and a comparison only between systems running the same model.
 """
 
 from __future__ import annotations
