@@ -44,7 +44,9 @@ def validate_command(config_path: Path, level_text: str, device: str | None,
     levels = parse_levels(level_text)
     config = cfg.load(config_path, overrides)
     found = validate(config, levels, device=device, precision=precision, steps=steps)
-    if fmt == "json":
+    if not found.reports:  # rank 0 prints every rank's rows
+        pass
+    elif fmt == "json":
         echo(json.dumps(found.to_dict(), indent=2))
     else:
         _print_tables(found)
@@ -59,17 +61,21 @@ def _print_tables(found: Any) -> None:
     out = console()
     ranks = len({c.rank for c in found.checks}) > 1
     for level in found.levels:
+        rows = [c for c in found.checks if c.level == level]
+        notes = {c.note for c in rows}
+        shared = notes.pop() if len(notes) == 1 else None  # one note for the level: its caption
         seconds = found.seconds.get(level, 0.0)
         table = Table(title=f"level {level}, {LEVEL_NAMES[level]}: {found.workload} on "
-                            f"{found.device} {found.precision} ({seconds:.1f} s)")
-        for column in (["rank"] if ranks else []) + ["check", "metric", "error", "tolerance",
-                                                     "pass", "note"]:
+                            f"{found.device} {found.precision} ({seconds:.1f} s)", caption=shared)
+        columns = (["rank"] if ranks else []) + ["check", "metric", "error", "tolerance", "pass"]
+        for column in columns + ([] if shared is not None else ["note"]):
             table.add_column(column, overflow="fold")
-        for c in (c for c in found.checks if c.level == level):
+        for c in rows:
             verdict = {True: styled("pass", "green"), False: styled("FAIL", "bold red"),
                        None: cell("-")}[c.passed]
             table.add_row(*([cell(c.rank)] if ranks else []), cell(c.name), cell(c.metric),
-                          cell(_number(c.error)), cell(_number(c.tolerance)), verdict, cell(c.note))
+                          cell(_number(c.error)), cell(_number(c.tolerance)), verdict,
+                          *([] if shared is not None else [cell(c.note)]))
         out.print(table)
     failed = [c for c in found.checks if c.passed is False]
     echo(f"mlhpc validate: {len(found.checks) - len(failed)} of {len(found.checks)} checks "

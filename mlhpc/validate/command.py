@@ -33,6 +33,7 @@ class Validation:
     levels: list[int]
     checks: list[Check]
     seconds: dict[int, float] = field(default_factory=dict)
+    reports: bool = True  # this rank prints (rank 0 of a launched job)
 
     @property
     def passed(self) -> bool:
@@ -118,4 +119,4 @@ def validate(config: Config, levels: list[int], device: str | None = None,
         if rt.distributed:  # every rank's rows, in rank order, on every rank
             found = [c for part in runtime.all_gather(found)
                      for c in part if c.level != 3 or c.rank == 0]
-    return Validation(workload.name, str(mat.device), name, levels, found, seconds)
+    return Validation(workload.name, str(mat.device), name, levels, found, seconds, rt.is_main)

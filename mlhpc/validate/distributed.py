@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import queue
 import socket
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -44,12 +45,12 @@ def ddp_outcome(model: torch.nn.Module, loss_fn: Any, batch: Any, seed: int, rt:
     return {k.replace(prefix, "gradient of ", 1): v for k, v in found.items()}
 
 
-def compare(mat: Material, ranks: list[Outcome]) -> list[Check]:
+def compare(mat: Material, ranks: list[Outcome], batches: list[Any]) -> list[Check]:
     """Level 3's rows: rank 0's gradients against the one process's (float64, the ranks'
-    samples as micro-batches), and every rank's against rank 0's (exactly)."""
+    ``batches`` as micro-batches), and every rank's against rank 0's (exactly)."""
     tol = TOLERANCES[mat.precision].network
     world = len(ranks)
-    parts = [(mat.batch([r]), mat.seed + r) for r in range(world)]
+    parts = [(batch, mat.seed + r) for r, batch in enumerate(batches)]
     want = outcome(reference_copy(mat.model), mat.loss_fn, parts, None)
     sens = sensitivity(mat, lambda m: outcome(m, mat.loss_fn, parts, None), want)
     what = (f"{world} ranks on {mat.device} {mat.precision}, one sample each, against one process "
@@ -76,9 +77,10 @@ def level3(mat: Material, rt: Runtime) -> list[Check]:
     if rt.distributed:
         from mlhpc.runtime import all_gather
 
-        mine = ddp_outcome(mat.device_copy(), mat.loss_fn, mat.batch([rt.rank]), mat.seed + rt.rank,
-                         rt, mat.precision)
-        return compare(mat, all_gather(mine))
+        batch = mat.batch([rt.rank])
+        mine = ddp_outcome(mat.device_copy(), mat.loss_fn, batch, mat.seed + rt.rank, rt,
+                           mat.precision)
+        return compare(mat, all_gather(mine), all_gather(batch))
     return _spawned(mat)
 
 
@@ -93,9 +95,10 @@ def _spawned(mat: Material) -> list[Check]:
     results: Any = ctx.Queue()
     port = _free_port()
     state = {k: v.detach().clone() for k, v in mat.model.state_dict().items()}
-    procs = [ctx.Process(target=_rank, daemon=True, args=(
-        r, port, str(mat.device), mat.config.model_dump(mode="json"), state, mat.batch([r]), mat.precision, mat.seed,
-        results)) for r in range(SPAWNED_RANKS)]
+    tree = mat.config.model_dump(mode="json")
+    procs = [ctx.Process(target=_rank, daemon=True, args=(_RankJob(
+        r, port, str(mat.device), tree, state, mat.batch([r]), mat.precision, mat.seed), results))
+        for r in range(SPAWNED_RANKS)]
     for p in procs:
         p.start()
     got: dict[int, Any] = {}
@@ -114,12 +117,29 @@ def _spawned(mat: Material) -> list[Check]:
     failed = [v for v in got.values() if isinstance(v, str)]
     if failed:
         return [skipped(3, "distributed gradients", f"the spawned ranks could not run: {failed[0]}")]
-    return compare(mat, [got[r] for r in range(SPAWNED_RANKS)])
+    return compare(mat, [got[r] for r in range(SPAWNED_RANKS)],
+                   [mat.batch([r]) for r in range(SPAWNED_RANKS)])
 
 
-def _rank(rank: int, port: int, device: str, tree: dict[str, Any], state: dict[str, torch.Tensor],
-          batch: Any, precision: str, seed: int, results: Any) -> None:
+@dataclass(frozen=True)
+class _RankJob:
+    """What a spawned rank is given: its rank, the rendezvous port, the device, the config (as a
+    tree: its class is made per workload), the weights, its batch, precision and seed."""
+
+    rank: int
+    port: int
+    device: str
+    tree: dict[str, Any]
+    state: dict[str, torch.Tensor]
+    batch: Any
+    precision: str
+    seed: int
+
+
+def _rank(job: _RankJob, results: Any) -> None:
     """One spawned rank: its gradients, or one line saying why it could not, to ``results``."""
+    rank, port, device, tree, state = job.rank, job.port, job.device, job.tree, job.state
+    batch, precision, seed = job.batch, job.precision, job.seed
     torch.set_num_threads(1)
     try:
         from mlhpc.config import from_dict

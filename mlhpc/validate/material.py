@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -46,18 +46,23 @@ class Material:
     device: torch.device
     precision: str
     seed: int
+    read: dict[tuple[int, ...], Any] = field(default_factory=dict)
 
     def batch(self, indices: list[int]) -> tuple[Any, Any]:
         """Samples ``indices`` (taken modulo the split's size) collated as the loader collates
-        them and decoded on the CPU (``device_transform``).
+        them and decoded on the CPU (``device_transform``); read once and then the same copy
+        every time (a reader that crops or samples at random would give each side another batch).
 
         Raises:
             DataError: as the dataset's reader.
         """
-        picked = [i % len(self.dataset) for i in indices]
-        samples = self.dataset.__getitems__(picked)
-        cpu = torch.device("cpu")
-        return loader.to_device(self.dataset.collate_fn(samples), cpu, self.dataset.device_transform)
+        picked = tuple(i % len(self.dataset) for i in indices)
+        if picked not in self.read:
+            samples = self.dataset.__getitems__(list(picked))
+            cpu = torch.device("cpu")
+            self.read[picked] = loader.to_device(self.dataset.collate_fn(samples), cpu,
+                                                 self.dataset.device_transform)
+        return cast(self.read[picked], "cpu")
 
     def device_copy(self, module: torch.nn.Module | None = None) -> torch.nn.Module:
         """A copy of ``module`` (default the model) on the device, its weights as built (float32)."""

@@ -35,6 +35,10 @@ from mlhpc.validate.material import (Material, device_forward, float64_default, 
 FULL_JACOBIAN_ELEMENTS = 256
 #: Elements sampled for the numerical Jacobian of a larger operator.
 SAMPLED_ELEMENTS = 24
+#: A module holding more than this share of the model's parameters is the network itself (a
+#: wrapper's child): its Jacobian is not an operator's (recycled inputs have their gradients
+#: stopped, so central differences and autograd rightly disagree); level 1 checks it whole.
+WHOLE_NETWORK_SHARE = 0.9
 #: Torch calls that only read a tensor's metadata: they do not make a module one that computes.
 _METADATA = {"__get__", "size", "dim", "numel", "is_floating_point", "__len__", "stride",
              "is_contiguous", "element_size", "ndimension"}
@@ -107,10 +111,11 @@ def level0(mat: Material) -> list[Check]:
     """Level 0: a forward and a backward check per operator (module type or custom Function),
     named ``forward <Type> (<name in the model>)`` / ``backward <Type> (...)``."""
     modules, functions = record(mat)
+    total = sum(p.numel() for p in mat.model.parameters())
     rows: list[Check] = []
     for kind, (name, module, (args, kwargs)) in sorted(modules.items(), key=lambda kv: kv[1][0]):
         label = f"{kind.__name__} ({name})"
-        rows += _check(mat, label, module, args, kwargs)
+        rows += _check(mat, label, module, args, kwargs, _share(module, total))
     for cls, (args, kwargs) in functions.items():
         rows += _check(mat, f"{cls.__name__} (autograd.Function)", cls.apply, args, kwargs)
     if not rows:
@@ -118,7 +123,8 @@ def level0(mat: Material) -> list[Check]:
     return rows
 
 
-def _check(mat: Material, label: str, op: Any, args: Any, kwargs: Any) -> list[Check]:
+def _check(mat: Material, label: str, op: Any, args: Any, kwargs: Any, share: float = 0.0
+           ) -> list[Check]:
     tol = TOLERANCES[mat.precision].operator
     is_module = isinstance(op, torch.nn.Module)
     try:
@@ -131,27 +137,36 @@ def _check(mat: Material, label: str, op: Any, args: Any, kwargs: Any) -> list[C
         return [Check(0, f"forward {label}", "-", None, tol, False, _said(exc))]
     rows = [judged(0, f"forward {label}", "L2 relative", l2, tol),
             judged(0, f"forward {label}", "max relative", top, tol)]
-    rows.append(_backward(mat, label, op, args, kwargs))
+    rows.append(_backward(mat, label, op, args, kwargs, share))
     return rows
+
+
+def _share(module: torch.nn.Module, total: int) -> float:
+    """The share of the model's parameters ``module`` holds (with its children)."""
+    return sum(p.numel() for p in module.parameters()) / total if total else 0.0
 
 
 def _said(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:200]
 
 
-def _backward(mat: Material, label: str, op: Any, args: Any, kwargs: Any) -> Check:
+def _backward(mat: Material, label: str, op: Any, args: Any, kwargs: Any, share: float
+              ) -> Check:
     """The numerical Jacobian check of ``op`` in float64 on the CPU (module docstring)."""
     name = f"backward {label}"
     module = reference_copy(op) if isinstance(op, torch.nn.Module) else None
     params = dict(module.named_parameters()) if module is not None else {}
     leaves, spec = pytree.tree_flatten(
-        pytree.tree_map(lambda t: t.detach().to("cpu", torch.float64) if isinstance(t, torch.Tensor)
-                        and t.is_floating_point() else t, (args, kwargs)))
+        pytree.tree_map(lambda t: t.detach().to("cpu", torch.float64).contiguous()
+                        if isinstance(t, torch.Tensor) and t.is_floating_point() else t, (args, kwargs)))
     slots = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.is_floating_point()]
     wrt = [leaves[i] for i in slots] + [p.detach() for p in params.values()]
     if not wrt:
         return skipped(0, name, "no floating-point input or parameter (integer indices): "
                                 "nothing to differentiate")
+    if share > WHOLE_NETWORK_SHARE:
+        return skipped(0, name, f"holds {share:.0%} of the model's parameters: the network itself "
+                                "(recycling, stopped gradients), checked whole at level 1")
 
     def f(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         inputs = list(leaves)
