@@ -16,7 +16,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from conftest import made_once
+from conftest import compliance_check, made_once
 from mlhpc.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,3 +164,28 @@ def test_a_killed_worker_leaves_its_trial_failed_and_the_search_going(tmp_path, 
     assert others and all(states[n] in ("COMPLETE", "PRUNED") for n in others), states
     log = (out / f"trial_{number:04d}" / "result_0.txt").read_text()
     assert "eval_error" in log and "run_stop" in log  # its run was stopped with its parent, log closed
+
+
+@pytest.mark.slow
+def test_the_automl_mini_scores_and_its_best_trial_passes_the_checker(tmp_path):
+    """The done-when of the AutoML mini: on a fresh folder (its data synthesised first) the search
+    exits 0 (its gates passed) within 20 minutes, every trial that evaluated wrote its own log, and
+    the best trial's log passes MLCommons' compliance checker."""
+    began = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "mlhpc", "automl", str(MINI), "--workers", "2"],
+                          capture_output=True, text=True, timeout=1500, cwd=tmp_path,
+                          env={**os.environ, "MLHPC_STORE": "none"})
+    assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
+    assert time.perf_counter() - began < 20 * 60
+    out = tmp_path / "results" / "cosmoflow-automl-mini"
+    records = [json.loads(p.read_text()) for p in sorted(out.glob("trial_*/trial.json"))]
+    assert len(records) >= 4
+    for r in records:
+        assert not r["evaluations"] or (out / f"trial_{r['number']:04d}" / "result_0.txt").is_file()
+    score = json.loads(mlhpc("report", str(out), "--format", "json").stdout)
+    assert score["valid"] and len(score["marks"]) == 5
+    qualities = [m["best_quality"] for m in score["marks"] if m["best_quality"] is not None]
+    assert qualities == sorted(qualities, reverse=True)  # eval_error: the best only improves
+    best = Path(score["best_trial"]["log"])
+    check = compliance_check(best)
+    assert check.returncode == 0 and "SUCCESS" in check.stdout + check.stderr, check.stdout + check.stderr

@@ -4,7 +4,7 @@ folder, tells the study how it ended, and goes on until the search's time budget
 Optuna's ask-and-tell interface (``study.ask()`` / ``study.tell()``) with TPE, the sampler
 AIPerf's hyperparameter search uses, and a pruner on each trial's per-epoch evaluation for
 AIPerf's early stop ("a trial stops when test accuracy has not improved for some epochs",
-AIPerf's ``trial`` loop): Optuna's ``PatientPruner``. A trial's state:
+AIPerf's ``trial`` loop): `NoImprovement`. A trial's state:
 
 - ``COMPLETE``: the run ended by itself (its target reached, or ``train.max_epochs``) or was
   stopped at the end of the budget, with at least one evaluation; its value the best metric;
@@ -15,6 +15,7 @@ AIPerf's ``trial`` loop): Optuna's ``PatientPruner``. A trial's state:
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -22,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+import optuna
 
 from mlhpc import config as cfg
 from mlhpc.automl.space import check_space, overrides_of, suggest
@@ -59,12 +62,7 @@ def trial_threads(config: Config) -> int:
 
 def samplers(config: Config) -> tuple[Any, Any]:
     """(sampler, pruner) as ``automl.sampler`` / ``automl.pruner`` name them."""
-    import warnings
-
-    import optuna
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the worker says what each trial did
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # PatientPruner
 
     automl = config.automl
     assert automl is not None
@@ -72,8 +70,29 @@ def samplers(config: Config) -> tuple[Any, Any]:
                if automl.sampler == "tpe" else optuna.samplers.RandomSampler())
     inner = optuna.pruners.MedianPruner(n_startup_trials=2) if automl.pruner == "median" else None
     pruner = (optuna.pruners.NopPruner() if automl.pruner == "none"
-              else optuna.pruners.PatientPruner(inner, patience=automl.patience_epochs))
+              else NoImprovement(automl.patience_epochs, automl.min_improvement, inner))
     return sampler, pruner
+
+
+class NoImprovement(optuna.pruners.BasePruner):
+    """AIPerf's early stop as an Optuna pruner: stop a trial whose last ``patience`` evaluations
+    are none better than its best before them by more than ``min_improvement`` (in the metric's
+    units); with ``inner`` (Optuna's MedianPruner), also when that one prunes. Optuna's own
+    ``PatientPruner`` stops only a trial that got worse, never one whose metric stays the same
+    (a diverged run at a constant error trains on)."""
+
+    def __init__(self, patience: int, min_improvement: float, inner: Any = None) -> None:
+        self.patience, self.min_improvement, self.inner = patience, min_improvement, inner
+
+    def prune(self, study: Any, trial: Any) -> bool:
+        values = [v for _, v in sorted(trial.intermediate_values.items())]
+        sign = 1.0 if study.direction == optuna.study.StudyDirection.MINIMIZE else -1.0
+        if len(values) > self.patience:
+            before = [sign * v for v in values[:-self.patience] if math.isfinite(v)]
+            recent = [sign * v for v in values[-self.patience:] if math.isfinite(v)]
+            if before and (not recent or min(recent) >= min(before) - self.min_improvement):
+                return True
+        return bool(self.inner is not None and self.inner.prune(study, trial))
 
 
 def work(config: Config, asked_to_stop: Callable[[], str | None], on_event: EventFn) -> WorkerResult:

@@ -83,6 +83,9 @@ class AutomlConfig(BaseModel):
         "(AIPerf's early stop); median: also below the median of earlier trials; none"))
     patience_epochs: StrictInt = Field(3, ge=1, le=100_000, description=(
         "evaluations without improvement before a trial is stopped"))
+    min_improvement: float = Field(0.0, ge=0, description=(
+        "an evaluation better than the trial's best by no more than this counts as no "
+        "improvement (the metric's units)"))
     min_duration_s: float = Field(3600.0, ge=0, description=(
         "validity gate: the search ran at least this long (AIPerf: 1 hour)"))
     min_quality: Optional[float] = Field(None, description=(
