@@ -166,7 +166,7 @@ def _backward(mat: Material, label: str, op: Any, args: Any, kwargs: Any, share:
                                 "nothing to differentiate")
     if share > WHOLE_NETWORK_SHARE:
         return skipped(0, name, f"holds {share:.0%} of the model's parameters: the network itself "
-                                "(recycling, stopped gradients), checked whole at level 1")
+                                "(a wrapper's child), checked whole at level 1")
 
     def f(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         inputs = list(leaves)
