@@ -189,3 +189,15 @@ def test_the_automl_mini_scores_and_its_best_trial_passes_the_checker(tmp_path):
     best = Path(score["best_trial"]["log"])
     check = compliance_check(best)
     assert check.returncode == 0 and "SUCCESS" in check.stdout + check.stderr, check.stdout + check.stderr
+
+
+@pytest.mark.cluster
+def test_a_trial_at_two_ranks_is_a_torchrun_of_its_own(tmp_path, tiny_data):
+    """automl.ranks_per_trial: each trial is `torchrun --standalone` with that many ranks, its
+    run data-parallel over them (its side file says world size 2)."""
+    out = tmp_path / "search"
+    proc = mlhpc("automl", *tiny_args(tiny_data, out, 20, "automl.ranks_per_trial=2",
+                                      "automl.trial_threads=2"), "--workers", "1")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    measured = [json.loads(p.read_text()) for p in out.glob("trial_*/measured_0.json")]
+    assert measured and all(m["world_size"] == 2 for m in measured)

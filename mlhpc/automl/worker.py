@@ -60,6 +60,12 @@ def trial_threads(config: Config) -> int:
     return config.automl.trial_threads or max(1, len(os.sched_getaffinity(0)))
 
 
+def rank_threads(config: Config) -> int:
+    """Torch threads of each of a trial's ranks: the trial's threads shared by its ranks."""
+    assert config.automl is not None
+    return max(1, trial_threads(config) // config.automl.ranks_per_trial)
+
+
 def samplers(config: Config) -> tuple[Any, Any]:
     """(sampler, pruner) as ``automl.sampler`` / ``automl.pruner`` name them."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the worker says what each trial did
@@ -131,7 +137,7 @@ def trial_config(config: Config, values: dict[str, Any], folder: Path) -> Config
     tree = config.to_dict()
     tree.pop("automl", None)
     tree["output"] = {**tree.get("output", {}), "dir": str(folder)}
-    tree["train"] = {**tree["train"], "threads": trial_threads(config)}
+    tree["train"] = {**tree["train"], "threads": rank_threads(config)}
     return cfg.from_dict(tree, source=str(folder / "trial.yaml"), overrides=overrides_of(values))
 
 
@@ -168,7 +174,7 @@ def _run(config: Config, study_file: StudyFile, trial: Any, folder: Path,
     launcher variables removed), its output in ``folder/output.txt``."""
     assert config.automl is not None
     env = single_process_env()
-    env["OMP_NUM_THREADS"] = str(trial_threads(config))
+    env["OMP_NUM_THREADS"] = str(rank_threads(config))
     env["MLHPC_CAMPAIGN"] = study_file.study_name  # the store records each trial under the study's name
 
     def report(value: float, step: int) -> bool:
@@ -182,10 +188,20 @@ def _run(config: Config, study_file: StudyFile, trial: Any, folder: Path,
     output = open_state_file(folder / "output.txt", os.O_WRONLY | os.O_APPEND, what="trial output",
                              error=OutputError)
     try:
-        command = [sys.executable, "-m", "mlhpc", "run", str(folder / "trial.yaml")]
-        return run_trial(command, env, output, watch)
+        return run_trial(trial_command(config, folder / "trial.yaml"), env, output, watch)
     finally:
         os.close(output)
+
+
+def trial_command(config: Config, trial_yaml: Path) -> list[str]:
+    """``mlhpc run TRIAL_YAML`` at the trial's scale: one process, or ``automl.ranks_per_trial``
+    ranks started by ``torchrun --standalone`` (a rendezvous of its own on this node)."""
+    assert config.automl is not None
+    run = ["-m", "mlhpc", "run", str(trial_yaml)]
+    ranks = config.automl.ranks_per_trial
+    if ranks == 1:
+        return [sys.executable, *run]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *run]
 
 
 def judge(run: TrialRun, direction: str) -> tuple[str, float | None]:

@@ -91,6 +91,9 @@ class AutomlConfig(BaseModel):
     min_quality: Optional[float] = Field(None, description=(
         "validity gate: the best quality reaches this (the metric's direction); null: the "
         "run's quality target (AIPerf: accuracy above 70%)"))
+    ranks_per_trial: StrictInt = Field(1, ge=1, le=65536, description=(
+        "ranks of each trial: 1, a single process; more, torchrun --standalone with this many "
+        "processes on the worker's node (one per GPU of a node, say)"))
     trial_threads: Optional[StrictInt] = Field(None, ge=1, le=65536, description=(
         "torch threads of each trial; null: this worker's cores / workers on the node"))
     heartbeat_s: float = Field(30.0, gt=0, le=3600, description=(
