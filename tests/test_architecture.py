@@ -319,8 +319,8 @@ def test_docs_architecture_exists_and_every_cited_section_is_there():
 
 
 def test_the_citation_check_sees_a_missing_section():
-    headings = ["The house", "The data layer (`mlhpc/data/`)"]
-    assert _names_a_section("The data layer", headings) and _names_a_section("The house", headings)
+    headings = ["The layers", "The data layer (`mlhpc/data/`)"]
+    assert _names_a_section("The data layer", headings) and _names_a_section("The layers", headings)
     assert not _names_a_section("The data", headings) and not _names_a_section("Staging", headings)
     match = _CITATION.search('see docs/architecture.md, "The data\n    # layer" for why')
     assert match and " ".join(match["section"].replace("#", " ").split()) == "The data layer"

@@ -1,5 +1,5 @@
-"""The house's floors (docs/architecture.md, "The floors"): a module imports only from its own
-floor or below, and what a room loads when imported stays on its floor."""
+"""The import layers (docs/architecture.md, "The layers"): a module imports only from its own
+layer or below, and what a module loads when imported stays in its layer."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 MLHPC = ROOT / "mlhpc"
 
 GROUND, TRAINING, RESULTS, ROOF = 0, 1, 2, 3
-FLOOR_NAMES = {GROUND: "ground", TRAINING: "training", RESULTS: "results", ROOF: "roof"}
-#: Module-name prefixes and their floor; the longest prefix that matches decides. A prefix
-#: ending in "." matches only modules below it (``mlhpc.data.`` is the data layer's rooms, not
+FLOOR_NAMES = {GROUND: "ground", TRAINING: "training", RESULTS: "results", ROOF: "commands"}
+#: Module-name prefixes and their layer; the longest prefix that matches decides. A prefix
+#: ending in "." matches only modules below it (``mlhpc.data.`` is the data layer's modules, not
 #: the package, whose __init__ holds nothing but its docstring).
 FLOORS: dict[str, int] = {
     "mlhpc": GROUND, "mlhpc.errors": GROUND, "mlhpc.text": GROUND, "mlhpc.hints": GROUND,
@@ -34,8 +34,8 @@ FLOORS: dict[str, int] = {
 
 
 def floor_of(module: str) -> int:
-    """The floor of ``module``: a command module (``*.cli``) is on the roof; otherwise the floor
-    of the longest matching prefix of `FLOORS`."""
+    """The layer of ``module``: a command module (``*.cli``) is in the commands layer; otherwise
+    the layer of the longest matching prefix of `FLOORS`."""
     if module.endswith(".cli"):
         return ROOF
     best, floor = "", None
@@ -44,7 +44,7 @@ def floor_of(module: str) -> int:
             module == prefix or module.startswith(prefix + "."))
         if hit and len(prefix) > len(best):
             best, floor = prefix, value
-    assert floor is not None, f"{module}: on no floor (add it to FLOORS)"
+    assert floor is not None, f"{module}: in no layer (add it to FLOORS)"
     return floor
 
 

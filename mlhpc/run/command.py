@@ -9,12 +9,12 @@ around it.
          prepare (.. run_start), Run and train_loop (.. run_stop), finish: the run's own files
          (result, measured, config, env); the staged copy let go
       -> summary_of: ``summary_N.json``, the log and its side file read back through the log
-         room as ``mlhpc report`` reads them
+         reader (`mlhpc.log`) as ``mlhpc report`` reads them
       -> agree: every rank leaves with the job's exit status (`mlhpc.run.outcome.agree`)
 
 The CLI then records the run in the results store. The run's stages (`mlhpc.run.train`) read no
 earlier log, make no data and summarise nothing: the run begins at its log and ends at its files
-(docs/architecture.md, "The floors").
+(docs/architecture.md, "The layers").
 """
 
 from __future__ import annotations
