@@ -1,4 +1,4 @@
-"""The one door to mlperf_logging's internals.
+"""Every call mlhpc makes into mlperf_logging's internals, in this module alone.
 
 mlperf_logging is the authority on compliance, RCPs and scores, and mlhpc takes its verdicts from
 its tools. Some of what mlhpc calls is not a documented API: the compliance checker's

@@ -170,7 +170,7 @@ def _read_record(payload: str) -> tuple[dict[str, Any] | None, str]:
     if not math.isfinite(time_ms):
         return None, f"record {record['key']!r}: time_ms {record['time_ms']!r} is not finite"
     problem = log_value_problem(record.get("value")) or log_value_problem(record.get("metadata"))
-    if problem:  # the one range check (`mlhpc.log.plausible`)
+    if problem:  # the range check every reader of a figure shares (`mlhpc.log.plausible`)
         return None, f"refused value after {TOKEN.strip()}: {problem}"
     metadata = record.get("metadata")
     if metadata is None:
@@ -307,7 +307,7 @@ def file_kind(path: Path | str) -> str:
 
 
 def read_log(path: Path | str, root: Path | str | None = None, what: str = "result log") -> bytes:
-    """The bytes of one log: the one reader of a log for the report and the store alike
+    """The bytes of one log, as the report and the store both read it
     (`mlhpc.data.inputs.read_input`): a regular file of at most `MAX_LOG_BYTES`, never a link out
     of ``root`` (the tree it was found in), a FIFO or a device (never opened blocking).
 
@@ -321,7 +321,7 @@ def read_log(path: Path | str, root: Path | str | None = None, what: str = "resu
 
 
 def log_sha256(path: Path | str, root: Path | str | None = None) -> str:
-    """Hex SHA-256 of a log's bytes, streamed through the one reader (the rules of `read_log`,
+    """Hex SHA-256 of a log's bytes, streamed through `mlhpc.data.inputs` (the rules of `read_log`,
     never held whole). Raises LogFormatError as `read_log`."""
     from mlhpc.data.inputs import input_chunks
 
@@ -357,7 +357,7 @@ def decode_log(data: bytes, path: Path | str) -> ParsedLog:
 
 
 def parse_log(path: Path | str, root: Path | str | None = None) -> ParsedLog:
-    """Read and parse one log file, streamed: read through the one reader in pieces
+    """Read and parse one log file, streamed: read in pieces
     (`mlhpc.data.inputs.input_chunks`, the rules of `read_log`), never held whole, a line over
     `MAX_RECORD_CHARS` counted and not kept, so memory stays within a few pieces and the records
     whatever the file's size up to `MAX_LOG_BYTES`. The same records, lines and SHA-256 as

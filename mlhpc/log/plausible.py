@@ -1,4 +1,4 @@
-"""The one range check of every figure mlhpc reads from a log or derives and stores: a number
+"""The range check of every figure mlhpc reads from a log or derives and stores: a number
 from outside (a log value, a power reading, a time to train, an energy) is plausible or refused
 with a reason, never stored as a success.
 

@@ -24,7 +24,7 @@ RESUME_KEY = "resume"
 
 def is_resumed(parsed: ParsedLog) -> bool:
     """The log marks its run as resumed from a checkpoint: a ``resume`` record, or a record with
-    ``"resumed": true`` in its metadata. The one place that knows the marker."""
+    ``"resumed": true`` in its metadata. Every reader of the marker asks here."""
     return any(event.key == RESUME_KEY or event.metadata.get("resumed") is True for event in parsed.events)
 
 

@@ -1,5 +1,5 @@
 """The MLLOG writer a run uses (`ComplianceLog`), on top of `mlperf_logging.mllog` (MLPerf HPC
-rules, hpc 3.0.0 ruleset): the ground floor's log room, beside the reader (`mlhpc.log.parse`)
+rules, hpc 3.0.0 ruleset), in the log package beside the reader (`mlhpc.log.parse`)
 and the per-run summary (`mlhpc.log.summary`) that report and store use.
 
 Only global rank 0 writes. Each run writes a fresh ``result_N.txt``: the file is created with
