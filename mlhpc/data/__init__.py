@@ -1,13 +1,13 @@
 """Everything that touches a dataset, one job per file (docs/architecture.md, "The data layer"):
 
-- `files`: the project's one atomic writer and temporary-name rule, checksums, locks, folders
+- `files`: the project's atomic writer and temporary-name rule, checksums, locks, folders
   opened without following links (none written through), ownership and overlap checks;
-- `inputs`: the project's one reader: no link out of a tree, regular files only, sizes capped;
+- `inputs`: the project's input reader: no link out of a tree, regular files only, sizes capped;
 - `statefiles`: mlhpc's own lock files and journals, opened never waiting on a FIFO, and the
   record of each file a writer puts in place in a claimed folder;
-- `manifest`: the one manifest schema (versioned) and its one parser; complete-or-absent;
+- `manifest`: the manifest schema (versioned) and its parser; complete-or-absent;
 - `formats`: the `DataTools` protocol a workload implements for its formats, and detection;
-- `pool`: the one parallel driver (threads or processes);
+- `pool`: the parallel driver (threads or processes);
 - `convert`: ``mlhpc data convert | prepare``; `check`: ``mlhpc data check``;
 - `embedded`: embedded (synthetic) datasets, made once, atomically;
 - `loader`, `sampler`: batching, on-device decoding, per-node and per-rank sharding;

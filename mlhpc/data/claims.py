@@ -1,4 +1,4 @@
-"""Claim records and the one remover: mlhpc deletes only what it recorded making.
+"""Claim records and the remover, `remove_claimed`: mlhpc deletes only what it recorded making.
 
 A folder mlhpc makes for its own writing (a staged copy, the hidden folder a synthesis writes
 into, a benchmark's scratch folder) gets a **claim record** at its top, ``.mlhpc-claim.json``,
@@ -199,7 +199,7 @@ def _refuse(claim: Claim, strays: list[str], what: str) -> RemovalRefused:
 
 
 def remove_claimed(folder: Path, kind: str, what: str, recorded: Iterable[str] = ()) -> tuple[int, int]:
-    """Delete ``folder``: the one remover of the project (module docstring). ``recorded``: the
+    """Delete ``folder``, the only way mlhpc deletes a folder (module docstring). ``recorded``: the
     files the folder's own records list besides its claim and its writers' journals
     (`made_files`). Returns ``(bytes, files)`` removed.
 

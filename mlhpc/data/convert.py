@@ -1,9 +1,9 @@
-"""`mlhpc data convert | prepare`: the one conversion driver over a workload's data tools.
+"""`mlhpc data convert | prepare`: the conversion driver over a workload's data tools.
 
 The harness knows no dataset: the workload's `mlhpc.data.formats.DataTools` converts or prepares
 one source file at a time. This driver does what every dataset needs around that: walk the
 split folders, run files in parallel (`mlhpc.data.pool`, processes), resume (a finished source
-is journalled, in the one conversion journal staging keeps too, and skipped on the next run
+is journalled, in the same conversion journal staging keeps, and skipped on the next run
 while it is the same file and its outputs are intact), write every output
 atomically (`mlhpc.data.files.atomic_output`) and close the folder with its manifest, written
 last (`mlhpc.data.manifest`): a folder without one is unfinished, and `data check`, `stage` and
@@ -122,8 +122,8 @@ def _convert_one(writing: _Writing, rel: str, source: Path, out_dir: Path) -> di
 
 
 def _finished(writing: _Writing, jobs: list[tuple[str, Path, Path]]) -> dict[str, dict[str, Any]]:
-    """The sources of ``jobs`` an earlier run finished (the one conversion journal,
-    `mlhpc.data.manifest.read_convert_state`) and that may be reused by its one rule
+    """The sources of ``jobs`` an earlier run finished (the conversion journal,
+    `mlhpc.data.manifest.read_convert_state`) and that may be reused by its rule
     (`mlhpc.data.manifest.conversion_reusable`: the same source file, its outputs intact)."""
     known = manifest.read_convert_state(writing.dest, writing.source, writing.to, writing.what)
     done: dict[str, dict[str, Any]] = {}

@@ -14,7 +14,7 @@ be trained or evaluated on:
    `mlhpc.data.files.part_path`; a workload writes its split folders through `splits_written`)
    is removed before it resumes, so it is never staged or read;
 3. when ``synthesize`` returns, the folder's manifest (`mlhpc.data.manifest`, kind ``"synth"``,
-   the one completion record of every folder mlhpc writes) is written last, holding the
+   the completion record of every folder mlhpc writes) is written last, holding the
    workload, seed, synth settings and every file with its size and checksum; the folder is
    renamed into place (one atomic ``rename``; an empty folder of that name is replaced) and only
    then is its claim released (a finished dataset is the user's: mlhpc never deletes it), so the
@@ -307,7 +307,7 @@ def _needs_synthesis(path: Path, wanted: dict[str, Any]) -> bool:
 
 
 def changed_message(path: Path, why: str) -> str:
-    """The one line for a synthesised folder whose files differ from its manifest."""
+    """The error line for a synthesised folder whose files differ from its manifest."""
     return (f"{path}: files differ from the manifest of the synthesis ({why}); mlhpc never "
             "deletes them: move the folder away (or delete it yourself) and run again to "
             "synthesise it afresh, or set data.path")

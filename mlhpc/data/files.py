@@ -55,7 +55,7 @@ _OUTPUT_MODE: ContextVar[int] = ContextVar("mlhpc_output_mode", default=PRIVATE_
 
 
 def part_path(final: Path) -> Path:
-    """The one temporary name of the project for a file being written to ``final``:
+    """The temporary name every writer of the project uses for a file being written to ``final``:
     ``.NAME.HOST-PID.mlhpc-part`` in the same folder (so the rename is atomic, and writers on
     several hosts or processes never share a temporary file)."""
     final = Path(final)
@@ -323,7 +323,7 @@ def check_private_dir(path: Path, error: type[MlhpcError], what: str) -> None:
 def make_private_dir(path: Path, error: type[MlhpcError], what: str,
                      failure: str | None = None) -> None:
     """Create ``path`` (and missing parents) with the last component ``0700``, or check an
-    existing one with `check_private_dir`: the one destination check of every command that
+    existing one with `check_private_dir`: the destination check of every command that
     writes a folder (stage, data convert and prepare, report --package).
 
     Args:

@@ -1,4 +1,4 @@
-"""The one reader: every file mlhpc reads that a user, a published tree or a run folder supplies
+"""The input reader: every file mlhpc reads that a user, a published tree or a run folder supplies
 (logs, side files, power logs, system descriptions, configs, raw inputs) is opened here.
 
 A file is refused, with one line naming it and why (`InputRefused`, or the caller's error class):

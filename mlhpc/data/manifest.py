@@ -1,4 +1,4 @@
-"""The one manifest of a dataset folder, its one parser, and the journals of unfinished writers.
+"""The manifest of a dataset folder, its parser, and the journals of unfinished writers.
 
 Every folder mlhpc produces (``mlhpc data convert | prepare``, a staged copy) holds one
 ``.mlhpc-manifest.json``, written last, atomically, by one writer, after every file it lists is
@@ -71,7 +71,7 @@ JOURNAL_MAX_BYTES = 1 << 30
 def describe_output(root: Path, path: Path, samples: int, mode: int) -> dict[str, Any]:
     """The manifest entry ``{path (POSIX, relative to root), bytes, xxh3_128, samples}`` of a
     file a workload's converter just wrote, its permission bits first narrowed to ``mode``
-    (`mlhpc.data.files.narrow_mode`: never wider than its source). The one description of a
+    (`mlhpc.data.files.narrow_mode`: never wider than its source). The only description of a
     converted file, for ``data convert | prepare`` and for staging that converts.
 
     Raises:
@@ -88,7 +88,7 @@ def describe_output(root: Path, path: Path, samples: int, mode: int) -> dict[str
 
 def load(folder: Path) -> Optional[dict[str, Any]]:
     """The manifest of ``folder`` when it is a valid, complete one of this schema; ``None`` when
-    it is missing, unreadable, of another version, incomplete or malformed. The one parser:
+    it is missing, unreadable, of another version, incomplete or malformed. The parser:
     every reader of a manifest goes through it."""
     path = Path(folder) / MANIFEST_NAME
     try:
@@ -317,7 +317,7 @@ class Conversion:
 
     def entry(self, rel: str, size_bytes: int, source_identity: dict[str, int],
               outputs: list[dict[str, Any]], convert: bool = True) -> dict[str, Any]:
-        """The one conversion journal's entry of source file ``rel`` (``size_bytes``, its
+        """The conversion journal's entry of source file ``rel`` (``size_bytes``, its
         `identity` taken before it was read): ``{path, bytes, <identity>, source, kind, to,
         convert, outputs: [{path, bytes, xxh3_128, samples}]}``; ``convert`` False for a file
         copied as it is."""
@@ -351,7 +351,7 @@ def read_convert_state(dest: Path, source: Path, to: str, kind: str = "stage") -
 
 def conversion_reusable(dest: Path, entry: dict[str, Any] | None, size_bytes: int,
                         source_identity: dict[str, int], verify: bool = False) -> bool:
-    """The one resume rule of a conversion: ``entry``'s outputs are reused when it was made from
+    """The resume rule of a conversion: ``entry``'s outputs are reused when it was made from
     the current source (same size, mtime, ctime and inode) and each output is on disk under
     ``dest`` with its recorded size (with ``verify``, also its checksum)."""
     if entry is None or entry["bytes"] != size_bytes \

@@ -1,4 +1,4 @@
-"""The one partition rule: items dealt over shares, for files to nodes and samples to ranks.
+"""The partition rule: items dealt over shares, for files to nodes and samples to ranks.
 
 Staging deals a split's files (or groups of files a workload keeps together,
 `mlhpc.workload.DataTools.file_group`) to the nodes, weighted by bytes (`mlhpc.data.stage.plan`);

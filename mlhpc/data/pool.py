@@ -4,7 +4,7 @@
 decode, validate): they run in processes (``kind="process"``, forked). Staging copies are
 I/O-bound and hash with a library that releases the GIL: they run in threads (``kind="thread"``).
 Results come back in completion order; the first failure cancels what has not started, lets the
-jobs in flight finish (each writes through the one writer and cleans up after itself) and is
+jobs in flight finish (each writes through `mlhpc.data.files` and cleans up after itself) and is
 raised.
 
 `map_in_order` drives workload code (synthesis): results in the jobs' order, and leaving early
@@ -113,7 +113,7 @@ def map_in_order(fn: Callable[[Any], Any], jobs: list[Any], workers: int, *,
     runs once in each process (here too, when there are no workers). Workers ignore SIGINT
     (`_ignore_interrupt`): Ctrl-C is the parent's to act on.
 
-    This is the one process pool of workload code (synthesis, preparation), as `run_all` is of
+    This is the process pool of all workload code (synthesis, preparation), as `run_all` is of
     the data layer's. Raises whatever ``fn`` raises first (in the jobs' order); leaving early
     (that error, or an interruption) terminates the workers at once.
     """

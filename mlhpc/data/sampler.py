@@ -13,7 +13,7 @@ by bytes, one file apart). Each rank therefore yields ``samples_per_rank = max o
 ceil(node samples / ranks of the node)`` indices per epoch: the node's samples in this epoch's
 order, cut into strides over its ranks, the short strides topped up by repeating the node's
 first samples of the epoch -- the padding `torch.utils.data.DistributedSampler` does with
-``drop_last=False``, here within a node. The strides are the deal of the one partition rule
+``drop_last=False``, here within a node. The strides are the deal of the partition rule
 (`mlhpc.data.partition.partition`, samples of weight one), the rule staging deals files to
 nodes by. The nodes' counts come from the staged folder's manifest where it counts every
 file's samples (`mlhpc.data.stage.StagingResult.node_samples`); only otherwise are they

@@ -91,7 +91,7 @@ def tree_size(path: Path) -> tuple[int, int]:
 
 def _source(path: Path) -> Optional[str]:
     manifest = path / MANIFEST_NAME
-    try:  # the one reader: no link, no FIFO, size capped
+    try:  # read_text_input: no link, no FIFO, size capped
         doc = json.loads(read_text_input(manifest, MAX_MANIFEST_BYTES, path, "manifest"))
     except (DataError, ValueError, RecursionError):
         return None
@@ -184,7 +184,7 @@ def _exclusive(path: Path, wait_s: float) -> Iterator[bool]:
 
 
 def remove_copy(path: Path, wait_s: float = 0.0) -> StagedCopy:
-    """Remove one staged copy through the one remover (`mlhpc.data.claims.remove_claimed`: its
+    """Remove one staged copy through `mlhpc.data.claims.remove_claimed` (its
     claim checked, and nothing there that staging did not record), not while a run reads it
     (waiting up to ``wait_s`` seconds for the readers to finish); returns what it held.
 

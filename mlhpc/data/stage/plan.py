@@ -72,7 +72,7 @@ def assign_shards(files: Sequence[tuple[str, int]], num_nodes: int, seed: int,
                   group: Callable[[str], str] | None = None) -> list[list[str]]:
     """Split ``files`` (``(relative POSIX path, size in bytes)``) over ``num_nodes`` nodes.
 
-    Each folder named in ``splits`` is split on its own, by the one partition rule
+    Each folder named in ``splits`` is split on its own, by the partition rule
     (`mlhpc.data.partition.partition`): its files, gathered into the groups ``group`` names
     (``group(path within the split) -> key``, a workload's `mlhpc.workload.DataTools.file_group`:
     files a sample reads together land on one node; default: each file alone) and sorted by

@@ -192,7 +192,7 @@ def _stage_coordinated(job: Copy, runtime: "Runtime", plan: list[Planned], count
 def stage_dataset(config: "Config", runtime: "Runtime") -> Optional[StagingResult]:
     """Stage ``config.data.path`` as ``config.data.staging`` asks; ``None`` when disabled.
 
-    This is the one staging function of the project: ``mlhpc run`` and ``mlhpc stage`` both call
+    This is the project's only staging function: ``mlhpc run`` and ``mlhpc stage`` both call
     it, so a separate stage step leaves exactly what a run's own staging would (and the run then
     finds it complete and copies nothing). ``staging.shard`` (`shard_mode`): ``node`` stages on
     node ``n`` of ``N`` its share of the split folders (`node_shard`, `Shard`, permuted with
