@@ -2,7 +2,7 @@
 
 Modules, one step each:
 
-- (the log room, `mlhpc.log`: `parse` reads ``:::MLLOG`` lines into events and `summary` one log
+- (the log package, `mlhpc.log`: `parse` reads ``:::MLLOG`` lines into events and `summary` one log
   into a `RunSummary`; the report reads through it, as the store does);
 - `energy`: the power logs beside a result -> energy to train, as result_summarizer integrates them;
 - `validflops`: HPC AI500's Valid FLOPS and Valid FLOPS per watt of each run and folder;
@@ -12,7 +12,7 @@ Modules, one step each:
 - `render`, `plots`: output;
   `package`: mlhpc run folders -> a submission package.
 
-`run_report` is the one call the CLI makes.
+`run_report` is the only call the CLI makes.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from mlhpc.log.summary import RunSummary
 from mlhpc.report.score import FolderResult, Report
 from mlhpc.report.validflops import exponent_of
 
-#: The one line the human formats give when no run of a report has power readings.
+#: The line the human formats give when no run of a report has power readings.
 NO_POWER_COUNTER = ("no power counter: no run has power readings (power/result_N/node_K.txt), "
                     "so no energy to train ('-')")
 STRONG_TITLE = ("Strong scaling: time to train, olympic mean in minutes as published (* one run "

@@ -103,7 +103,7 @@ def fit_widths(header: list[str], body: list[list[str]], width: int, whole: set[
 
     A column is never narrower than its longest word (so no number is folded or cut short) nor
     than its longest cell of at most `SHORT` columns (a header may wrap), and the columns in ``whole`` never narrower than their longest cell (a name kept on one line).
-    Room beyond the minimums goes to the columns in proportion to the room their longest lines
+    Width beyond the minimums goes to the columns in proportion to the width their longest lines
     would take, up to that. Widths are terminal cells (`rich.cells.cell_len`).
     """
     columns = list(zip(header, *body))
@@ -117,7 +117,8 @@ def fit_widths(header: list[str], body: list[list[str]], width: int, whole: set[
         return longest
     extra, want = room - sum(least), [b - a for a, b in zip(least, longest)]
     widths = [a + extra * w // sum(want) for a, w in zip(least, want)]
-    for i in sorted(range(len(widths)), key=lambda i: widths[i] - longest[i]):  # most short of room first
+    # the spare cells go first to the column furthest below its longest line
+    for i in sorted(range(len(widths)), key=lambda i: widths[i] - longest[i]):
         if sum(widths) < room and widths[i] < longest[i]:
             widths[i] += 1
     return widths

@@ -128,7 +128,7 @@ def run_energy(log: Path, time_to_train_ms: float | None) -> RunEnergy:
         return RunEnergy(note="no time to train: energy not computed")
     out = RunEnergy(energy_j=0.0)
     for path in nodes + [p for p in files if _SWITCH.match(p.name)]:
-        try:  # the one reader: no link out of the power folder, no FIFO, size capped
+        try:  # parse_log: no link out of the power folder, no FIFO, size capped
             parsed = parse_log(path, root=folder)
             if parsed.malformed:
                 raise ValueError(parsed.malformed[0].message)

@@ -114,7 +114,7 @@ class SystemDescription:
 
 def system_description(folder: Path, layout: Layout) -> SystemDescription:
     """The system description of a result folder of the MLCommons layout (none for a run folder),
-    read through the one reader: a link out of the submitter's tree, a FIFO or a huge file is
+    read through `mlhpc.data.inputs`: a link out of the submitter's tree, a FIFO or a huge file is
     refused and noted. Never raises."""
     if layout.own or layout.system is None:
         return SystemDescription({})
