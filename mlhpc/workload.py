@@ -1,4 +1,4 @@
-"""The `Workload` spec, the one door between the harness and a benchmark: everything a workload
+"""The `Workload` spec, the contract between the harness and a benchmark: everything a workload
 declares and everything the harness calls on a workload's objects, with its types.
 
 A workload imports from here: `Workload` (its constructors and settings), `QualityMetric`,

@@ -7,7 +7,7 @@ ranks' agreed exit status). `train` holds the run's stages, from its log to its 
 taking values and returning values around a `Job` built once (`job`), down to the timed loop.
 The other modules are its parts, shared with
 ``mlhpc profile`` (`profile`) and the benchmarks: `assemble` (staging and the parts), `step`
-(the one training step), `evaluate` (the quality metric over ranks), `mllog` (the records around
+(the training step), `evaluate` (the quality metric over ranks), `mllog` (the records around
 the timed run), `checkpoint` (save, restore, the claim on a resumed checkpoint), `outcome` (how a
 run ends: signals, a failed attempt set aside, the side files after run_stop, the ranks'
 agreement), `result` (a run's files: the results folder checked, the side files written once),

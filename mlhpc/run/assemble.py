@@ -2,7 +2,7 @@
 `mlhpc stage`) and `build` (datasets, model, sampler, loaders, optimizer, the training step), with
 the first read of a sample checked against the model (`check_sample`).
 
-`build` is the one place a run's parts are assembled: `mlhpc.run.train`, `mlhpc.run.profile` and
+`build` is the only place a run's parts are assembled: `mlhpc.run.train`, `mlhpc.run.profile` and
 benchmarks/throughput.py call it (through `tool_job` for the last two), so what is profiled and
 benchmarked is what is trained.
 
@@ -169,7 +169,7 @@ def tool_job(config: Config, workload: Workload, rt: Runtime) -> Job:
 def build(job: Job, staged: staging.StagingResult | None, lbs: int, *,
           seeded: Seeded | None = None, precision_name: str | None = None) -> Parts:
     """Datasets, model, optimizer, loaders and the training step (compiled and wrapped once,
-    `mlhpc.run.step.wrap_model`); restored from a checkpoint. The one assembly of a run's parts:
+    `mlhpc.run.step.wrap_model`); restored from a checkpoint. The only assembly of a run's parts:
     `mlhpc.run.train`, `mlhpc.run.profile` and benchmarks/throughput.py all call it.
 
     Args:

@@ -1,4 +1,4 @@
-"""The records a run writes around its timed part, through the log room's writer
+"""The records a run writes around its timed part, through the log writer
 (`mlhpc.log.writer.ComplianceLog`): init_start and the submission keys (`log_init`), the
 hyperparameters (`log_hyperparameters`) and the sample counts (`log_samples`);
 `mlhpc.run.train` writes init_stop .. run_start and, in its loop, the rest.

@@ -186,7 +186,7 @@ def _write_trace(prof: Any, trace: Path) -> Path:
     Raises:
         OutputError: it cannot be written (the temporary file is removed)."""
     try:
-        with atomic_output(trace) as tmp:  # the one temporary-name rule; no link followed
+        with atomic_output(trace) as tmp:  # the project's temporary name; no link followed
             prof.export_chrome_trace(str(tmp))
     except OSError as exc:
         raise OutputError(f"--trace {trace}: cannot write the trace ({exc.strerror or exc})") from None

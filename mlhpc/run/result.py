@@ -1,11 +1,11 @@
 """A run's files: the results folder checked before the log is opened, and the side files
 written once.
 
-The log is the one source of a run's result (docs/architecture.md, "How a run flows"); the run
+The log is the only source of a run's result (docs/architecture.md, "How a run flows"); the run
 writes it and, once at its end, ``measured_N.json``: what a log cannot hold (FLOPs per sample
 and the device peak, data-path switches, the staging detail per node, the departures from the
 reference, where a resumed run came from). ``summary_N.json`` is the two read back through the
-log room as ``mlhpc report`` reads them, by the command once the run has returned
+log reader (`mlhpc.log`) as ``mlhpc report`` reads them, by the command once the run has returned
 (`mlhpc.run.command.summary_of`).
 
 The files of run N in an output folder are one set (`mlhpc.log.writer.RUN_FILES`), claimed together
@@ -83,7 +83,7 @@ def check_output_dir(path: Path | str, key: str = "output.dir",
     if path.exists() and not path.is_dir():
         raise OutputError(f"{key} {path}: is a file, not a folder")
     created: list[Path] = []
-    probe = part_path(path / "mlhpc-probe")  # the one temporary name: a killed probe is known as one
+    probe = part_path(path / "mlhpc-probe")  # a killed probe is then known as a temporary file
     try:
         missing = [p for p in (path, *path.parents) if not p.exists()]
         for folder in reversed(missing):

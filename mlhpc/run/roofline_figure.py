@@ -166,7 +166,7 @@ def roofline_figure(roof: Roofline) -> Figure:
 
 
 def write_roofline(roof: Roofline, path: Path | str) -> Path:
-    """Draw `roofline_figure` into ``path`` (PNG, 150 dpi) through the one atomic writer.
+    """Draw `roofline_figure` into ``path`` (PNG, 150 dpi) through `mlhpc.data.files` (atomic).
 
     Raises:
         OutputError: the PNG cannot be written (nothing half-written is left).
