@@ -1,7 +1,7 @@
 """The error family of mlhpc.
 
 Every error a user can cause by bad input is one of these. The CLI prints ``str(error)`` as one
-line on stderr and exits with status 2 (`error_line`, the one place where errors become lines);
+line on stderr and exits with status 2 (`error_line`: every error becomes its line there);
 anything else escaping is a bug. No message grows with its input: ``str(error)`` is at most
 `mlhpc.text.MAX_LINE_CHARS` characters (`mlhpc.text.clip_line`), whatever value it was built
 from, and every value the line shows is escaped for a terminal and its credentials masked.
@@ -122,7 +122,7 @@ class OutputError(MlhpcError):
 
 
 def error_line(exc: BaseException) -> str:
-    """``mlhpc: error: MESSAGE``: ``exc`` as the one line the CLI prints for it: an `OSError` as
+    """``mlhpc: error: MESSAGE``: ``exc`` as the single line the CLI prints for it: an `OSError` as
     its file name and reason, anything else as its text, each clipped (`mlhpc.text.clip` for a
     file name, `mlhpc.text.clip_line` for the whole) and escaped for a terminal."""
     from mlhpc.text import clip, clip_line, one_line

@@ -95,7 +95,7 @@ class SbatchJob:
             distinct random seeds drawn at rendering (the MLPerf rules want each run seeded
             differently) -- unless ``overrides`` set ``train.seed``, which then holds for every run.
         mpi: srun's ``--mpi`` plugin (``"pmi2"``; ``"pmix"`` or ``"none"`` elsewhere).
-        python: the interpreter the job runs (default: ``sys.executable``, the one rendering, so
+        python: the interpreter the job runs (default: ``sys.executable``, this interpreter, so
             the job finds this install of mlhpc).
         env: extra environment variables exported before the runs.
         workdir: folder the job changes to first (default: the current folder).

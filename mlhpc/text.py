@@ -1,5 +1,5 @@
-"""The one way text from outside (logs, configs, file names, URLs, data) reaches a sink with its
-own syntax: a terminal, a rich table, a matplotlib label, a file name.
+"""How text from outside (logs, configs, file names, URLs, data) reaches a sink with its own
+syntax (a terminal, a rich table, a matplotlib label, a file name): always through here.
 
 - **Terminal** (`terminal`, `echo`, `console`, `cell`): control characters (ESC, so no ANSI or
   OSC sequence; BEL; CR, which would overwrite a line; the C1 range, whose 0x9b is an 8-bit
@@ -217,7 +217,7 @@ def cell(value: Any) -> Any:
 
 def styled(value: Any, style: str) -> Any:
     """A rich ``Text`` of ``value`` (`terminal`-safe) in ``style`` (``"yellow"``, ``"bold"``):
-    the one way to colour text, so that no value is ever read as markup."""
+    the only way mlhpc colours text, so that no value is ever read as markup."""
     from rich.text import Text
 
     return Text(terminal(value), style=style)

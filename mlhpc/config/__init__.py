@@ -41,7 +41,7 @@ from mlhpc.workload import get as get_workload
 #: Every integer a config holds fits a signed 64-bit integer (torch's int64, a C ``long long``).
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: The largest ``train.seed``: torch.manual_seed takes -2**63 .. 2**64 - 1, and the loop adds the
-#: instance and epoch numbers to the seed, so a seed up to 2**63 - 1 always leaves room.
+#: instance and epoch numbers to the seed, so a seed up to 2**63 - 1 stays below torch's limit.
 SEED_MAX = INT64_MAX
 
 

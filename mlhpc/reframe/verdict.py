@@ -5,7 +5,7 @@ Nothing here matches patterns in a program's output. The job script writes the e
 the launched ``mlhpc run`` (or ``mlhpc stage``) to `EXIT_STATUS_FILE` (`exit_status_commands`,
 run right after the launcher line: Slurm's ``squeue`` scheduler reports no exit status of its
 own). The log is read and scored by `mlhpc.report.score.score_folder`, the code ``mlhpc report``
-runs on a folder: `mlhpc.log.parse` (the one log reader), `mlhpc.log.summary` (time to train,
+runs on a folder: `mlhpc.log.parse` (the log reader), `mlhpc.log.summary` (time to train,
 staging, epochs to target, samples/s), `mlhpc.report.energy` (energy to train from the
 ``power/`` side files) and MLCommons' compliance checker through `mlhpc.report.compliance` and
 its adapter. The figures a check reports are therefore the ones ``mlhpc report`` prints for the
@@ -85,7 +85,7 @@ def _ended(status: int | None, stderr: Path, command: str) -> str:
 
 
 def judge_run(stage_dir: Path, stderr: Path) -> RunSummary:
-    """The one run of a check, if it passed: exit status 0 (target reached), one result log in
+    """The run of a check, if it passed: exit status 0 (target reached), one result log in
     ``stage_dir/results``, run_stop ``success`` and the log accepted by MLCommons' compliance
     checker (hpc ruleset of `mlhpc.report.compliance.ruleset_for`, as ``mlhpc report``).
 

@@ -9,7 +9,7 @@ Modules, one job each:
 - `ingest`: run folders and MLCommons trees -> rows (figures from `mlhpc.report`), logs refused
   one line each; `record`: `record_run` for ``mlhpc run``;
 - `queries`: selections, list, show; `compare`, `scaling`, `check`: the three analyses;
-- `api`: the one call behind each command; `cli`: the click group.
+- `api`: the library call behind each command; `cli`: the click group.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The one library call behind each ``mlhpc results`` command (the CLI parses and prints)."""
+"""The library call behind each ``mlhpc results`` command (the CLI parses and prints)."""
 
 from __future__ import annotations
 
