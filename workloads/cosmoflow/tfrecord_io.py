@@ -283,7 +283,7 @@ def count_gzip_frames(path: Path) -> int:
     data do (`count_frames`'s checks, inside the stream).
 
     Raises:
-        DataError: naming ``path``: refused by the one reader (a link out of its folder, not a
+        DataError: naming ``path``: refused by `mlhpc.data.inputs` (a link out of its folder, not a
             regular file), a corrupt or truncated stream, a GZIP CRC or size mismatch, bytes
             after the last member, the framing errors of `count_frames`, or a record's data CRC
             mismatch (naming the record).

@@ -91,7 +91,7 @@ class Oc20DataTools(DataTools):
         if not raw_dir.is_dir():
             raise DataError(f"{raw_dir}: folder of trajectories not found")
         found = sorted(p for p in raw_dir.iterdir() if p.suffix in RAW_SUFFIXES and not p.is_dir())
-        for path in found:  # the one reader's rules: no link out of raw_dir, no FIFO, size capped
+        for path in found:  # open_input refuses a link out of raw_dir, a FIFO, an oversized file
             os.close(open_input(path, RAW_FILE_BYTES, raw_dir, "raw trajectory", DataError))
         return found
 

@@ -23,8 +23,9 @@ from .lmdb_io import LmdbFolder
 
 
 def find_split_dirs(data_dir: Path) -> tuple[Path, Path]:
-    """The training and validation folders of ``data_dir``: the one sub-folder whose name holds
-    ``train`` and the one whose name holds ``val`` (case-insensitive; hidden names skipped).
+    """The training and validation folders of ``data_dir``: the single sub-folder whose name
+    holds ``train`` and the single one whose name holds ``val`` (case-insensitive; hidden names
+    skipped).
 
     Raises:
         DataError: ``data_dir`` missing, no such folder, more than one candidate for a split,

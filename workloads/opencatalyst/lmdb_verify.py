@@ -108,7 +108,7 @@ def verify_pages(path: Path) -> None:
     """Check every page pointer of the LMDB file ``path`` liblmdb would follow (module doc).
 
     Raises:
-        DataError: refused by the one reader (a FIFO, a link out of its folder), no valid meta page, a page size that is not a power of two in 512..65536,
+        DataError: refused by `mlhpc.data.inputs` (a FIFO, a link out of its folder), no valid meta page, a page size that is not a power of two in 512..65536,
             or any pointer out of its page or the file (names the file and page).
     """
     fd = open_input(path, MAX_FILE_BYTES, Path(path).parent, "LMDB file", DataError)
