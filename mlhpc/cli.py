@@ -238,7 +238,7 @@ def submit_command(config_path: Path, nodes: int, gpus_per_node: int, tasks_per_
                    time_per_run: str, partition: str | None, account: str | None, qos: str | None,
                    constraint: str | None, exclusive: bool, job_name: str,
                    overrides: tuple[str, ...], sweeps: tuple[str, ...], automl: bool,
-                   dry_run: bool) -> None:  # one parameter per option
+                   dry_run: bool) -> None:
     """Render an sbatch script running CONFIG R times under srun, and submit it (--sweep: one
     script per point of a campaign; --automl: one AutoML search)."""
     from mlhpc.store.campaign import render_jobs, submit_jobs

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 @click.option("--valid-flops-exponent", type=click.FloatRange(min=0, max=1e6), default=5.0, show_default=True,
               help="n of HPC AI500's quality penalty in Valid FLOPS: FLOPS x min(1, (achieved/target)^n), "
                    "the ratio inverted for an error.")
-def report_command(paths: tuple[Path, ...], fmt: str, level: str, wide: bool, compliance: bool,  # one per option
+def report_command(paths: tuple[Path, ...], fmt: str, level: str, wide: bool, compliance: bool,
                    ruleset: str | None, plots_dir: Path | None, package_dir: Path | None,
                    org: str | None, system_name: str | None, check_package: bool, rcp_bypass: bool,
                    price_per_node_hour: float | None, price_per_kwh: float | None,
