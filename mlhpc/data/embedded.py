@@ -10,7 +10,7 @@ be trained or evaluated on:
    each file put in place there is recorded as it lands (`mlhpc.data.statefiles.recording`): all
    that removing it may delete; a hidden folder of that name without a valid claim is never used
    or removed;
-2. what unfinished writers left (files and folders under the project's one temporary name,
+2. what unfinished writers left (files and folders under the project's temporary name,
    `mlhpc.data.files.part_path`; a workload writes its split folders through `splits_written`)
    is removed before it resumes, so it is never staged or read;
 3. when ``synthesize`` returns, the folder's manifest (`mlhpc.data.manifest`, kind ``"synth"``,
@@ -100,7 +100,7 @@ def inventory(path: Path) -> dict[str, dict[str, int]]:
 
 
 def _partial_files(path: Path) -> list[Path]:
-    """What unfinished writers left under ``path``: files and folders with the project's one
+    """What unfinished writers left under ``path``: files and folders with the project's
     temporary name (`mlhpc.data.files.part_path`), outermost first (a link is listed, never
     followed)."""
     found = [p for p in Path(path).rglob(".*") if is_part_file(p.name)

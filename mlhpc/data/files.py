@@ -97,7 +97,7 @@ def check_output_folder(fd: int, path: Path) -> None:
 
 @contextmanager
 def atomic_output(final: Path, mode: int | None = None, exclusive: bool = False) -> Iterator[Path]:
-    """The project's one atomic writer: a temporary path beside ``final`` to write
+    """The project's atomic writer: a temporary path beside ``final`` to write
     (`part_path`), renamed to ``final`` when the block succeeds, removed when it fails, so a
     half-written file never carries the final name. With ``exclusive`` an existing ``final`` is
     never replaced (the rename is a hard link, which fails with FileExistsError).

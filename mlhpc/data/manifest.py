@@ -329,8 +329,8 @@ def read_convert_state(dest: Path, source: Path, to: str, kind: str = "stage") -
     """Source path -> ``{bytes, <identity>, outputs: [{path, bytes, xxh3_128}]}`` of every
     source a conversion of ``source`` to form ``to`` by ``kind`` finished at ``dest``: from the
     manifest of an earlier one (its ``sources``), then from every journal (later wins). The
-    one conversion journal, read the same way by staging and by ``mlhpc data convert |
-    prepare``; whether an entry is reused is `conversion_reusable`'s one rule."""
+    conversion journal, read the same way by staging and by ``mlhpc data convert |
+    prepare``; whether an entry is reused is decided by `conversion_reusable` alone."""
     src = str(resolved(source))
     known: dict[str, dict[str, Any]] = {}
     doc = load(dest)  # none, or a damaged one: every source is converted again

@@ -5,7 +5,7 @@ A staged copy is a folder that staging claimed: its claim record (`mlhpc.data.cl
 folder given and at its immediate subfolders (the default folder is ``$TMPDIR``, else ``/tmp``,
 where `mlhpc.data.stage.plan.default_dest` puts copies) and keeps only those whose claim holds; a
 link is never followed, neither to a copy nor inside one. `remove_copy` removes one through the
-project's one remover (`mlhpc.data.claims.remove_claimed`): only the files staging recorded
+remover in mlhpc/data/claims.py (`remove_claimed`): only the files staging recorded
 writing, and only when nothing else is there (a copy holding a run's results or a user's file is
 refused, whole, with one line).
 
