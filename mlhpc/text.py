@@ -102,7 +102,7 @@ def _bounded_repr(value: Any, limit: int) -> str:
 
 def echo(message: Any = "", err: bool = False, nl: bool = True, file: Any = None) -> None:
     """Write ``message`` to stdout, or stderr with ``err``, credentials masked (`mask_urls`) and
-    `terminal`-safe: the CLI's one way to print text (``file``: another stream, flushed)."""
+    `terminal`-safe: the CLI prints text only through it (``file``: another stream, flushed)."""
     import click
 
     click.echo(terminal(mask_urls(message)), file=file, err=err, nl=nl)

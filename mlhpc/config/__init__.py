@@ -481,5 +481,5 @@ def load(path: Path | str, overrides: tuple[str, ...] = ()) -> Config:
 
 def dump(config: Config) -> str:
     """The resolved config as YAML text (what the run actually used); the caller writes it
-    through the project's one writer (config/ writes no file)."""
+    through the atomic writer `mlhpc.data.files.write_text_atomic` (config/ writes no file)."""
     return yaml.safe_dump(config.to_dict(), sort_keys=False)

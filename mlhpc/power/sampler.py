@@ -9,7 +9,7 @@ A `Sampler`'s background thread reads every source each ``interval_s`` on a fixe
 appends one ``power_reading`` line per tick to a temporary file; `Sampler.stop` takes a last
 reading, writes ``power_measurement_stop``, and only then gives the file its final name
 ``power/result_N/node_K.txt`` (never over an existing file). A crash leaves the temporary file
-(the project's one temporary-name rule, `mlhpc.data.files.part_path`), never a file that claims
+(the project's temporary name, `mlhpc.data.files.part_path`), never a file that claims
 to be complete.
 
 The line format is ``mlperf_logging.mllog``'s (``:::MLLOG {json}``) with the keys of

@@ -203,7 +203,7 @@ def save(path: Path, state: CheckpointState) -> None:
     from mlhpc.data.files import atomic_output
 
     try:
-        with atomic_output(path) as tmp:  # the project's one temporary name, no link followed
+        with atomic_output(path) as tmp:  # the project's temporary name, no link followed
             torch.save(state.to_dict(), tmp)
     except OSError as exc:
         raise OutputError(f"{path}: cannot write checkpoint ({exc.strerror or exc})") from None

@@ -113,7 +113,7 @@ def check_output_dir(path: Path | str, key: str = "output.dir",
 
 
 def write_text_atomic(path: Path | str, text: str, exclusive: bool = False) -> None:
-    """Write ``text`` (UTF-8) to ``path`` through the project's one atomic writer
+    """Write ``text`` (UTF-8) to ``path`` through the project's atomic writer
     (`mlhpc.data.files.write_text_atomic`); with ``exclusive`` an existing ``path`` is never
     replaced. On any failure the temporary file is removed.
 

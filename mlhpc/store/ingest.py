@@ -3,7 +3,7 @@
 The figures come from `mlhpc.report` (`score_folder`, which parses each log with `parse_log`
 and summarises it with `summarize_run`, energy included), never from a second reading of the
 log; the folder's place in the MLCommons layout gives round, submitter, system and its
-description. Each log is read by the report's one reader (`mlhpc.log.parse.read_log`) and
+description. Each log is read by the report's log reader (`mlhpc.log.parse.read_log`) and
 refused, with one line naming it, when it is a link, not a regular file, larger than
 `mlhpc.log.parse.MAX_LOG_BYTES`, holds no MLLOG record, has a malformed
 record line, or names no benchmark; the other logs are ingested. A folder's rows go in one
