@@ -293,7 +293,7 @@ def write_lmdb(path: Path, records: Iterable[dict[str, Any]], layout: str = "pyg
         unknown key.
     """
     path = Path(path)
-    tmp = part_path(path)  # the project's one temporary-name rule
+    tmp = part_path(path)  # the project's temporary name, renamed into place when complete
     count = 0
     try:
         env = _open_for_writing(tmp, path)
