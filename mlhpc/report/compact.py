@@ -110,15 +110,15 @@ def fit_widths(header: list[str], body: list[list[str]], width: int, whole: set[
     longest = [max(_lines(text) for text in col) for col in columns]
     least = [max([_least(text) for text in col[1:]] + [_least(col[0] + " " * SHORT)]) for col in columns]
     least = [longest[i] if i in whole else least[i] for i in range(len(columns))]
-    room = width - (3 * len(columns) + 1)  # a border and two padding cells per column, one border more
-    if sum(least) > room:
+    space_chars = width - (3 * len(columns) + 1)  # a border and two padding cells per column, one border more
+    if sum(least) > space_chars:
         return None
-    if sum(longest) <= room:
+    if sum(longest) <= space_chars:
         return longest
-    extra, want = room - sum(least), [b - a for a, b in zip(least, longest)]
+    extra, want = space_chars - sum(least), [b - a for a, b in zip(least, longest)]
     widths = [a + extra * w // sum(want) for a, w in zip(least, want)]
     # the spare cells go first to the column furthest below its longest line
     for i in sorted(range(len(widths)), key=lambda i: widths[i] - longest[i]):
-        if sum(widths) < room and widths[i] < longest[i]:
+        if sum(widths) < space_chars and widths[i] < longest[i]:
             widths[i] += 1
     return widths

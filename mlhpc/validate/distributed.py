@@ -46,7 +46,7 @@ def ddp_outcome(model: torch.nn.Module, loss_fn: Any, batch: Any, seed: int, rt:
 
 
 def compare(mat: Material, ranks: list[Outcome], batches: list[Any]) -> list[Check]:
-    """Level 3's rows: rank 0's gradients against the one process's (float64, the ranks'
+    """Level 3's rows: rank 0's gradients against a single process's (float64, the ranks'
     ``batches`` as micro-batches), and every rank's against rank 0's (exactly)."""
     tol = TOLERANCES[mat.precision].network
     world = len(ranks)
