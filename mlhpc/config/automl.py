@@ -81,8 +81,9 @@ class AutomlConfig(BaseModel):
     pruner: Literal["patient", "median", "none"] = Field("patient", description=(
         "patient: stop a trial whose metric has not improved for patience_epochs evaluations "
         "(AIPerf's early stop); median: also below the median of earlier trials; none"))
-    patience_epochs: StrictInt = Field(3, ge=1, le=100_000, description=(
-        "evaluations without improvement before a trial is stopped"))
+    patience_epochs: StrictInt = Field(6, ge=1, le=100_000, description=(
+        "evaluations without improvement before a trial is stopped (AIPerf's first round: 6 "
+        "epochs, min(6 + 2 x round, 20) later)"))
     min_improvement: float = Field(0.0, ge=0, description=(
         "an evaluation better than the trial's best by no more than this counts as no "
         "improvement (the metric's units)"))
