@@ -37,6 +37,8 @@ def _rel(path: Path) -> str:
 #: Every ``getattr`` / ``hasattr`` under mlhpc/ (``path::call``), each on an object of the
 #: harness's own or of a library, never a workload's, with the reason it is there.
 REFLECTION: dict[str, str] = {
+    "mlhpc/validate/operators.py::getattr(func, '__name__', '')": "a torch function seen by a "
+        "TorchFunctionMode (a method descriptor may have no name): torch's, not a workload's",
     "mlhpc/errors.py::getattr(exc, 'exit_status', 2)": "an exception of any kind reaching the "
         "CLI: the library's own carry an exit status",
     "mlhpc/config/yamlfile.py::getattr(exc, 'problem', None)": "a PyYAML error's optional problem text",

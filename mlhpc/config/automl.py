@@ -60,8 +60,8 @@ class AutomlConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     space: dict[str, KnobRange] = Field(..., min_length=1, description=(
-        "the search space: a knob the workload declares (`mlhpc automl CONFIG --knobs`; e.g. "
-        "model.conv_channels, train.global_batch_size) -> its range or choices"))
+        "the search space: a knob the workload declares (`mlhpc automl CONFIG --knobs` lists "
+        "them; e.g. train.global_batch_size) -> its range or choices"))
     budget_s: float = Field(..., gt=0, description=(
         "the search's time budget; a trial still running when it ends is stopped (SIGTERM)"))
     mark_every_s: float = Field(3600.0, gt=0, description=(

@@ -13,7 +13,7 @@ import click
 from mlhpc.errors import one_line_errors
 from mlhpc.text import cell, console, echo, styled
 
-SET_HELP = "Override a config value, e.g. --set model.conv_channels=2 (repeatable)."
+SET_HELP = "Override a config value, e.g. --set train.global_batch_size=8 (repeatable)."
 
 
 @click.command("validate", context_settings={"help_option_names": ["-h", "--help"]})
