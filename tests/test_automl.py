@@ -171,6 +171,7 @@ def test_a_killed_worker_leaves_its_trial_failed_and_the_search_going(tmp_path, 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # a 15-minute search after its data's synthesis; pytest's default is 900 s
 def test_the_automl_mini_scores_and_its_best_trial_passes_the_checker(tmp_path):
     """The done-when of the AutoML mini: on a fresh folder (its data synthesised first) the search
     exits 0 (its gates passed) within 20 minutes, every trial that evaluated wrote its own log, and
