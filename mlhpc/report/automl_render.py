@@ -15,7 +15,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from rich.table import Table
 from mlhpc.errors import ConfigError
 from mlhpc.report.automl import AutomlScore, score_folder
 from mlhpc.report.cells import flops_text
+from mlhpc.report.render import csv_cell, finite
 from mlhpc.text import cell, joined, styled
 
 #: The JSON keys of a mark, the CSV's header.
@@ -161,23 +161,13 @@ def automl_csv(score: AutomlScore) -> str:
     writer = csv.DictWriter(buffer, fieldnames=MARK_COLUMNS, lineterminator="\n")
     writer.writeheader()
     for row in score.to_dict()["marks"]:
-        writer.writerow({k: "" if v is None else repr(v) if isinstance(v, float) else v for k, v in row.items()})
+        writer.writerow({k: csv_cell(v) for k, v in row.items()})
     return buffer.getvalue()
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def automl_json(score: AutomlScore) -> str:
     """`AutomlScore.to_dict` as indented JSON; NaN or infinite numbers become null."""
-    return json.dumps(_finite(score.to_dict()), indent=2, allow_nan=False) + "\n"
+    return json.dumps(finite(score.to_dict()), indent=2, allow_nan=False) + "\n"
 
 
 def _time_axis(score: AutomlScore) -> tuple[float, str]:
@@ -225,26 +215,14 @@ def write_automl_plot(score: AutomlScore, out_dir: Path | str) -> tuple[list[Pat
     Raises:
         ConfigError: ``out_dir`` cannot be created or the PNG cannot be written.
     """
-    import matplotlib.pyplot as plt
-
-    from mlhpc.data.files import atomic_output, reason
+    from mlhpc.report.plots import plots_folder, save_png
     from mlhpc.text import plot_text
 
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--plots {out}: cannot create folder ({exc.strerror})") from None
+    out = plots_folder(out_dir)
     with plot_text():  # names drawn as written, never read as mathtext
         fig = scores_figure(score)
         if fig is None:
             return [], [f"no {PLOT_NAME}: no time mark with FLOPs counted yet"]
         path = out / PLOT_NAME
-        try:
-            with atomic_output(path, 0o644) as tmp:
-                fig.savefig(tmp, dpi=150, format="png")
-        except OSError as exc:
-            raise ConfigError(f"--plots {path}: cannot write ({reason(exc)})") from None
-        finally:
-            plt.close(fig)
+        save_png(fig, path)
     return [path], []

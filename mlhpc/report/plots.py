@@ -247,11 +247,7 @@ def write_plots(report: Report, out_dir: Path | str, prefix: str = "report-") ->
     Raises:
         ConfigError: ``out_dir`` cannot be created or a PNG cannot be written.
     """
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--plots {out}: cannot create folder ({exc.strerror})") from None
+    out = plots_folder(out_dir)
     files = PlotFiles()
     for name, make, why in FIGURES:
         with plot_text():  # names drawn as written, never read as mathtext
@@ -260,12 +256,35 @@ def write_plots(report: Report, out_dir: Path | str, prefix: str = "report-") ->
                 files.skipped.append(f"no {name} plot: {why(report)}")
                 continue
             path = out / file_name(f"{prefix}{name}.png")
-            try:
-                with atomic_output(path, 0o644) as tmp:
-                    fig.savefig(tmp, dpi=150, format="png")
-            except OSError as exc:
-                raise ConfigError(f"--plots {path}: cannot write ({reason(exc)})") from None
-            finally:
-                plt.close(fig)
+            save_png(fig, path)
         files.written.append(path)
     return files
+
+
+def plots_folder(out_dir: Path | str) -> Path:
+    """``--plots`` folder ``out_dir``, created where missing.
+
+    Raises:
+        ConfigError: it cannot be created.
+    """
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--plots {out}: cannot create folder ({exc.strerror})") from None
+    return out
+
+
+def save_png(fig: Figure, path: Path) -> None:
+    """``fig`` as a 150 dpi PNG at ``path`` (atomic, mode 0644), then closed.
+
+    Raises:
+        ConfigError: it cannot be written.
+    """
+    try:
+        with atomic_output(path, 0o644) as tmp:
+            fig.savefig(tmp, dpi=150, format="png")
+    except OSError as exc:
+        raise ConfigError(f"--plots {path}: cannot write ({reason(exc)})") from None
+    finally:
+        plt.close(fig)

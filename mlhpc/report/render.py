@@ -327,24 +327,30 @@ def to_csv(report: Report, level: str = "auto") -> str:
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: ("" if v is None else repr(v) if isinstance(v, float) else v) for k, v in row.items()})
+        writer.writerow({k: csv_cell(v) for k, v in row.items()})
     return buffer.getvalue()
 
 
-def _finite(obj: Any) -> Any:
+def csv_cell(value: Any) -> Any:
+    """A CSV cell: empty for None, a float at full precision (``repr``), anything else as is."""
+    return "" if value is None else repr(value) if isinstance(value, float) else value
+
+
+def finite(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float (in dicts, lists, tuples) made None, for JSON."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
+        return {k: finite(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
+        return [finite(v) for v in obj]
     return obj
 
 
 def to_json(report: Report) -> str:
     """The whole report (every folder and run, with metric series) as indented JSON; infinite
     or NaN numbers become ``null``."""
-    return json.dumps(_finite(report.to_dict()), indent=2, default=str, allow_nan=False)
+    return json.dumps(finite(report.to_dict()), indent=2, default=str, allow_nan=False)
 
 
 def render(report: Report, fmt: str = "table", level: str = "auto") -> str:
