@@ -16,23 +16,21 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import MISSING, asdict, dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlhpc.config import Config
 from mlhpc.data.files import reason, write_text_atomic
-from mlhpc.data.inputs import read_json_object
 from mlhpc.data.statefiles import open_state_file
 from mlhpc.errors import ConfigError, OutputError
+from mlhpc.report.automl_folder import STUDY_FILE, STUDY_FORMAT, read_study
 from mlhpc.text import show_url
 from mlhpc.workload import get as get_workload
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
 
-#: The descriptor's name in the search's folder, and its format.
-STUDY_FILE, STUDY_FORMAT = "study.json", "mlhpc-automl-study/1"
 #: A running trial whose heartbeat is this many beats old is failed.
 STALE_BEATS = 4
 JOURNAL_NAME = "study.journal"
@@ -144,22 +142,24 @@ def write_study_file(folder: Path, study: StudyFile, exclusive: bool = False) ->
 
 
 def read_study_file(folder: Path) -> StudyFile:
-    """``folder/study.json``.
+    """``folder/study.json``, read and checked by the report's reader
+    (`mlhpc.report.automl_folder.read_study`: a regular file inside ``folder``, every key typed
+    and in range).
 
     Raises:
-        ConfigError: missing (run ``mlhpc automl CONFIG --prepare`` first) or not a descriptor
-            (naming the file and the key).
+        ConfigError: missing (run ``mlhpc automl CONFIG --prepare`` first) or refused (naming
+            the file and the key).
     """
     path = Path(folder) / STUDY_FILE
     if not os.path.lexists(path):
         raise ConfigError(f"{path}: no search here; start one with mlhpc automl CONFIG (or --prepare)")
-    data: dict[str, Any] = read_json_object(path, what="study file")
-    fields = StudyFile.__dataclass_fields__
-    missing = [name for name, f in fields.items() if name not in data and f.default is MISSING]
-    if missing or data.get("format") != STUDY_FORMAT:
-        key = missing[0] if missing else "format"
-        raise ConfigError(f"{path}: {key}: missing or not {STUDY_FORMAT}; not a study file of mlhpc")
-    return StudyFile(**{k: v for k, v in data.items() if k in fields})
+    study = read_study(folder)
+    return StudyFile(
+        study_name=study.study_name, workload=study.workload, metric_key=study.metric_key,
+        direction=study.direction, target=study.target, started_unix_s=study.started_unix_s,
+        budget_s=study.budget_s, mark_every_s=study.mark_every_s,
+        gates={"min_duration_s": study.min_duration_s, "min_quality": study.min_quality},
+        storage=study.storage, config=study.config, ended_unix_s=study.ended_unix_s)
 
 
 def load_study(study: StudyFile, spec: str, sampler: Any = None, pruner: Any = None) -> "optuna.Study":
