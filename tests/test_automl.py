@@ -206,3 +206,27 @@ def test_a_trial_at_two_ranks_is_a_torchrun_of_its_own(tmp_path, tiny_data):
     assert proc.returncode == 0, proc.stderr + proc.stdout
     measured = [json.loads(p.read_text()) for p in out.glob("trial_*/measured_0.json")]
     assert measured and all(m["world_size"] == 2 for m in measured)
+
+
+def test_a_trial_past_run_stop_is_not_signalled_at_the_budget(tmp_path):
+    """A trial whose log holds run_stop is writing its files and recording itself in the store:
+    the budget's SIGTERM would cut that short (it once left a finished trial out of the store), so
+    the worker lets it end by itself."""
+    from mlhpc.automl.trial import Watch, run_trial
+
+    log = tmp_path / "result_0.txt"
+    script = ("import pathlib, sys, time\n"
+              "pathlib.Path(sys.argv[1]).write_text(':::MLLOG {\"key\": \"eval_error\", \"value\": 0.5}\\n'\n"
+              "    ':::MLLOG {\"key\": \"run_stop\", \"value\": null}\\n')\n"
+              "time.sleep(4)\n")
+    watch = Watch(folder=tmp_path, metric_key="eval_error", deadline_unix_s=time.time() + 2,
+                  heartbeat_s=60, report=lambda value, step: False, beat=lambda: None,
+                  asked_to_stop=lambda: None)
+    out = os.open(tmp_path / "output.txt", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        began = time.time()
+        run = run_trial([sys.executable, "-c", script, str(log)], dict(os.environ), out, watch)
+    finally:
+        os.close(out)
+    assert run.exit_status == 0 and run.stopped is None and run.values == [0.5]
+    assert time.time() - began >= 4

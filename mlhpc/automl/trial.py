@@ -24,6 +24,7 @@ from typing import Callable
 from mlhpc.data.inputs import open_input
 from mlhpc.errors import LogFormatError
 from mlhpc.log.parse import MAX_LOG_BYTES, TOKEN
+from mlhpc.log.writer import constants
 
 #: Seconds between looks at the trial's log.
 POLL_S = 1.0
@@ -73,6 +74,7 @@ class LogTail:
         self.folder, self.metric_key = folder, metric_key
         self.fd: int | None = None
         self.read_bytes, self.rest = 0, b""
+        self.ended = False  # run_stop logged: the run is writing its files and recording itself
 
     def _open(self) -> None:
         logs = sorted(self.folder.glob("result_*.txt"))
@@ -104,6 +106,8 @@ class LogTail:
             record = json.loads(text.split(TOKEN, 1)[1])
         except ValueError:
             return None
+        if isinstance(record, dict) and record.get("key") == constants.RUN_STOP:
+            self.ended = True
         value = record.get("value") if isinstance(record, dict) and record.get("key") == self.metric_key else None
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -159,12 +163,16 @@ def run_trial(command: list[str], env: dict[str, str], output_fd: int, watch: Wa
 
 def _why_stop(run: TrialRun, tail: LogTail, watch: Watch, now: float) -> str | None:
     """Why the trial should stop now (the pruner, the budget, the worker's signal), or None;
-    new metric values are reported to the pruner on the way."""
+    new metric values are reported to the pruner on the way. A run that has logged run_stop is
+    left to end by itself, up to `TERM_GRACE_S` past the budget: a signal then would only cut
+    short its files and its store record."""
     reason = None
     for value in tail.new_values():
         run.values.append(value)
         if watch.report(value, len(run.values)):
             reason = "pruned"
+    if tail.ended:
+        return None if now < watch.deadline_unix_s + TERM_GRACE_S else "budget"
     if reason is None and now >= watch.deadline_unix_s:
         reason = "budget"
     return reason or watch.asked_to_stop()
