@@ -91,9 +91,15 @@ def describe_text(rows: list[dict[str, Any]], width: int = 80) -> str:
               help="Continue the run stopped in this run folder (or from this checkpoint_N.pt); "
                    "the new log goes to that folder and is not a scored run (the MLPerf clock "
                    "may not be paused).")
+@click.option("--emulate-accelerator", "emulate", default=None, metavar="NAME|TIME",
+              help="Storage mode: the real data path, each training step a sleep of this "
+                   "accelerator's published time per sample (h100, a100, ...: the config's "
+                   "workload's are listed when a name is unknown) or of this time per sample "
+                   "(12.5ms) x the local batch; no evaluation, ends after train.max_epochs; "
+                   "`mlhpc report` gives the accelerator utilisation (docs/data.md).")
 @_friendly
 def run_command(config_path: Path | None, overrides: tuple[str, ...], instances: int | None,
-                resume_dir: Path | None) -> None:
+                resume_dir: Path | None, emulate: str | None) -> None:
     """Train CONFIG's workload to its quality target and write a compliant result log.
 
     Power: from run_start to run_stop one thread per node reads, each power.interval_s (1 s),
@@ -109,6 +115,8 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
 
     if instances is not None:
         overrides = overrides + (f"train.instances={instances}",)
+    if emulate is not None:  # quoted: a value such as 12 stays a string and is refused as one
+        overrides = overrides + (f"train.emulate_accelerator={json.dumps(emulate)}",)
     if resume_dir is not None:
         if config_path is not None or overrides:
             raise ConfigError("--resume: give the run folder alone (its checkpoint holds the config)")
@@ -118,6 +126,9 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
         if config_path is None:
             raise ConfigError("run: give a CONFIG file (or --resume RUN_FOLDER)")
         config = cfg.load(config_path, overrides)
+        from mlhpc.run.emulate import emulation
+
+        emulation(config, config.workload)  # an unknown accelerator: one line before anything runs
         progress = RunProgress()
         result = command.run(config, on_progress=progress)
     if result.result_file:  # the run ends at its files; the command records them

@@ -257,6 +257,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         (f"final {s['metric_key']}", f"{s['metric_series'][-1][1]:.4f}" if s.get("metric_series") else "n/a"),
         ("mean epoch time", _secs(s.get("mean_epoch_s"))),
         ("training throughput", _known(s.get("samples_per_s"), "{:.1f} samples/s")),
+        *([("accelerator utilization (storage mode)", _au_text(s["emulation"]))] if s.get("emulation") else []),
         ("evaluation time (total)", _secs(s.get("total_eval_s"))),
         ("residual (time to train - epochs - evals)", _secs(s.get("residual_s"))),
         ("training FLOPs per sample (FlopCounterMode)",
@@ -275,6 +276,13 @@ def print_summary(summary: dict[str, Any]) -> None:
     if s.get("departs_from_reference"):
         out.print("departs from the reference: " + "; ".join(s["departs_from_reference"]),
                       highlight=False)
+
+
+def _au_text(e: dict[str, Any]) -> str:
+    """A storage-mode run's AU, its minimum and whether it was met (`mlhpc.log.emulated`)."""
+    minimum = e.get("min_accelerator_utilization") or 0.0
+    return (f"{100 * e['accelerator_utilization']:.1f}% on emulated {e.get('accelerator')} "
+            f"(minimum {100 * minimum:.0f}%: {'met' if e.get('meets_minimum') else 'NOT met'})")
 
 
 def _path_lines(s: dict[str, Any]) -> list[tuple[str, str]]:

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -34,6 +35,7 @@ from mlhpc.config.yamlfile import UniqueKeyLoader, parse_override, set_path
 from mlhpc.config.yamlfile import show as _show
 from mlhpc.errors import ConfigError
 from mlhpc.hints import did_you_mean, existing_file, section_model
+from mlhpc.config import emulation
 from mlhpc.config.automl import AutomlConfig
 from mlhpc.config.power import PowerConfig
 from mlhpc.workload import get as get_workload
@@ -252,6 +254,10 @@ class TrainConfig(Section):
     instances: int = Field(1, ge=1, le=65536, description=(
         "throughput (weak scaling) mode: K independent models trained at once, each on its "
         "share of the ranks, with its own seed and log"))
+    emulate_accelerator: Annotated[Optional[str], AfterValidator(emulation.checked)] = Field(None, description=(
+        "storage mode (mlhpc run --emulate-accelerator): each training step is a sleep as long as "
+        "this accelerator's published time per sample (a name, mlhpc/run/accelerators.json) or "
+        "this time per sample (12.5ms, 0.02s, 800us) x the local batch; null: train"))
 
     @field_validator("compile", mode="before")
     @classmethod

@@ -15,6 +15,7 @@ from typing import Any
 
 from mlhpc import rules
 from mlhpc.errors import LogFormatError
+from mlhpc.log.emulated import emulation_figures
 from mlhpc.log.mlperf_adapter import METRIC_KEYS, quality_target
 from mlhpc.log.parse import Event, ParsedLog, cap_field, log_mentions, parse_log
 from mlhpc.log.plausible import implausible
@@ -123,6 +124,8 @@ class RunSummary:
         node_energy_j: joules per node (and switch) file. mean_epoch_energy_j: the readings'
             energy over each ``epoch_start .. epoch_stop``, averaged. power_note: why no energy.
         valid_flops: HPC AI500's Valid FLOPS (per watt) of the run (`mlhpc.report.validflops`).
+        accelerator_utilization / emulation: a storage-mode run's AU (0..1) and its figures, per
+            node too (`mlhpc.log.emulated.emulation_figures`); None for any other run.
     """
 
     path: str
@@ -172,6 +175,8 @@ class RunSummary:
     mean_epoch_energy_j: float | None = None
     power_note: str | None = None
     valid_flops: Any = None  # a ValidFlops (mlhpc.report.validflops imports this module)
+    accelerator_utilization: float | None = None
+    emulation: dict[str, Any] | None = None
 
     @property
     def time_to_train_min(self) -> float | None:
@@ -477,6 +482,8 @@ def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
     _read_start_stop(run, parsed)
     _read_staging_and_init(run, parsed)
     _read_epochs(run, parsed.events)
+    run.emulation = emulation_figures(parsed.events, run.train_epoch_s)
+    run.accelerator_utilization = run.emulation["accelerator_utilization"] if run.emulation else None
     _read_metric(run, parsed.events)
     _read_target(run, target)
     return run

@@ -42,6 +42,8 @@ GRADIENT_ACCUMULATION_FREQUENCY = "gradient_accumulation_frequency"
 DROPOUT = "dropout"
 TRACKED_STATS = "tracked_stats"
 RESUME = "resume"  # mlhpc: this run continues a stopped one (value: where from, earlier attempts' time)
+EMULATED_ACCELERATOR = "emulated_accelerator"  # mlhpc storage mode: what the steps emulate (mlhpc.log.emulated)
+EMULATED_COMPUTE = "emulated_compute"  # mlhpc storage mode: an epoch's emulated compute per rank
 
 RESULT_PATTERN = "result_{}.txt"
 #: The files of run N, one set: claimed together through ``result_N.txt``, never overwritten.

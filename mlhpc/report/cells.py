@@ -284,3 +284,27 @@ def _counted(items: Iterable[str | None]) -> str:
     for item in items:
         counts[item or "?"] = counts.get(item or "?", 0) + 1
     return "; ".join(f"{text} ({k} run{'s' if k > 1 else ''})" for text, k in counts.items())
+
+
+def emulation_notes(report: Report) -> list[str]:
+    """One note per storage-mode run (`mlhpc.log.emulated`): the emulated accelerator, its
+    accelerator utilisation against the workload's minimum, samples/s, and per node when the run
+    spans several."""
+    out = []
+    for f in report.folders:
+        for run in f.runs:
+            e = run.emulation
+            if not e:
+                continue
+            minimum = e.get("min_accelerator_utilization")
+            verdict = ("" if e.get("meets_minimum") is None else
+                       f" (minimum {100 * minimum:.0f}%: {'met' if e['meets_minimum'] else 'NOT met'})")
+            nodes = e.get("nodes") or []
+            per_node = "; per node: " + ", ".join(
+                f"node {n['node']} {100 * n['accelerator_utilization']:.1f}% {fmt(n['samples_per_s'], 1)} samples/s"
+                for n in nodes) if len(nodes) > 1 else ""
+            out.append(f"{run.path.rsplit('/', 1)[-1]}: storage mode, {e.get('ranks')} emulated "
+                       f"{e.get('accelerator')} ({1e3 * (e.get('time_per_sample_s') or 0):.3g} ms per sample): "
+                       f"accelerator utilization {100 * e['accelerator_utilization']:.1f}%{verdict}, "
+                       f"{fmt(e.get('samples_per_s'), 1)} samples/s{per_node}")
+    return out

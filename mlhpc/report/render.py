@@ -28,6 +28,7 @@ from mlhpc.report.cells import (
     any_energy,
     any_valid_flops,
     convergence_text,
+    emulation_notes,
     cost,
     energy,
     energy_cell,
@@ -70,7 +71,7 @@ RUN_COLUMNS = ("folder", "file", "benchmark", "status", "compliant", "resumed", 
                "eval_s", "residual_s", "nodes", "accelerators_per_node", "global_batch_size",
                "metric", "start_metric", "final_metric", "target", "malformed_lines", "power_note",
                "train_flops_per_sample", "samples_trained", "valid_flops_per_s", "valid_flops_per_w",
-               "valid_flops_exponent", "flops_source", "valid_flops_note")
+               "valid_flops_exponent", "flops_source", "valid_flops_note", "accelerator_utilization")
 
 
 def folder_rows(report: Report) -> list[dict[str, Any]]:
@@ -129,6 +130,7 @@ def run_rows(report: Report) -> list[dict[str, Any]]:
                 "final_metric": r.metric_series[-1][1] if r.metric_series else None,
                 "target": r.target, "malformed_lines": len(r.malformed), "power_note": r.power_note,
                 **_valid_flops_fields(r),
+                "accelerator_utilization": r.accelerator_utilization,  # storage mode only
             })
     return rows
 
@@ -244,6 +246,7 @@ def notes(report: Report) -> list[str]:
         out += [f"{where}: dropped {p.rsplit('/', 1)[-1]}: {r}" for p, r in f.dropped.items()]
     out += [f"malformed line {m}" for m in report.malformed]
     out += valid_flops_notes(report)
+    out += emulation_notes(report)
     if no_power:
         out.append(NO_POWER_COUNTER)
     if not report.compliance_checked:

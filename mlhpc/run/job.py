@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from mlhpc.config import Config
 from mlhpc.run.checkpoint import Resume
 from mlhpc.runtime import Runtime
 from mlhpc.workload import Workload
+
+if TYPE_CHECKING:
+    from mlhpc.run.emulate import Emulation
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
@@ -45,3 +49,11 @@ class Job:
     def seed(self) -> int:
         """The instance's seed: ``train.seed`` plus its instance number."""
         return self.config.train.seed + (self.rt.instance or 0)
+
+    @functools.cached_property
+    def emulation(self) -> "Emulation | None":
+        """Storage mode's emulated accelerator (``train.emulate_accelerator``), or None: a normal
+        run (`mlhpc.run.emulate`). Raises ConfigError: an unknown accelerator name."""
+        from mlhpc.run.emulate import emulation  # loaded in storage mode only: a run loads what it uses
+
+        return emulation(self.config, self.workload.name) if self.config.train.emulate_accelerator else None

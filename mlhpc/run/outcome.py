@@ -39,12 +39,14 @@ from mlhpc.runtime import Runtime, all_reduce
 @dataclass(frozen=True)
 class Outcome:
     """How the timed run ended (the values logged in ``run_stop``): made once, where the loop
-    stops (`mlhpc.run.train.train_loop`)."""
+    stops (`mlhpc.run.train.train_loop`). ``complete``: the run did all it was asked without
+    reaching a target, a storage-mode run's epochs (`mlhpc.run.emulate`): it exits 0."""
 
     status: str
     reason: str | None
     epoch: int
     signal: str | None = None
+    complete: bool = False
 
     def run_stop_metadata(self) -> dict[str, Any]:
         """What ``run_stop`` carries: status, epoch, and the reason and signal when set (a
@@ -155,10 +157,11 @@ class Stop:
 
 def exit_status(result: RunResult) -> int:
     """The exit status a run's outcome stands for: 0 target reached, 1 not reached, 128 + N
-    stopped by signal N (a checkpoint was saved)."""
+    stopped by signal N (a checkpoint was saved); 0 too for a storage-mode run that ran every
+    epoch (``complete``: it claims no target)."""
     if result.signal:
         return 128 + int(signal.Signals[result.signal])
-    return 0 if result.status == constants.SUCCESS else 1
+    return 0 if result.status == constants.SUCCESS or result.complete else 1
 
 
 def agree(result: RunResult, world: Runtime) -> RunResult:
@@ -193,7 +196,7 @@ def finish(job: Job, files: RunFiles | None, parts: Parts, outcome: Outcome) -> 
     """Write the side file, the config and the env (each once, exclusively: the set was claimed
     with the log), on the rank that holds the log (``files``; None elsewhere). Returns this
     rank's `RunResult`; the command adds the summary read back from the log."""
-    result = RunResult(outcome.status, outcome.reason, signal=outcome.signal)
+    result = RunResult(outcome.status, outcome.reason, signal=outcome.signal, complete=outcome.complete)
     if files is None:
         return result
     results.write_json(files.measured, measured(job, files, parts))

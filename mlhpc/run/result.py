@@ -190,6 +190,7 @@ class RunResult:
         exit_status: the status every rank of the job exits with, agreed among them
             (`mlhpc.run.outcome.agree`): 0 target reached, 1 not reached (by this or another
             instance), 128 + N stopped by signal N.
+        complete: a storage-mode run ran every epoch (`mlhpc.run.outcome.Outcome.complete`).
     """
 
     status: str
@@ -198,6 +199,7 @@ class RunResult:
     summary: dict[str, Any] = field(default_factory=dict)
     signal: str | None = None
     exit_status: int = 1
+    complete: bool = False
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -47,7 +47,7 @@ from mlhpc.run import checkpoint
 from mlhpc.run.assemble import Parts, Seeded, build, sources_named, stage, steps_per_pass
 from mlhpc.run.evaluate import evaluate
 from mlhpc.run.job import Job
-from mlhpc.log.writer import ComplianceLog, constants
+from mlhpc.log.writer import EMULATED_ACCELERATOR, ComplianceLog, constants
 from mlhpc.run.mllog import log_hyperparameters, log_init, log_samples
 from mlhpc.run.outcome import Outcome, Stop, close_failed
 from mlhpc.run.result import RunFiles
@@ -90,6 +90,8 @@ def prepare(job: Job, log: ComplianceLog, stop: Stop, lbs: int, seeded: Seeded) 
     data count in the time to train (the rule before v3.0). Returns after ``run_start``.
     """
     log_hyperparameters(job, log)
+    if job.emulation is not None:  # storage mode: what the steps emulate, before any data is read
+        log.event(EMULATED_ACCELERATOR, job.emulation.record(lbs))
     in_run = job.config.data.staging.placement == "run"
     if in_run:
         start_run(job, log, stop)
@@ -210,15 +212,22 @@ def train_loop(run: Run) -> Outcome:
     job, tcfg, metric = run.job, run.tcfg, run.job.workload.metric
     target = metric.target if tcfg.target is None else tcfg.target
     first, skip = (job.resume.state.epoch, job.resume.state.step) if job.resume else (1, 0)
-    if job.workload.evaluate_at_start and job.resume is None:
+    storage = job.emulation is not None  # storage mode: no model trained, nothing evaluated
+    if job.workload.evaluate_at_start and job.resume is None and not storage:
         _evaluate_epoch(run, 0, target)  # the starting point, epoch_num 0; training follows, as the reference's
     outcome = Outcome(constants.ABORTED, f"max_epochs {tcfg.max_epochs} reached before the target",
                       max(first - 1, tcfg.max_epochs))
+    if storage:
+        outcome = Outcome(constants.ABORTED, f"storage mode: {tcfg.max_epochs} epochs on emulated "
+                          f"{job.emulation.accelerator} accelerators, no quality claimed",
+                          max(first - 1, tcfg.max_epochs), complete=True)
     for epoch in range(first, tcfg.max_epochs + 1):
         trained = _train_epoch(run, epoch, skip if epoch == first else 0)
         if trained.stopped is not None:
             outcome = Outcome(constants.ABORTED, trained.stopped.reason, epoch, trained.stopped.signal)
             break
+        if storage:
+            continue
         evaluated = _evaluate_epoch(run, epoch, target)
         _report(run, epoch, trained, evaluated)
         if not math.isfinite(evaluated.value):
@@ -262,13 +271,14 @@ def _train_epoch(run: Run, epoch: int, skip: int) -> Epoch:
     run.log.barrier()
     run.log.start(constants.EPOCH_START, metadata={constants.EPOCH_NUM: _epoch_num(run, epoch)})
     t0 = time.perf_counter()
+    emulated = run.job.emulation.compute(rt.device) if run.job.emulation else None  # storage mode
     parts.step.model.train()
     loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
     samples, stopped = 0, None
     for step, (x, y) in enumerate(batches, start=skip):  # on the device, decoded
         last_micro = (step + 1) % tcfg.gradient_accumulation_steps == 0 or step + 1 == micro_steps
-        loss = train_step(parts.step, x, y, last_micro)
         n = parts.train_ds.batch_len(x)
+        loss = emulated.step(n) if emulated else train_step(parts.step, x, y, last_micro)
         loss_sum += loss.double() * n
         samples += n
         if should_log_step(tcfg, step + 1):
@@ -283,6 +293,8 @@ def _train_epoch(run: Run, epoch: int, skip: int) -> Epoch:
     run.log.barrier()
     epoch_s = time.perf_counter() - t0
     run.log.end(constants.EPOCH_STOP, metadata={constants.EPOCH_NUM: _epoch_num(run, epoch)})
+    if emulated is not None:  # storage mode: every rank's emulated compute, for AU
+        emulated.log_epoch(run.log, rt, _epoch_num(run, epoch))
     train_loss = loss_total / max(samples_total, 1)
     if stopped is None and not math.isfinite(train_loss):
         stopped = Stopped(f"non-finite training loss ({train_loss}) in epoch {epoch}")
