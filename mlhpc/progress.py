@@ -29,6 +29,11 @@ def size_text(n_bytes: float) -> str:
     return f"{n_bytes / 1e3:.0f} kB"
 
 
+def rate_text(bytes_per_s: float) -> str:
+    """A data rate for people: ``"1.23 GB/s"``, ``"45.6 MB/s"`` (powers of 1000)."""
+    return f"{bytes_per_s / 1e9:.2f} GB/s" if bytes_per_s >= 1e9 else f"{bytes_per_s / 1e6:.1f} MB/s"
+
+
 class SynthLines:
     """The synthesis events of `mlhpc.data.embedded.SynthWatch` for people: before the first
     sample, one line with the samples, the estimated bytes and the folder (and, for a gigabyte
@@ -50,6 +55,10 @@ class SynthLines:
             self.plan(event)
         elif event["kind"] == "synth_progress":
             self.progress(event)
+        elif event["kind"] == "synth_done":
+            self.close()
+            for line in self.summary(event):
+                self._print(line)
 
     def plan(self, event: dict[str, Any]) -> None:
         size = (f"about {size_text(event['bytes'])}" if event.get("bytes") is not None
@@ -87,19 +96,39 @@ class SynthLines:
 
     @staticmethod
     def line(event: dict[str, Any]) -> str:
-        """``  synth 12/80 samples, 0.72 GB of about 4.83 GB, 36 s, about 204 s left``."""
-        parts = [f"  synth {event['done']}/{event['samples']} samples"] if event.get("samples") \
-            else ["  synth"]
+        """``  synth 12/80 samples, 0.72 GB of about 4.83 GB, 36 s, 0.02 GB/s, about 204 s
+        left``; of several ranks, ``  rank 1/4: synth ...`` with this rank's own bytes."""
+        ranks = event.get("ranks") or 1
+        head = f"  rank {event['rank']}/{ranks}: synth" if ranks > 1 else "  synth"
+        parts = [f"{head} {event['done']}/{event['samples']} samples"] if event.get("samples") \
+            else [head]
         planned = event.get("planned_bytes")
-        if planned or event["bytes"] >= 1000:
-            parts.append(size_text(event["bytes"]) + (f" of about {size_text(planned)}"
-                                                       if planned else " written"))
+        written = event["rank_bytes"] if ranks > 1 and event.get("rank_bytes") is not None else event["bytes"]
+        if planned or written >= 1000:
+            parts.append(size_text(written) + (f" of about {size_text(planned)}"
+                                               if planned else " written"))
         else:  # a workload that computes samples before it writes them: say so, not "0 kB"
             parts.append("no data on disk yet")
         parts.append(f"{event['elapsed_s']:.0f} s")
+        if written and event["elapsed_s"] > 0:
+            parts.append(rate_text(written / event["elapsed_s"]))
         if event.get("eta_s") is not None:
             parts.append(f"about {event['eta_s']:.0f} s left")
         return ", ".join(parts)
+
+    @staticmethod
+    def summary(event: dict[str, Any]) -> list[str]:
+        """The end of a synthesis (``synth_done``): files, bytes, seconds and GB/s in all, then
+        each rank's GB/s (of more than 8 ranks: the slowest, median and fastest)."""
+        lines = [f"synthesised {event['files']} files, {size_text(event['bytes'])} in "
+                 f"{event['elapsed_s']:.1f} s: {rate_text(event['bytes'] / max(event['elapsed_s'], 1e-9))} in all"]
+        rates = sorted((f["bytes"] / max(f["elapsed_s"], 1e-9), f["rank"]) for f in event["ranks"]
+                       if f.get("bytes") is not None)
+        if len(event["ranks"]) > 1 and rates:
+            shown = rates if len(rates) <= 8 else [rates[0], rates[len(rates) // 2], rates[-1]]
+            label = "per rank" if len(rates) <= 8 else "per rank (slowest, median, fastest)"
+            lines.append(f"  {label}: " + ", ".join(f"rank {r} {rate_text(v)}" for v, r in shown))
+        return lines
 
     def close(self) -> None:
         if self.bar is not None:
@@ -207,6 +236,20 @@ class DataProgress:
                 echo(f"{event['done']}/{event['files']} files{read}", file=sys.stderr)
         elif kind == "done":
             self.close()
+
+    @staticmethod
+    def summary(event: dict[str, Any]) -> list[str]:
+        """The end of a synthesis (``synth_done``): files, bytes, seconds and GB/s in all, then
+        each rank's GB/s (of more than 8 ranks: the slowest, median and fastest)."""
+        lines = [f"synthesised {event['files']} files, {size_text(event['bytes'])} in "
+                 f"{event['elapsed_s']:.1f} s: {rate_text(event['bytes'] / max(event['elapsed_s'], 1e-9))} in all"]
+        rates = sorted((f["bytes"] / max(f["elapsed_s"], 1e-9), f["rank"]) for f in event["ranks"]
+                       if f.get("bytes") is not None)
+        if len(event["ranks"]) > 1 and rates:
+            shown = rates if len(rates) <= 8 else [rates[0], rates[len(rates) // 2], rates[-1]]
+            label = "per rank" if len(rates) <= 8 else "per rank (slowest, median, fastest)"
+            lines.append(f"  {label}: " + ", ".join(f"rank {r} {rate_text(v)}" for v, r in shown))
+        return lines
 
     def close(self) -> None:
         if self.bar is not None:

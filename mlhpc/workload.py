@@ -131,15 +131,29 @@ class WorkloadDataset:
 
 
 class SynthProgress:
-    """What a workload's ``synthesize`` tells the harness as it writes (this class is also the
-    silent listener a direct call gets): `plan` once, before the first sample, then `done` as
-    samples are written. A workload that says nothing is watched through the bytes it writes."""
+    """What a workload's ``synthesize`` tells the harness as it writes, and which files are its
+    to write (also the silent listener, and the whole share, a direct call gets): `plan` once,
+    then `done` as samples are written; unreported, the bytes it writes are watched. Under a
+    launcher every rank calls ``synthesize`` into one folder (``mlhpc data synth``): it writes the
+    files of `share` of its whole plan, and what depends on every file from `gather`."""
+
+    #: Synthesis processes the workload may start on this rank (0: its own choice).
+    workers: int = 0
 
     def plan(self, samples: int, size_bytes: int | None = None) -> None:
         """``samples`` are about to be written, about ``size_bytes`` in all (None: unknown)."""
 
     def done(self, samples: int = 1) -> None:
         """``samples`` more have been written."""
+
+    def share(self, tasks: list[Any]) -> list[Any]:
+        """This rank's part of ``tasks``, the same list on every rank (disjoint parts)."""
+        return list(tasks)
+
+    def gather(self, part: list[Any]) -> list[Any] | None:
+        """Every rank's ``part`` in rank order on the rank that finishes the data set, None on
+        the others; a collective, called once by every rank after its share."""
+        return list(part)
 
 
 #: The listener of a ``synthesize`` called outside the harness.
@@ -274,6 +288,7 @@ class Workload:
             ``DataError``.
         synthesize: ``(out_dir, synth_config, seed, progress) -> None`` writes embedded data in
             the official layout (its split folders), telling ``progress`` (`SynthProgress`).
+        synth_count_keys: the ``synth`` section's sample counts, which ``--fraction`` scales.
         build_loss: ``config -> (output, target) -> scalar loss tensor``.
         metric: the quality metric and its target.
         build_optimizer: ``(model, config, steps_per_epoch) -> (optimizer, scheduler)``; the
@@ -321,6 +336,7 @@ class Workload:
     evaluate_at_start: bool = False
     reference_train_flops_per_sample: tuple[float, str] | None = None
     search_knobs: tuple[Knob, ...] = ()
+    synth_count_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.data_tools is not None and not isinstance(self.data_tools, DataTools):

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from mlhpc import config as cfg
-from mlhpc.data import embedded, manifest
+from mlhpc.data import embedded, manifest, ready
 from mlhpc.data.files import is_part_file, part_path
 from mlhpc.errors import ConfigError, DataError
 from mlhpc.workload import get
@@ -43,7 +43,7 @@ def test_synthesised_folder_is_marked_and_checked(tmp_path):
     path = tmp_path / "data"
     config = config_for(path)
     cosmo = get("cosmoflow")
-    assert embedded.ensure_data(config, cosmo, ONE_RANK) > 0
+    assert ready.ensure_data(config, cosmo, ONE_RANK) > 0
     marker = manifest.load(path)  # the one completion record, as of every folder mlhpc writes
     assert marker["kind"] == "synth" and marker["complete"] is True
     assert embedded.recorded_inventory(marker)["train"]["files"] == 12
@@ -52,18 +52,18 @@ def test_synthesised_folder_is_marked_and_checked(tmp_path):
     assert sorted(p.name for p in path.iterdir() if p.name.startswith(".")) == [manifest.MANIFEST_NAME]
     assert embedded.describe(path) == "complete"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]  # no temporaries, no lock file
-    assert embedded.ensure_data(config, cosmo, ONE_RANK) == 0.0  # nothing to do
+    assert ready.ensure_data(config, cosmo, ONE_RANK) == 0.0  # nothing to do
 
     # the marker's settings must be the config's: other seed -> refused, named
     with pytest.raises(DataError, match=r"data were synthesised with seed=0, the config asks for 3"):
-        embedded.ensure_data(config_for(path, seed=3), cosmo, ONE_RANK)
+        ready.ensure_data(config_for(path, seed=3), cosmo, ONE_RANK)
     # ... while another training seed uses the same data (runs of one submission differ in
     # train.seed, not in their dataset)
-    assert embedded.ensure_data(config_for(path, train_seed=601530164), cosmo, ONE_RANK) == 0.0
+    assert ready.ensure_data(config_for(path, train_seed=601530164), cosmo, ONE_RANK) == 0.0
     with pytest.raises(DataError, match=r"synth.eval_samples=6, the config asks for 8"):
-        embedded.ensure_data(config_for(path, eval_samples=8), cosmo, ONE_RANK)
+        ready.ensure_data(config_for(path, eval_samples=8), cosmo, ONE_RANK)
     # synth.workers changes speed, not bytes
-    assert embedded.ensure_data(config_for(path, workers=2), cosmo, ONE_RANK) == 0.0
+    assert ready.ensure_data(config_for(path, workers=2), cosmo, ONE_RANK) == 0.0
 
 
 def test_changed_marked_folder_is_refused_and_never_deleted(tmp_path):
@@ -72,7 +72,7 @@ def test_changed_marked_folder_is_refused_and_never_deleted(tmp_path):
     synthesis on or off, and every byte left as it was."""
     path = tmp_path / "data"
     cosmo = get("cosmoflow")
-    embedded.ensure_data(config_for(path), cosmo, ONE_RANK)
+    ready.ensure_data(config_for(path), cosmo, ONE_RANK)
     before = {n: (path / "validation" / n).read_bytes() for n in files(path, "validation")}
     (path / "validation" / sorted(before)[-1]).unlink()  # a lost file
     with open(path / "validation" / sorted(before)[0], "r+b") as f:  # and a truncated one
@@ -82,10 +82,10 @@ def test_changed_marked_folder_is_refused_and_never_deleted(tmp_path):
     for synthesize in (False, True):
         with pytest.raises(DataError, match="files differ from the manifest of the synthesis.*validation "
                                             "holds 5 files.*mlhpc never deletes them"):
-            embedded.ensure_data(config_for(path, synthesize=synthesize), cosmo, ONE_RANK)
+            ready.ensure_data(config_for(path, synthesize=synthesize), cosmo, ONE_RANK)
         assert {n: (path / "validation" / n).read_bytes() for n in files(path, "validation")} == after
     fresh = tmp_path / "fresh"
-    embedded.ensure_data(config_for(fresh), cosmo, ONE_RANK)
+    ready.ensure_data(config_for(fresh), cosmo, ONE_RANK)
     (fresh / "notes.txt").write_text("mine")
     with pytest.raises(DataError, match="notes.txt was not written by the synthesis"):
         embedded.synthesize(fresh, cosmo, config_for(fresh).synth, 0)
@@ -100,17 +100,17 @@ def test_unmarked_data_are_used_as_they_are(tmp_path):
         (path / split).mkdir(parents=True)
         (path / split / "univ_000000.h5").write_bytes(b"user data")
     assert embedded.describe(path) == "unmarked"
-    assert embedded.ensure_data(config_for(path), get("cosmoflow"), ONE_RANK) == 0.0
+    assert ready.ensure_data(config_for(path), get("cosmoflow"), ONE_RANK) == 0.0
     assert sorted(all_names(path)) == sorted(["train", "validation", "univ_000000.h5", "univ_000000.h5"])
     assert (path / "train" / "univ_000000.h5").read_bytes() == b"user data"
 
 
 def test_missing_data_without_synthesis_is_refused(tmp_path):
     with pytest.raises(DataError, match="dataset folder not found"):
-        embedded.ensure_data(config_for(tmp_path / "none", synthesize=False), get("cosmoflow"), ONE_RANK)
+        ready.ensure_data(config_for(tmp_path / "none", synthesize=False), get("cosmoflow"), ONE_RANK)
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="empty"):
-        embedded.ensure_data(config_for(tmp_path / "empty", synthesize=False), get("cosmoflow"), ONE_RANK)
+        ready.ensure_data(config_for(tmp_path / "empty", synthesize=False), get("cosmoflow"), ONE_RANK)
 
 
 def test_a_folder_a_writer_left_in_place_is_refused_not_adopted(tmp_path):
@@ -127,9 +127,9 @@ def test_a_folder_a_writer_left_in_place_is_refused_not_adopted(tmp_path):
     assert embedded.describe(path) == "interrupted"
     kept = sorted(all_names(path))
     with pytest.raises(DataError, match="interrupted synthesis"):
-        embedded.ensure_data(config_for(path, synthesize=False), cosmo, ONE_RANK)
+        ready.ensure_data(config_for(path, synthesize=False), cosmo, ONE_RANK)
     with pytest.raises(DataError, match="holds files that are not a synthesis of mlhpc; it is never rewritten"):
-        embedded.ensure_data(config_for(path), cosmo, ONE_RANK)
+        ready.ensure_data(config_for(path), cosmo, ONE_RANK)
     assert sorted(all_names(path)) == kept
 
 
@@ -165,9 +165,9 @@ def test_data_synth_takes_the_configs_seed_as_a_run_would(tmp_path):
     result = CliRunner().invoke(main, ["data", "synth", "cosmoflow", "--out", str(tmp_path / "d"),
                                        "--config", str(path)])
     assert result.exit_code == 0, result.output
-    assert embedded.ensure_data(config_for(tmp_path / "d", seed=7), get("cosmoflow"), ONE_RANK) == 0.0
+    assert ready.ensure_data(config_for(tmp_path / "d", seed=7), get("cosmoflow"), ONE_RANK) == 0.0
     with pytest.raises(DataError):
-        embedded.ensure_data(config_for(tmp_path / "d", seed=0), get("cosmoflow"), ONE_RANK)
+        ready.ensure_data(config_for(tmp_path / "d", seed=0), get("cosmoflow"), ONE_RANK)
 
 
 def _synth_cmd(mlhpc_cmd, out: Path, **synth) -> list[str]:
@@ -201,8 +201,8 @@ def test_killed_data_synth_is_never_used(tmp_path, mlhpc_cmd):
 
     cosmo = get("cosmoflow")
     with pytest.raises(DataError, match="interrupted synthesis"):
-        embedded.ensure_data(config_for(out, synthesize=False, **synth), cosmo, ONE_RANK)
-    assert embedded.ensure_data(config_for(out, **synth), cosmo, ONE_RANK) > 0
+        ready.ensure_data(config_for(out, synthesize=False, **synth), cosmo, ONE_RANK)
+    assert ready.ensure_data(config_for(out, **synth), cosmo, ONE_RANK) > 0
     assert len(files(out, "validation")) == 150
     assert embedded.describe(out) == "complete"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
@@ -237,7 +237,7 @@ def test_a_folder_of_raw_data_is_named_and_never_synthesised_over(tmp_path):
     (raw / "universe_000.hdf5").write_bytes(b"not ours")
     with pytest.raises(DataError, match=r"raw/train: dataset folder is missing or empty .*"
                                         r"mlhpc data prepare cosmoflow"):
-        embedded.ensure_data(config_for(raw), get("cosmoflow"), ONE_RANK)
+        ready.ensure_data(config_for(raw), get("cosmoflow"), ONE_RANK)
     assert sorted(p.name for p in raw.iterdir()) == ["universe_000.hdf5"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raw"]
 
@@ -253,10 +253,10 @@ def test_a_synthesis_folder_another_user_could_write_is_refused(tmp_path):
     hidden.mkdir()
     hidden.chmod(0o777)
     with pytest.raises(DataError, match=r"is not mlhpc's \(not a private folder of yours\)"):
-        embedded.ensure_data(config_for(out, **synth), get("cosmoflow"), ONE_RANK)
+        ready.ensure_data(config_for(out, **synth), get("cosmoflow"), ONE_RANK)
     assert not out.exists() and oct(hidden.stat().st_mode & 0o777) == "0o777"
     hidden.rmdir()
-    assert embedded.ensure_data(config_for(out, **synth), get("cosmoflow"), ONE_RANK) > 0
+    assert ready.ensure_data(config_for(out, **synth), get("cosmoflow"), ONE_RANK) > 0
     umask = os.umask(0)
     os.umask(umask)
     assert out.stat().st_mode & 0o777 == 0o777 & ~umask
@@ -297,6 +297,6 @@ def test_a_split_folder_a_killed_writer_left_is_removed_and_the_data_completed(t
     left.mkdir()
     (left / "univ_000000.h5").write_bytes(b"half")
     assert embedded.describe(path) == "interrupted"
-    assert embedded.ensure_data(config_for(path), cosmo, ONE_RANK) > 0
+    assert ready.ensure_data(config_for(path), cosmo, ONE_RANK) > 0
     assert not [n for n in all_names(path) if is_part_file(n)]
     assert embedded.describe(path) == "complete" and not hidden.exists()

@@ -53,8 +53,11 @@ def test_piped_data_synth_says_what_how_big_and_how_far(tmp_path):
     assert abs(estimate - _bytes(out)) < 0.05 * _bytes(out), (estimate, _bytes(out))
     done = [int(m.group(1)) for m in (re.match(r"  synth (\d+)/10 samples, [\d.]+ [kM]B of "
                                                r"about [\d.]+ [kM]B, \d+ s", line)
-                                      for line in lines[2:]) if m]
-    assert len(done) == len(lines) - 2 and done == sorted(done) and done[-1] == 10, proc.stderr
+                                      for line in lines[2:-1]) if m]
+    assert len(done) == len(lines) - 3 and done == sorted(done) and done[-1] == 10, proc.stderr
+    # the end: the files (10 and stats.h5), their bytes, the time and the rate
+    assert re.fullmatch(r"synthesised 11 files, [\d.]+ [kM]B in [\d.]+ s: [\d.]+ [MG]B/s in all",
+                        lines[-1]), lines[-1]
     assert len(done) >= 5  # a line at least every tenth of the samples (or every 5 s)
     assert proc.stdout.strip() == f"wrote deepcam data to {out}"
 
@@ -76,7 +79,7 @@ def test_a_log_gets_a_line_every_interval_or_tenth(monkeypatch):
     lines({**event, "done": 100})
     lines({**event, "done": 101})
     assert log.getvalue().splitlines()[1:] == [
-        "  synth 100/1000 samples, 5.0 MB written, 1 s, about 99 s left"]
+        "  synth 100/1000 samples, 5.0 MB written, 1 s, 5.0 MB/s, about 99 s left"]
     lines({**event, "done": 201})  # a tenth more: a line
     lines({**event, "done": 1000})  # the last: a line
     printed = log.getvalue().splitlines()

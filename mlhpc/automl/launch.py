@@ -48,7 +48,7 @@ def prepare(config: Config, on_progress: Callable[[dict[str, Any]], None]) -> St
         DataError, OutputError: the dataset cannot be made, the folder cannot be written.
     """
     from mlhpc import runtime
-    from mlhpc.data.embedded import ensure_data
+    from mlhpc.data.ready import ensure_data
 
     check_space(config)
     folder = Path(config.output.dir)

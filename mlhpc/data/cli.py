@@ -32,35 +32,51 @@ def data_group() -> None:
               help="Seed of the synthesis (default: the config's data.synth_seed, 0 without --config).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a synth value, e.g. --set synth.cube_size=32.")
+@click.option("--fraction", type=float, default=None, metavar="F",
+              help="Write the fraction F (0 < F <= 1) of the synth section's sample counts "
+                   "(a reference config's: of the reference data set).")
+@click.option("--workers", type=int, default=None, metavar="N",
+              help="Synthesis processes per rank (default: the rank's share of its node's CPUs).")
 @_friendly
 def synth_command(workload_name: str, out_dir: Path, config_path: Path | None, seed: int | None,
-                  overrides: tuple[str, ...]) -> None:
-    """Write WORKLOAD's embedded synthetic dataset in the official on-disk layout."""
+                  overrides: tuple[str, ...], fraction: float | None, workers: int | None) -> None:
+    """Write WORKLOAD's embedded synthetic dataset in the official on-disk layout. Under srun,
+    torchrun or mpiexec the ranks share the work, each writing its own files of one data set."""
     from mlhpc import config as cfg
+    from mlhpc.data import synthjob
+    from mlhpc.data.synthteam import QuietRankError
+    from mlhpc.progress import SynthLines
 
     tree = cfg.read_yaml(config_path) if config_path else {"train": {"global_batch_size": 1, "max_epochs": 1}}
     tree["workload"] = workload_name
     config = cfg.from_dict(tree, source=str(config_path or "<defaults>"), overrides=overrides)
-    from mlhpc.data import embedded
-    from mlhpc.progress import SynthLines
-    from mlhpc.workload import get
-
-    workload = get(workload_name)
     # what, how big, where before writing; then progress. The synth section's defaults are a
     # workload's full-size data: said, when no --config gave other sizes.
-    lines = SynthLines(sys.stderr, note=None if config_path else (
-        f"mlhpc: no --config: {workload_name}'s synth defaults (full-size samples)"
-        f"{' and the --set values' if overrides else ''}"))
+    note = None if config_path else (f"mlhpc: no --config: {workload_name}'s synth defaults (full-size samples)"
+                                     f"{' and the --set values' if overrides else ''}")
+    made: list[SynthLines] = []
+
+    def lines(is_main: bool) -> SynthLines:
+        made.append(SynthLines(sys.stderr, note=note if is_main else None))
+        return made[-1]
+
+    request = synthjob.SynthRequest(seed=config.data.synth_seed if seed is None else seed,
+                                    fraction=fraction, workers=workers)
     try:  # atomic: a hidden sibling folder renamed into place, marked complete (mlhpc.data.embedded)
-        wrote = embedded.synthesize(out_dir, workload, config.synth,
-                                    config.data.synth_seed if seed is None else seed, on_progress=lines)
+        wrote = synthjob.synth_job(config, out_dir, request, lines)
+    except QuietRankError:  # rank 0 says it
+        sys.exit(2)
     except KeyboardInterrupt:  # Ctrl-C: one line and 128 + SIGINT, as a run exits
-        lines.close()
+        for each in made:
+            each.close()
         echo(f"mlhpc: interrupted (SIGINT): {out_dir} not completed; nothing half-written is in "
-                   "its place", err=True)
+             "its place", err=True)
         sys.exit(130)
     finally:
-        lines.close()
+        for each in made:
+            each.close()
+    if wrote is None:  # another rank said it
+        return
     if wrote:
         echo(f"wrote {workload_name} data to {out_dir.resolve()}")
     else:

@@ -33,8 +33,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -49,16 +48,13 @@ from mlhpc.data.claims import (
     remove_own_part,
 )
 from mlhpc.data.files import checksum, is_part_file, part_path, reason, write_text_atomic
-from mlhpc.data.formats import splits_of
 from mlhpc.data.inputs import read_text_input
-from mlhpc.data.manifest import require_complete
 from mlhpc.data.statefiles import record_tree, recording
+from mlhpc.data.synthteam import QuietRankError, SynthTeam
 from mlhpc.data.synthwatch import ProgressFn, SynthWatch
 from mlhpc.errors import ConfigError, DataError, MlhpcError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from mlhpc.config import Config
-    from mlhpc.runtime import Runtime
     from mlhpc.workload import Workload
 
 INTENT = ".mlhpc-intent.json"
@@ -163,17 +159,26 @@ def recorded_inventory(doc: dict[str, Any]) -> dict[str, dict[str, int]]:
     return counts
 
 
-def _entries(path: Path) -> list[dict[str, Any]]:
-    """The manifest entries (path, bytes, xxh3_128) of every file `inventory` counts."""
+def _listing(path: Path) -> list[str]:
+    """The relative paths of every file `inventory` counts, sorted."""
     found = []
     for entry in sorted(Path(path).iterdir()):
         if entry.name.startswith("."):
             continue
         files = [p for p in entry.rglob("*") if p.is_file()] if entry.is_dir() else [entry]
-        for file in sorted(files):
-            found.append({"path": file.relative_to(path).as_posix(),
-                          "bytes": file.stat().st_size, "xxh3_128": checksum(file)})
+        found.extend(file.relative_to(path).as_posix() for file in sorted(files))
     return found
+
+
+def _entry(path: Path, rel: str) -> dict[str, Any]:
+    """The manifest entry (path, bytes, xxh3_128) of file ``rel`` under ``path``."""
+    file = Path(path) / rel
+    return {"path": rel, "bytes": file.stat().st_size, "xxh3_128": checksum(file)}
+
+
+def _entries(path: Path) -> list[dict[str, Any]]:
+    """The manifest entries of every file `inventory` counts."""
+    return [_entry(path, rel) for rel in _listing(path)]
 
 
 def check_complete(path: Path, record: dict[str, Any]) -> str | None:
@@ -239,18 +244,23 @@ def _lock(path: Path) -> Iterator[None]:
 
 
 def synthesize(path: Path, workload: "Workload", synth: Any, seed: int,
-               on_progress: ProgressFn | None = None) -> bool:
+               on_progress: ProgressFn | None = None, team: SynthTeam = SynthTeam()) -> bool:
     """Make ``path`` a complete embedded dataset of ``workload`` (synth settings ``synth``, seed
     ``seed``), marked as such. Used by `ensure_data` and ``mlhpc data synth``.
 
     ``on_progress`` receives the events of `SynthWatch` (``synth_plan`` before the first sample
     is written, then ``synth_progress`` at least every `mlhpc.data.synthwatch.TICK_S` seconds
-    and after each batch of samples the workload reports) while anything is written.
+    and after each batch of samples the workload reports) while anything is written, and on
+    rank 0 one ``synth_done`` event (`synth_done`) at the end.
 
     Nothing is done to a folder whose record agrees with its files and with these settings. A
     recorded folder whose files disagree with its manifest, and a folder of data without one,
     are refused and never touched; a missing or empty one is written in the hidden claimed
     folder (resuming an interrupted synthesis with these settings) and renamed into place.
+
+    ``team`` (`SynthTeam`): with several ranks, every rank calls this on one folder (a file
+    system they share); rank 0 decides and prepares, every rank writes its share and checksums
+    its share of the files, rank 0 writes the manifest and renames the folder into place.
 
     Returns:
         True when anything was written, False when ``path`` was already complete.
@@ -259,24 +269,69 @@ def synthesize(path: Path, workload: "Workload", synth: Any, seed: int,
         ConfigError: ``seed`` outside 0 .. 2**63 - 1 (checked before anything is written).
         DataError: ``path`` is marked as synthesised with other settings (names the first
             differing key), changed since its synthesis, holds data that are not a synthesis,
-            is not a folder, or cannot be written (names the folder).
+            is not a folder, or cannot be written (names the folder); on every rank.
     """
     seed = check_seed(seed)
     path = Path(path)
     wanted = _settings(workload.name, synth, seed)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with _lock(path):
-            if not _needs_synthesis(path, wanted):
-                if claim_problem(path, SYNTH_KIND) is None:  # renamed into place, not yet released
-                    _finish(path)
+        with _lock(path) if team.is_main else nullcontext():
+            if not _on_main(team, _prepared, path, wanted):
                 return False
-            _synthesize_into_place(path, workload, synth, seed, wanted, on_progress)
+            tmp = staging_folder(path)
+            with recording(tmp), SynthWatch(tmp, path, on_progress, team) as watch:
+                watch.run(workload.synthesize, synth, seed)
+                figures = team.everyone(watch.rank_figures())
+            entries = team.gather([_entry(tmp, rel) for rel in team.share(_listing(tmp))])
+            _on_main(team, _put_in_place, path, wanted, entries)
     except OSError as exc:
         where = exc.filename or path
         raise DataError(f"{where}: cannot write the synthetic dataset "
                         f"({exc.strerror or exc})") from None
+    if team.is_main and on_progress is not None:
+        on_progress(synth_done(path, figures, entries))
     return True
+
+
+def _on_main(team: SynthTeam, fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` on rank 0; its result, or its error as a DataError, on every rank."""
+    outcome: tuple[str, Any] = ("ok", None)
+    if team.is_main:
+        try:
+            outcome = ("ok", fn(*args))
+        except (MlhpcError, OSError) as exc:
+            if team.ranks == 1:
+                raise
+            outcome = ("error", exc)
+    outcome = team.from_main(outcome if team.ranks == 1 else (outcome[0], _picklable(outcome[1])))
+    if outcome[0] == "error":
+        raise QuietRankError(str(outcome[1])) if not team.is_main else outcome[1]
+    return outcome[1]
+
+
+def _picklable(value: Any) -> Any:
+    """``value`` as it crosses to the other ranks: an error as its text."""
+    return str(value) if isinstance(value, BaseException) else value
+
+
+def _prepared(path: Path, wanted: dict[str, Any]) -> bool:
+    """Rank 0's first step: False when ``path`` is complete with these settings (its claim
+    released if a rename was interrupted), else True with the hidden folder ready to write."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not _needs_synthesis(path, wanted):
+        if claim_problem(path, SYNTH_KIND) is None:  # renamed into place, not yet released
+            _finish(path)
+        return False
+    _prepare_hidden(path, wanted)
+    return True
+
+
+def synth_done(path: Path, figures: list[dict[str, Any]], entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``synth_done`` event: every rank's figures (`SynthWatch.rank_figures`), the bytes of
+    the whole data set and the slowest rank's seconds."""
+    return {"kind": "synth_done", "path": str(Path(path).absolute()), "ranks": figures,
+            "files": len(entries), "bytes": sum(e["bytes"] for e in entries),
+            "elapsed_s": max(f["elapsed_s"] for f in figures)}
 
 
 def _needs_synthesis(path: Path, wanted: dict[str, Any]) -> bool:
@@ -313,16 +368,14 @@ def changed_message(path: Path, why: str) -> str:
             "synthesise it afresh, or set data.path")
 
 
-def _synthesize_into_place(path: Path, workload: "Workload", synth: Any, seed: int,
-                           wanted: dict[str, Any], on_progress: ProgressFn | None) -> None:
-    """Write the dataset in the hidden claimed folder beside ``path`` (resuming an interrupted
-    synthesis with the same settings), mark it, rename it to ``path`` (missing or empty) and
-    only then release its claim (`_finish`). Called under `_lock`; OSError propagates.
+def _prepare_hidden(path: Path, wanted: dict[str, Any]) -> None:
+    """Make (or resume) the hidden claimed folder beside ``path`` to write the dataset in: its
+    intent record written, what unfinished writers left removed. Called by rank 0 under `_lock`;
+    OSError propagates.
 
     Raises:
         DataError: a hidden folder of that name not claimed by mlhpc for this user, or holding
-            a file mlhpc did not record making (named; nothing removed); the rename failed (the
-            folder stays claimed for the next run to finish).
+            a file mlhpc did not record making (named; nothing removed).
     """
     tmp = staging_folder(path)
     if os.path.lexists(tmp):
@@ -337,10 +390,21 @@ def _synthesize_into_place(path: Path, workload: "Workload", synth: Any, seed: i
     with recording(tmp):
         _write_json(tmp / INTENT, wanted)
         remove_leftovers(tmp, SYNTH_KIND)
-        with SynthWatch(tmp, path, on_progress) as watch:
-            watch.run(workload.synthesize, synth, seed)
-        remove_leftovers(tmp, SYNTH_KIND)
-        manifest.write(tmp, KIND, _entries(tmp), **wanted)
+
+
+def _put_in_place(path: Path, wanted: dict[str, Any], entries: list[dict[str, Any]]) -> None:
+    """Rank 0's last step, once every rank has written its share: the manifest (``entries``)
+    written, the hidden folder renamed to ``path`` (missing or empty) and only then its claim
+    released (`_finish`).
+
+    Raises:
+        DataError: the rename failed (the folder stays claimed for the next run to finish).
+    """
+    tmp = staging_folder(path)
+    with recording(tmp):
+        if remove_leftovers(tmp, SYNTH_KIND):  # a writer's temporary left behind: listed above
+            entries = _entries(tmp)
+        manifest.write(tmp, KIND, entries, **wanted)
     try:
         os.rename(tmp, path)  # replaces an empty folder of that name
     except OSError as exc:
@@ -405,96 +469,3 @@ def describe(path: Path) -> str:
     if not any(p.is_file() for p in path.rglob("*") if not p.name.startswith(".")):
         return "empty"
     return "unmarked"
-
-
-def ensure_data(config: "Config", workload: "Workload", rt: "Runtime",
-                on_progress: ProgressFn | None = None) -> float:
-    """Make sure ``config.data.path`` holds a complete dataset before anything reads it;
-    synthesise the embedded one when it is missing or was interrupted, and
-    ``data.synthesize_if_missing`` allows it. Data that no longer match their synthesis manifest
-    are refused, never deleted.
-
-    Rank 0 writes (telling ``on_progress`` what it does: `SynthWatch`); every rank first
-    looks, then waits, then checks the result. A folder without a record that holds data (a real
-    dataset) is used as it is.
-
-    Returns:
-        Seconds spent synthesising (0.0 when the data were there).
-
-    Raises:
-        DataError: the data changed since their synthesis; or are missing or interrupted and
-            synthesis is not allowed (the message says which and names the folder); synthesised with other settings; a split
-            folder (train/, validation/) is missing or empty; the folder cannot be written.
-        ConfigError: ``data.synth_seed`` outside what synthesis accepts.
-    """
-    from mlhpc import runtime
-
-    path = Path(config.data.path)
-    runtime.barrier(rt)  # every rank looks before rank 0 may start writing ...
-    state = describe(path)
-    if state == "unmarked":  # a folder made by data convert / prepare must carry its manifest
-        require_complete(path, DataError, resume="the mlhpc data convert or prepare command that "
-                                                 "made it, with the same arguments")
-    if state == "complete":  # every rank, so that all raise together
-        record = synth_manifest(path) or {}
-        differs = _first_difference(record, _settings(workload.name, config.synth, config.data.synth_seed))
-        if differs:
-            raise DataError(f"{path}: data were synthesised with {differs}; delete the folder or "
-                            "choose another data.path")
-    runtime.barrier(rt)  # ... so all ranks agree on `state`
-    start = time.perf_counter()
-    if state == "changed":  # never deleted, never rewritten
-        raise DataError(changed_message(path, str(check_complete(path, synth_manifest(path) or {}))))
-    work = state in ("missing", "interrupted", "empty")
-    if work:
-        if not config.data.synthesize_if_missing:
-            reason = {"missing": "dataset folder not found (expected train/ and validation/)",
-                      "empty": "dataset folder is empty",
-                      "interrupted": "an interrupted synthesis (partial files, no manifest)",
-                      }[state]
-            raise DataError(f"{path}: {reason}; set data.synthesize_if_missing: true to "
-                            "synthesise it, or data.path")
-        if rt.is_main:
-            synthesize(path, workload, config.synth, config.data.synth_seed, on_progress)
-        runtime.barrier(rt)
-    _require_splits(path, workload, state)
-    return time.perf_counter() - start if work else 0.0
-
-
-def _holds_files(folder: Path) -> bool:
-    """A data file in ``folder`` or in one of its sub-folders (a dataset may group its files,
-    e.g. structures and alignments); a linked sub-folder is not entered."""
-    def files(where: Path) -> bool:
-        return any(p.is_file() and not is_part_file(p.name) for p in where.iterdir())
-    return files(folder) or any(p.is_dir() and not p.is_symlink() and files(p)
-                                for p in folder.iterdir())
-
-
-def _split_names(path: Path, workload: "Workload", state: str) -> tuple[str, ...]:
-    """The split folders of ``path`` as the workload's data tools name them (``find_splits``: a
-    dataset laid out as its reference lays it out, e.g. ``train/`` and ``val_id/``), or the
-    names it writes (`splits_of`) where the tools find none in data of mlhpc's own. Raises the
-    tools' DataError for a user's (``unmarked``) folder they cannot split."""
-    tools = workload.data_tools
-    if tools is not None and path.is_dir():
-        try:
-            return tuple(tools.find_splits(path))
-        except DataError:
-            if state == "unmarked":
-                raise
-    return splits_of(tools)
-
-
-def _require_splits(path: Path, workload: "Workload", state: str) -> None:
-    """Raises DataError when a split folder of ``path`` (`_split_names`) is missing or holds no
-    data file."""
-    for split in _split_names(path, workload, state):
-        folder = path / split
-        if not folder.is_dir() or not _holds_files(folder):
-            hint = ""
-            if state == "unmarked" and not folder.exists():  # someone's own data, not ours
-                hint = (f"; a folder of raw data (e.g. whole simulated universes) is made into "
-                        f"its split folders by `mlhpc data prepare {workload.name} {path} DST`")
-            names = " and ".join(f"{s}/" for s in splits_of(workload.data_tools))
-            raise DataError(f"{folder}: dataset folder is missing or empty "
-                            f"(expected {names} with data files){hint}")

@@ -9,9 +9,12 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence, TypeVar
 
+from mlhpc.data.synthteam import SynthTeam
 from mlhpc.workload import SynthProgress
+
+T = TypeVar("T")
 
 #: The longest a synthesis goes without a ``synth_progress`` event, in seconds.
 TICK_S = 1.0
@@ -31,12 +34,16 @@ class SynthWatch(SynthProgress):
 
     Events: ``{"kind": "synth_plan", "path", "samples", "bytes"}``, then ``{"kind":
     "synth_progress", "path", "done", "samples", "bytes" (on disk now), "planned_bytes",
-    "elapsed_s", "eta_s"}``; ``done``, ``samples``, ``planned_bytes`` and ``eta_s`` are None
-    where the workload reports nothing to base them on.
+    "elapsed_s", "eta_s", "rank", "ranks", "rank_bytes"}`` (``bytes``: every rank's files under
+    the folder; ``rank_bytes``: this rank's, estimated); ``done``, ``samples``,
+    ``planned_bytes``, ``eta_s`` and ``rank_bytes`` are None where the workload reports nothing to
+    base them on.
     """
 
-    def __init__(self, folder: Path, path: Path, on_progress: ProgressFn | None) -> None:
-        self.folder, self.path, self.emit = Path(folder), Path(path), on_progress
+    def __init__(self, folder: Path, path: Path, on_progress: ProgressFn | None,
+                 team: SynthTeam = SynthTeam()) -> None:
+        self.folder, self.path, self.emit, self.team = Path(folder), Path(path), on_progress, team
+        self.workers = team.workers
         self.samples: int | None = None
         self.planned_bytes: int | None = None
         self.done_samples: int | None = None
@@ -78,6 +85,27 @@ class SynthWatch(SynthProgress):
             self.done_samples = (self.done_samples or 0) + int(samples)
         self.report()
 
+    def share(self, tasks: Sequence[T]) -> list[T]:
+        """This rank's part of the plan (`SynthTeam.share`)."""
+        return self.team.share(tasks)
+
+    def gather(self, part: list[T]) -> list[T] | None:
+        """Every rank's ``part`` on rank 0 (`SynthTeam.gather`)."""
+        return self.team.gather(part)
+
+    def rank_figures(self) -> dict[str, Any]:
+        """This rank's samples and bytes written (`_rank_bytes`) and seconds since its plan."""
+        with self._lock:
+            return {"rank": self.team.rank, "samples": self.done_samples, "bytes": self._rank_bytes(),
+                    "elapsed_s": time.monotonic() - self.start}
+
+    def _rank_bytes(self) -> float | None:
+        """Bytes this rank has written: the workload's estimate in proportion to the samples
+        done (None where it gave none); the folder's bytes count every rank's files."""
+        if self.planned_bytes is None or not self.samples:
+            return None if self.samples != 0 else 0.0
+        return self.planned_bytes * (self.done_samples or 0) / self.samples
+
     def report(self) -> None:
         """One ``synth_progress`` event: samples done, bytes on disk, elapsed, remaining (after
         a ``synth_plan`` of unknown size when the workload has announced none)."""
@@ -97,7 +125,8 @@ class SynthWatch(SynthProgress):
             self._emit({"kind": "synth_progress", "path": str(self.path.absolute()), "done": self.done_samples,
                         "samples": self.samples, "bytes": written,
                         "planned_bytes": self.planned_bytes, "elapsed_s": elapsed_s,
-                        "eta_s": eta_s})
+                        "eta_s": eta_s, "rank": self.team.rank, "ranks": self.team.ranks,
+                        "rank_bytes": self._rank_bytes()})
 
     def _emit(self, event: dict[str, Any]) -> None:
         if self.emit is not None:

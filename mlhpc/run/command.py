@@ -26,7 +26,7 @@ from typing import Any
 
 from mlhpc import runtime
 from mlhpc.config import Config
-from mlhpc.data import embedded
+from mlhpc.data import embedded, ready
 from mlhpc.data import stage as staging
 from mlhpc.data.stage.copies import release
 from mlhpc.data.inputs import read_text_input
@@ -118,7 +118,7 @@ def _where(config: Config) -> dict[str, Any]:
 
 
 def ensure_source(config: Config, workload: Workload, world: Runtime, progress: ProgressFn) -> float:
-    """`mlhpc.data.embedded.ensure_data` on ``data.path``, unless the source is gone and every node
+    """`mlhpc.data.ready.ensure_data` on ``data.path``, unless the source is gone and every node
     already holds its complete staged copy (`mlhpc.data.stage.staged_copy_present`): a run after a
     separate ``mlhpc stage`` step then needs no source (and synthesises none). Every rank of the
     job (``world``) takes the same branch. Returns the seconds spent synthesising."""
@@ -133,7 +133,7 @@ def ensure_source(config: Config, workload: Workload, world: Runtime, progress: 
                   "workload": workload.name,
                   "samples": {k: v for k, v in (synth.model_dump() if synth is not None else {}).items()
                               if k.endswith("_samples")}})
-    seconds = embedded.ensure_data(config, workload, world, progress)
+    seconds = ready.ensure_data(config, workload, world, progress)
     if world.is_main and seconds > 0:
         progress({"kind": "synthesised", "path": str(config.data.path), "seconds": seconds})
     return seconds

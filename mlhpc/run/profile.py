@@ -33,7 +33,7 @@ from mlhpc.data.outputs import output_file
 from mlhpc.run.roofline_figure import Roofline, write_roofline
 from mlhpc.config import Config
 from mlhpc.errors import ConfigError, OutputError
-from mlhpc.data.embedded import ensure_data
+from mlhpc.data.ready import ensure_data
 from mlhpc.runtime import Runtime
 from mlhpc.run import roofline as rooflines
 from mlhpc.run.step import Step, compile_mode, memory_breakdown, train_step

@@ -110,14 +110,14 @@ def device_forward(fn: Callable[..., Any], args: Any, kwargs: Any, seed: int, de
 
 def material(config: Config, workload: Workload, rt: Runtime, precision: str) -> Material:
     """The material of ``config``: the training split read from ``data.path`` (embedded data
-    synthesised first when missing, `mlhpc.data.embedded.ensure_data`, as a run does) and the
+    synthesised first when missing, `mlhpc.data.ready.ensure_data`, as a run does) and the
     model built after seeding with ``train.seed`` (`mlhpc.run.assemble.seeded_model`).
 
     Raises:
         DataError: no training samples, or as the workload's reader and synthesis.
         ConfigError: the model cannot be built.
     """
-    from mlhpc.data.embedded import ensure_data
+    from mlhpc.data.ready import ensure_data
 
     ensure_data(config, workload, rt)
     train_ds, _ = workload.datasets(config, rt, Path(config.data.path))

@@ -78,6 +78,7 @@ WORKLOAD = Workload(
     build_model=build_model,
     build_datasets=build_datasets,
     synthesize=synthesize,
+    synth_count_keys=("train_samples", "eval_samples"),
     build_loss=build_loss,
     metric=METRIC,
     build_optimizer=build_optimizer,

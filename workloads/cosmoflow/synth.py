@@ -178,7 +178,9 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int,
     spread over a process pool; the bytes written do not depend on it.
 
     ``progress`` (`mlhpc.workload.SynthProgress`) hears ``plan(samples, bytes)`` before the first
-    file is written (bytes estimated by `estimated_bytes`) and ``done(k)`` after each file.
+    file is written (bytes estimated by `estimated_bytes`) and ``done(k)`` after each file; of
+    the plan's files this rank writes ``progress.share`` (every rank writes the same
+    ``synth.json``), with ``progress.workers`` processes when it sets them.
 
     Raises:
         DataError: ``out_dir`` holds a dataset synthesised with another seed or other settings
@@ -203,18 +205,19 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int,
                         f"another data.path")
         else:
             write_text_atomic(record, json.dumps(fingerprint, indent=1, sort_keys=True) + "\n")
-        tasks = []
+        plan = []
         for split in SPLITS:
             folder = out_dir / split
             folder.mkdir(exist_ok=True)
-            for first, count in _file_plan(cfg, split):
-                path = folder / FILE_PATTERN.format(index=first)
-                if _needs_writing(path, count, cfg.samples_per_file > 1):
-                    tasks.append((path, cfg, seed, split, first, count))
+            plan.extend((folder / FILE_PATTERN.format(index=first), cfg, seed, split, first, count)
+                        for first, count in _file_plan(cfg, split))
+        # this rank's files of the whole plan; of those, the ones not yet written
+        tasks = [task for task in progress.share(plan)
+                 if _needs_writing(task[0], task[-1], cfg.samples_per_file > 1)]
     except OSError as exc:
         raise DataError(f"{out_dir}: cannot write the synthetic dataset ({exc.strerror or exc})") from None
     progress.plan(sum(task[-1] for task in tasks), estimated_bytes(cfg, [task[-1] for task in tasks]))
-    _execute(tasks, cfg.workers, progress)
+    _execute(tasks, progress.workers or cfg.workers, progress)
 
 
 #: HDF5 header, dataset headers and attributes of one ``lognormal`` file, in bytes (measured

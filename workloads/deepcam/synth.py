@@ -31,8 +31,8 @@ Each sample is built in three steps, all on an equirectangular global grid (row 
 
 Every sample draws from its own generator seeded by ``(seed, split, index)``: the data are
 deterministic for a seed and a re-run writes only the files that are missing, each atomically
-(temporary file + rename). ``stats.h5`` is (re)computed from the training split when any training
-file was written or it is missing.
+(temporary file + rename), and the bytes do not depend on how many ranks or processes wrote
+them. ``stats.h5`` is written last, from every training file's per-channel figures.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from scipy import ndimage
 from mlhpc.workload import NO_PROGRESS, SynthProgress
 from mlhpc.config import Section
 from mlhpc.data.files import atomic_output
+from mlhpc.data.pool import map_in_order
 from mlhpc.errors import DataError
 from .data import CHANNELS, DATA_KEY, LABEL_KEY, STATS_FILE, TRAIN_DIR, VALIDATION_DIR
 
@@ -364,23 +365,33 @@ def _write_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
             f.create_dataset(key, data=value)
 
 
-def write_stats(data_dir: Path, files: list[Path]) -> None:
-    """Write ``stats.h5`` (climate/minval, maxval, mean, sqmean, count over the given files), as
-    the reference's ``summarize_data.py`` computes it from the training split."""
+def file_stats(data: np.ndarray) -> tuple[np.ndarray, ...]:
+    """One sample's per-channel (min, max, mean, mean of squares), float64 ``(16,)`` each, of its
+    ``(H, W, 16)`` data as stored."""
+    x = data.astype(np.float64)
+    return x.min(axis=(0, 1)), x.max(axis=(0, 1)), x.mean(axis=(0, 1)), (x**2).mean(axis=(0, 1))
+
+
+def _read_stats_of(path: Path) -> tuple[np.ndarray, ...]:
+    with h5py.File(path, "r") as f:
+        return file_stats(f[DATA_KEY][...])
+
+
+def write_stats(data_dir: Path, per_file: list[tuple[np.ndarray, ...]]) -> None:
+    """Write ``stats.h5`` (climate/minval, maxval, mean, sqmean, count over the training files,
+    ``per_file`` their `file_stats` in file order), as the reference's ``summarize_data.py``
+    computes it from the training split: a running mean in file order, so the bytes do not
+    depend on which ranks computed each file's figures."""
     lo = hi = mean = sqmean = None
-    for k, path in enumerate(files):
-        with h5py.File(path, "r") as f:
-            x = f[DATA_KEY][...].astype(np.float64)
-        cur_lo, cur_hi = x.min(axis=(0, 1)), x.max(axis=(0, 1))
-        cur_mean, cur_sq = x.mean(axis=(0, 1)), (x**2).mean(axis=(0, 1))
+    for k, (cur_lo, cur_hi, cur_mean, cur_sq) in enumerate(per_file):
         if k == 0:
-            lo, hi, mean, sqmean = cur_lo, cur_hi, cur_mean, cur_sq
+            lo, hi, mean, sqmean = cur_lo, cur_hi, cur_mean.copy(), cur_sq.copy()
         else:
             lo, hi = np.minimum(lo, cur_lo), np.maximum(hi, cur_hi)
             mean += (cur_mean - mean) / (k + 1)
             sqmean += (cur_sq - sqmean) / (k + 1)
     _write_atomic(Path(data_dir) / STATS_FILE, {
-        "climate/count": np.int64(len(files)), "climate/minval": lo.astype(np.float32),
+        "climate/count": np.int64(len(per_file)), "climate/minval": lo.astype(np.float32),
         "climate/maxval": hi.astype(np.float32), "climate/mean": mean.astype(np.float32),
         "climate/sqmean": sqmean.astype(np.float32)})
 
@@ -388,6 +399,14 @@ def write_stats(data_dir: Path, files: list[Path]) -> None:
 #: HDF5 header and dataset headers of one sample file, in bytes (measured with h5py 3 on
 #: 32 x 48 files: 4,480 bytes beside the two arrays).
 FILE_OVERHEAD_BYTES = 4_480
+
+
+def _write_sample(job: tuple[SynthConfig, int, str, int, Path]) -> tuple[np.ndarray, ...]:
+    """Make and write one sample; its `file_stats`."""
+    cfg, seed, split, index, path = job
+    data, labels = make_sample(cfg, seed, split, index)
+    _write_atomic(path, {DATA_KEY: data, LABEL_KEY: labels})
+    return file_stats(data)
 
 
 def estimated_bytes(cfg: SynthConfig, samples: int) -> int:
@@ -401,29 +420,37 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int,
     """Write (or complete) a synthetic DeepCAM dataset in the official layout under ``out_dir``.
 
     Files already present are kept; missing ones are generated (deterministic in ``seed``) and
-    written atomically; ``stats.h5`` is rewritten when a training file was written or it is
-    missing. ``progress`` (`mlhpc.workload.SynthProgress`) hears ``plan(samples, bytes)`` before
-    the first sample is made (bytes from `estimated_bytes`) and ``done(1)`` after each.
+    written atomically; ``stats.h5`` is written last from every training file's figures. Of the
+    plan's samples this rank writes ``progress.share``; the statistics are gathered from every
+    rank (``progress.gather``), in ``progress.workers`` processes (0 or 1: here). ``progress``
+    (`mlhpc.workload.SynthProgress`) hears ``plan(samples, bytes)`` before the first sample is
+    made (bytes from `estimated_bytes`) and ``done(1)`` after each.
 
     Raises:
         DataError: ``out_dir`` cannot be created or written.
     """
     out_dir = Path(out_dir)
-    wrote_train = False
     try:
-        todo = [(split, index, out_dir / split / sample_name(split, index))
+        plan = [(split, index, out_dir / split / sample_name(split, index))
                 for split, count in ((TRAIN_DIR, cfg.train_samples), (VALIDATION_DIR, cfg.validation_samples))
                 for index in range(count)]
-        todo = [job for job in todo if not job[2].exists()]
+        mine = progress.share(plan)  # this rank's samples; of those, the ones not yet written
+        todo = [job for job in mine if not job[2].exists()]
         progress.plan(len(todo), estimated_bytes(cfg, len(todo)))
-        for split, index, path in todo:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            data, labels = make_sample(cfg, seed, split, index)
-            _write_atomic(path, {DATA_KEY: data, LABEL_KEY: labels})
-            wrote_train |= split == TRAIN_DIR
+        for split in {job[0] for job in todo}:
+            (out_dir / split).mkdir(parents=True, exist_ok=True)
+        stats = {}
+        jobs = [(cfg, seed, split, index, path) for split, index, path in todo]
+        # spawn: the parent may hold torch / OpenMP threads that fork would copy half-started
+        for (_, _, split, index, _), figures in zip(jobs, map_in_order(
+                _write_sample, jobs, progress.workers, start="spawn")):
+            if split == TRAIN_DIR:
+                stats[index] = figures
             progress.done(1)
-        if wrote_train or not (out_dir / STATS_FILE).exists():
-            train = [out_dir / TRAIN_DIR / sample_name(TRAIN_DIR, i) for i in range(cfg.train_samples)]
-            write_stats(out_dir, train)
+        part = [(index, stats.get(index) or _read_stats_of(path))
+                for split, index, path in mine if split == TRAIN_DIR]
+        every = progress.gather(part)
+        if every is not None:  # the rank that finishes the data set, once all are written
+            write_stats(out_dir, [figures for _, figures in sorted(every, key=lambda item: item[0])])
     except OSError as exc:
         raise DataError(f"{out_dir}: cannot write synthetic dataset ({exc.strerror or exc})") from None

@@ -85,6 +85,7 @@ WORKLOAD = Workload(
     build_model=build_model,
     build_datasets=build_datasets,
     synthesize=synthesize,
+    synth_count_keys=("train_samples", "validation_samples"),
     build_loss=build_loss,
     metric=METRIC,
     build_optimizer=build_optimizer,

@@ -1,0 +1,128 @@
+"""``mlhpc data synth`` shared by the ranks of a job: each rank writes a disjoint share of one
+data set, the bytes do not depend on the number of ranks, an interrupted job run again writes
+only what is missing, and bad input is one line with exit status 2."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import tree_bytes
+from test_distributed import BIN, free_port
+
+from mlhpc.data.synthjob import scaled
+from mlhpc.data.synthteam import SynthTeam, cpu_share
+from mlhpc.errors import ConfigError
+from mlhpc.workload import get
+
+COSMO = ["--set", "synth.cube_size=16", "--set", "synth.train_samples=12", "--set", "synth.eval_samples=4"]
+DEEPCAM = ["--set", "synth.height=32", "--set", "synth.width=48", "--set", "synth.train_samples=6",
+           "--set", "synth.validation_samples=3"]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+
+
+def synth(workload: str, out: Path, *args: str, ranks: int = 1, **kw) -> subprocess.CompletedProcess:
+    cmd = [str(BIN / "mlhpc"), "data", "synth", workload, "--out", str(out), *args]
+    if ranks > 1:
+        cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(ranks), "--no-python", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env(), **kw)
+
+
+def test_shares_are_disjoint_and_whole():
+    plan = list(range(23))
+    for ranks in (1, 2, 3, 7, 30):
+        shares = [SynthTeam(rank=r, ranks=ranks).share(plan) for r in range(ranks)]
+        assert sorted(t for share in shares for t in share) == plan
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def test_a_rank_takes_its_share_of_the_node(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert cpu_share(2) == 4 and cpu_share(16) == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})  # bound by srun
+    assert cpu_share(2) == 3
+
+
+def test_a_fraction_scales_the_sample_counts_only():
+    cosmo = get("cosmoflow")
+    synth_cfg = cosmo.synth_config(cube_size=128, train_samples=524_288, eval_samples=65_536)
+    part = scaled(cosmo, synth_cfg, 0.001)
+    assert (part.train_samples, part.eval_samples, part.cube_size) == (524, 65, 128)
+    assert scaled(cosmo, synth_cfg, 1e-9).eval_samples == 1  # at least one of each
+    assert scaled(cosmo, synth_cfg, 0.29).train_samples == 152_043  # not 152_043.5 rounded up
+    for bad in (0.0, -0.5, 1.5, float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match="--fraction"):
+            scaled(cosmo, synth_cfg, bad)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--fraction", "0"], "--fraction 0.0: expected a fraction F with 0 < F <= 1"),
+    (["--fraction", "1.5"], "--fraction 1.5: expected a fraction F with 0 < F <= 1"),
+    (["--workers", "0"], "--workers 0: expected 1 or more synthesis processes per rank"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
+    proc = synth("cosmoflow", tmp_path / "d", *COSMO, *args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"mlhpc: error: {says}"), proc.stderr
+    assert not (tmp_path / "d").exists()
+
+
+def test_one_process_says_its_rate(tmp_path):
+    proc = synth("cosmoflow", tmp_path / "d", *COSMO, "--fraction", "0.5", "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    done = [line for line in proc.stderr.splitlines() if line.startswith("synthesised ")]
+    assert len(done) == 1 and done[0].endswith("/s in all"), proc.stderr
+    # 6 + 2 samples of the --set counts, and synth.json
+    assert sorted(p.name for p in (tmp_path / "d" / "train").iterdir()) == [f"univ_{i:06d}.h5" for i in range(6)]
+    assert len(list((tmp_path / "d" / "validation").iterdir())) == 2
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("workload, args", [("cosmoflow", COSMO), ("deepcam", DEEPCAM)])
+def test_two_ranks_write_the_bytes_of_one(tmp_path, workload, args):
+    one = synth(workload, tmp_path / "one", *args, "--workers", "1")
+    assert one.returncode == 0, one.stderr
+    two = synth(workload, tmp_path / "two", *args, "--workers", "1", ranks=2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert tree_bytes(tmp_path / "one") == tree_bytes(tmp_path / "two")
+    assert any(line.startswith("  per rank: rank ") for line in two.stderr.splitlines()), two.stderr[-2000:]
+    assert sum("wrote " in line for line in two.stdout.splitlines()) == 1  # rank 0 alone says it
+    check = subprocess.run([str(BIN / "mlhpc"), "data", "check", workload, str(tmp_path / "two")],
+                           capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.cluster
+def test_a_killed_job_run_again_writes_only_what_is_missing(tmp_path):
+    args = ["--set", "synth.cube_size=32", "--set", "synth.train_samples=48", "--set",
+            "synth.eval_samples=8", "--workers", "1"]
+    out, hidden = tmp_path / "two", tmp_path / ".two.mlhpc-synth"
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "--no-python",
+           str(BIN / "mlhpc"), "data", "synth", "cosmoflow", "--out", str(out), *args]
+    job = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    deadline = time.monotonic() + 300
+    while len(list(hidden.glob("train/univ_*.h5"))) < 6 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(job.pid, signal.SIGKILL)  # every rank and the agent, midway
+    job.wait()
+    assert not out.exists()
+    before = {p.relative_to(hidden): (p.stat().st_ino, p.stat().st_mtime_ns)
+              for p in hidden.glob("*/univ_*.h5")}
+    assert 6 <= len(before) < 56
+    again = synth("cosmoflow", out, *args, ranks=2)
+    assert again.returncode == 0, again.stderr[-3000:]
+    for rel, stamp in before.items():  # kept, not written again
+        assert ((out / rel).stat().st_ino, (out / rel).stat().st_mtime_ns) == stamp
+    one = synth("cosmoflow", tmp_path / "one", *args)
+    assert one.returncode == 0, one.stderr
+    assert tree_bytes(tmp_path / "one") == tree_bytes(out)
