@@ -21,6 +21,7 @@ One record (header and sequence lines) may hold at most `A3M_RECORD_BYTES`.
 
 from __future__ import annotations
 
+import string
 from collections.abc import Iterable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
@@ -38,6 +39,16 @@ A3M_BYTES = 1 << 30
 #: The most characters of one a3m record: an aligned row of the longest protein chain (titin,
 #: 34,350 residues) with as many insertions again is under 70,000; 1 MiB is 15 times that.
 A3M_RECORD_BYTES = 1 << 20
+
+#: MSA alphabet index of each byte (`Msa.msa`): the letters of ``MSA_LETTER_TO_INDEX``, X else.
+_MSA_INDEX = np.full(256, UNK_RESTYPE_INDEX, dtype=np.int64)
+for _letter, _index in MSA_LETTER_TO_INDEX.items():
+    _MSA_INDEX[ord(_letter)] = _index
+#: `str.translate` tables: drop the insertions (lower case, '.'); drop every a3m letter.
+_DROP_INSERTIONS = str.maketrans("", "", string.ascii_lowercase + ".")
+_DROP_LETTERS = str.maketrans("", "", string.ascii_letters + "-.")
+#: Text of the rows whose deletions are counted at once (`_Deletions`).
+_BLOCK_BYTES = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -57,8 +68,9 @@ class Msa:
     def msa(self) -> np.ndarray:
         """``[S, N]`` int64 in the MSA alphabet (0..19 residues, 20 X, 21 gap); letters outside
         it read as X (20), as the reference's ``HHBLITS_AA_TO_ID`` does."""
-        rows = [[MSA_LETTER_TO_INDEX.get(c, UNK_RESTYPE_INDEX) for c in s] for s in self.sequences]
-        return np.asarray(rows, dtype=np.int64).reshape(len(self.sequences), -1)
+        # one table look-up over every row's bytes; a non-ASCII letter becomes '?', read as X
+        codes = np.frombuffer("".join(self.sequences).encode("ascii", "replace"), dtype=np.uint8)
+        return _MSA_INDEX[codes].reshape(len(self.sequences), -1)
 
 
 def parse_a3m(text: str, source: str) -> Msa:
@@ -70,11 +82,50 @@ def parse_a3m(text: str, source: str) -> Msa:
             match length differs from the query's, or a record over `A3M_RECORD_BYTES`.
     """
     rows = list(_rows(_records(enumerate(text.splitlines(), start=1), source), source))
-    return Msa(tuple(r[0] for r in rows), _matrix([r[1] for r in rows], len(rows[0][0])), source)
+    return Msa(tuple(r[0] for r in rows), deletion_matrix([r[1] for r in rows], len(rows[0][0])),
+               source)
 
 
-def _matrix(deletions: list[np.ndarray], width: int) -> np.ndarray:
-    return np.asarray(deletions, dtype=np.int32).reshape(len(deletions), width)
+def deletion_matrix(rows: list[str], width: int) -> np.ndarray:
+    """``[len(rows), width]`` int32: the lower-case letters of each a3m row (checked by
+    `file_rows`: ``width`` match columns, letters, ``-`` and ``.`` only) just before each of
+    its match columns; those after the last one are not counted.
+
+    Vectorised over the rows at once: a running count of lower-case bytes over their joined
+    text, taken at each match column (upper case or ``-``) and differenced along the row, the
+    first column against the count before the row's first byte.
+    """
+    if not rows:
+        return np.zeros((0, width), dtype=np.int32)
+    codes = np.frombuffer("".join(rows).encode("ascii"), dtype=np.uint8)
+    # inserted[k]: lower-case bytes among the first k bytes of the joined text
+    inserted = np.concatenate([[0], np.cumsum(codes >= ord("a"), dtype=np.int64)])
+    # upper case (65-90) and '-' (45) are the match columns; '.' (46) is neither
+    match = np.flatnonzero((codes < ord("a")) & (codes != ord(".")))
+    at_match = inserted[match + 1].reshape(len(rows), width)
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    before = inserted[np.cumsum(lengths) - lengths]
+    return np.diff(at_match, axis=1, prepend=before[:, None]).astype(np.int32)
+
+
+class _Deletions:
+    """`deletion_matrix` of rows arriving one at a time, counted in blocks of at most
+    `_BLOCK_BYTES` of text, so that the temporaries stay small for any file."""
+
+    def __init__(self) -> None:
+        self.blocks: list[np.ndarray] = []
+        self.pending: list[str] = []
+        self.size = 0
+
+    def add(self, row: str, width: int) -> None:
+        self.pending.append(row)
+        self.size += len(row)
+        if self.size >= _BLOCK_BYTES:
+            self.blocks.append(deletion_matrix(self.pending, width))
+            self.pending, self.size = [], 0
+
+    def matrix(self, width: int) -> np.ndarray:
+        return np.concatenate(self.blocks + [deletion_matrix(self.pending, width)])
 
 
 def _records(lines: Iterable[tuple[int, str]], source: str) -> Iterator[tuple[str, str]]:
@@ -102,18 +153,19 @@ def _records(lines: Iterable[tuple[int, str]], source: str) -> Iterator[tuple[st
     yield name, "".join(parts)
 
 
-def _rows(records: Iterable[tuple[str, str]], source: str) -> Iterator[tuple[str, np.ndarray]]:
-    """``(aligned row, deletions [N] int32)`` of each record, each checked against the query."""
+def _rows(records: Iterable[tuple[str, str]], source: str) -> Iterator[tuple[str, str]]:
+    """``(aligned row, row text)`` of each record (`_align_one`), each checked against the
+    query."""
     width = None
     for number, (name, raw) in enumerate(records, start=1):
-        aligned, counts = _align_one(raw, source, number)
+        aligned, text = _align_one(raw, source, number)
         if width is None and not aligned:
             raise DataError("the query sequence is empty", path=source)
         if width is not None and len(aligned) != width:
             raise DataError(f"sequence {number} ({name[:40]!r}) has {len(aligned)} match "
                             f"columns, the query {width}; every a3m row must align to the query", path=source)
         width = len(aligned) if width is None else width
-        yield aligned, np.asarray(counts, dtype=np.int32)
+        yield aligned, text
 
 
 def _lines(chunks: Iterable[bytes], source: str) -> Iterator[tuple[int, str]]:
@@ -134,9 +186,10 @@ def _lines(chunks: Iterable[bytes], source: str) -> Iterator[tuple[int, str]]:
         yield number + 1, pending.decode("ascii")
 
 
-def file_rows(path: Path, root: Path | None = None) -> Iterator[tuple[str, np.ndarray]]:
-    """The rows of one a3m file as they are read (``(aligned row, deletions [N] int32)``, query
-    first), streamed through `mlhpc.data.inputs.input_chunks` (a regular file of at most
+def file_rows(path: Path, root: Path | None = None) -> Iterator[tuple[str, str]]:
+    """The rows of one a3m file as they are read, query first: ``(aligned row, row text)``, the
+    text checked (a3m letters, the query's match columns) with its final ``*`` removed, for
+    `deletion_matrix`; streamed through `mlhpc.data.inputs.input_chunks` (a regular file of at most
     `A3M_BYTES`, not reached through a link out of ``root``). Close it to stop reading early.
 
     Raises:
@@ -147,23 +200,15 @@ def file_rows(path: Path, root: Path | None = None) -> Iterator[tuple[str, np.nd
         yield from _rows(_records(_lines(chunks, str(path)), str(path)), str(path))
 
 
-def _align_one(raw: str, source: str, number: int) -> tuple[str, list[int]]:
-    """The match columns of one a3m row and the deletions before each."""
+def _align_one(raw: str, source: str, number: int) -> tuple[str, str]:
+    """``(match columns, checked text)`` of one a3m row: `str.translate` drops the insertions
+    (lower case, ``.``); the text, its final ``*`` removed, is kept for `deletion_matrix`."""
     raw = raw.removesuffix("*")
-    aligned: list[str] = []
-    counts: list[int] = []
-    pending = 0
-    for char in raw:
-        if char.islower():
-            pending += 1
-        elif char.isupper() or char == "-":
-            aligned.append(char)
-            counts.append(pending)
-            pending = 0
-        elif char != ".":
-            raise DataError(f"sequence {number}: character {char!r} is not an a3m "
-                            "letter (A-Z, a-z, '-', '.')", path=source)
-    return "".join(aligned), counts
+    stray = raw.translate(_DROP_LETTERS)
+    if stray:
+        raise DataError(f"sequence {number}: character {stray[0]!r} is not an a3m "
+                        "letter (A-Z, a-z, '-', '.')", path=source)
+    return raw.translate(_DROP_INSERTIONS), raw
 
 
 def read_a3m(path: Path, root: Path | None = None, max_rows: int | None = None) -> Msa:
@@ -187,10 +232,10 @@ def read_msa(paths: list[Path], max_rows: int | None, root: Path | None = None) 
         raise DataError("no a3m alignment to merge")
     seen: set[str] = set()
     rows: list[str] = []
-    deletions: list[np.ndarray] = []
+    deletions = _Deletions()
     for path in paths:
         with closing(file_rows(path, root)) as stream:
-            for number, (sequence, counts) in enumerate(stream):
+            for number, (sequence, text) in enumerate(stream):
                 if number == 0 and rows and sequence != rows[0]:
                     raise DataError(f"its query differs from that of {paths[0]}", path=path)
                 if max_rows is not None and len(rows) >= max_rows:
@@ -198,8 +243,8 @@ def read_msa(paths: list[Path], max_rows: int | None, root: Path | None = None) 
                 if sequence not in seen:
                     seen.add(sequence)
                     rows.append(sequence)
-                    deletions.append(counts)
-    return Msa(tuple(rows), _matrix(deletions, len(rows[0])), ", ".join(map(str, paths)))
+                    deletions.add(text, len(rows[0]))
+    return Msa(tuple(rows), deletions.matrix(len(rows[0])), ", ".join(map(str, paths)))
 
 
 def merge(msas: list[Msa]) -> Msa:

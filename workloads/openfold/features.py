@@ -85,6 +85,10 @@ class RawChain:
     templates: tuple[dict[str, np.ndarray], ...] = ()
 
 
+#: One-hot rows of the 21 tokens whose agreement counts in the clustering (gap and mask: zero).
+_SCORED = np.eye(MSA_CLASSES, 21, dtype=np.float32)
+
+
 def _one_hot(values: np.ndarray, classes: int) -> np.ndarray:
     return np.eye(classes, dtype=np.float32)[values]
 
@@ -102,6 +106,15 @@ def crop(chain: RawChain, crop_size: int | None, rng: np.random.Generator) -> Ra
                     chain.all_atom_positions[window], chain.all_atom_mask[window],
                     chain.msa[:, window], chain.deletion_matrix[:, window], chain.resolution_A,
                     templates)
+
+
+def msa_profile(msa: np.ndarray) -> np.ndarray:
+    """``[N, 22]`` float32: each token's frequency in each column of ``msa`` ``[S, N]`` (0..21),
+    counted (`np.bincount`) rather than averaged over a one-hot ``[S, N, 22]``: the same float32
+    values (a count, exact, over S), without the one-hot's S x N x 22 floats."""
+    s, n = msa.shape
+    counts = np.bincount((np.arange(n) * 22 + msa).ravel(), minlength=n * 22)
+    return counts.reshape(n, 22).astype(np.float32) / np.float32(s)
 
 
 def masked_msa(msa: np.ndarray, profile: np.ndarray, rng: np.random.Generator
@@ -123,19 +136,24 @@ def masked_msa(msa: np.ndarray, profile: np.ndarray, rng: np.random.Generator
 def cluster_profiles(centres: np.ndarray, centre_del: np.ndarray, rest: np.ndarray,
                      rest_del: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Step 4: ``(cluster_profile [S, N, 23], cluster_deletion_mean [S, N])`` of the centres
-    ``[S, N]`` and the other rows ``[R, N]`` (each joining the centre it agrees with most)."""
-    weights = np.ones(MSA_CLASSES, dtype=np.float32)
-    weights[21:] = 0.0  # gap and mask agreement do not count
-    centre_1hot = _one_hot(centres, MSA_CLASSES)
-    rest_1hot = _one_hot(rest, MSA_CLASSES)
-    agreement = np.einsum("rnc,snc->rs", rest_1hot, centre_1hot * weights)
+    ``[S, N]`` and the other rows ``[R, N]`` (each joining the centre it agrees with most).
+
+    The agreement is one matrix product of one-hot rows (gap and mask columns left out: their
+    agreement does not count) and the sums are counts (`np.bincount`): every partial sum is a
+    whole number, held exactly in float32 below 2**24, so the result is bit for bit that of
+    AlphaFold's ``nearest_neighbor_clusters`` and ``summarize_clusters`` (one-hot einsum,
+    scatter-add; tests/test_openfold_pipeline_exact.py), whatever the order of summation."""
+    s, n = centres.shape
+    agreement = (_SCORED[rest].reshape(len(rest), n * 21) @ _SCORED[centres].reshape(s, n * 21).T)
     assignment = agreement.argmax(axis=1) if len(rest) else np.zeros(0, dtype=np.int64)
-    counts = 1e-6 + 1.0 + np.zeros(centres.shape, dtype=np.float32)
-    profile_sum = centre_1hot.copy()
-    deletion_sum = centre_del.astype(np.float32).copy()
-    np.add.at(profile_sum, assignment, rest_1hot)
-    np.add.at(deletion_sum, assignment, rest_del.astype(np.float32))
-    np.add.at(counts, assignment, np.ones(rest.shape, dtype=np.float32))
+    members = np.bincount(assignment, minlength=s).astype(np.float32)
+    counts = (1e-6 + 1.0 + np.zeros(centres.shape, dtype=np.float32)) + members[:, None]
+    cell = assignment[:, None] * n + np.arange(n)  # [R, N] index of (centre, column)
+    profile_sum = _one_hot(centres, MSA_CLASSES) + np.bincount(
+        (cell * MSA_CLASSES + rest).ravel(), minlength=s * n * MSA_CLASSES
+    ).reshape(s, n, MSA_CLASSES).astype(np.float32)
+    deletion_sum = centre_del.astype(np.float32) + np.bincount(
+        cell.ravel(), weights=rest_del.ravel(), minlength=s * n).reshape(s, n).astype(np.float32)
     return profile_sum / counts[..., None], deletion_sum / counts
 
 
@@ -150,7 +168,7 @@ def msa_features(chain: RawChain, sizes: FeatureSizes, rng: np.random.Generator)
     rows = np.concatenate([[0], 1 + rng.permutation(len(chain.msa) - 1)])
     centre_rows, rest_rows = rows[:sizes.max_msa_clusters], rows[sizes.max_msa_clusters:]
     msa, deletions = chain.msa, chain.deletion_matrix
-    profile = _one_hot(msa, 22).mean(axis=0)
+    profile = msa_profile(msa)
     masked, bert_mask = masked_msa(msa[centre_rows], profile, rng)
     cluster_profile, deletion_mean = cluster_profiles(masked, deletions[centre_rows],
                                                       msa[rest_rows], deletions[rest_rows])
