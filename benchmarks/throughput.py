@@ -42,7 +42,7 @@ from mlhpc import runtime  # noqa: E402
 from mlhpc.run import assemble  # noqa: E402
 from mlhpc.errors import MlhpcError  # noqa: E402
 from mlhpc.run.step import compile_mode, device_peak, train_step  # noqa: E402
-from mlhpc.data.embedded import ensure_data  # noqa: E402
+from mlhpc.data.ready import ensure_data  # noqa: E402
 from mlhpc.data.files import write_text_atomic  # noqa: E402
 from mlhpc.text import echo  # noqa: E402
 
