@@ -262,28 +262,8 @@ def test_a_synthesis_folder_another_user_could_write_is_refused(tmp_path):
     assert out.stat().st_mode & 0o777 == 0o777 & ~umask
 
 
-def test_split_folders_are_written_all_or_none_under_the_one_temporary_name(tmp_path):
-    """`embedded.splits_written`, the workloads' way to write split folders: part-named while
-    written, all renamed into place when the block ends, none (and no folder it made) when the
-    block fails."""
-    out = tmp_path / "made"
-    with embedded.splits_written(out, ["train", "validation"]) as folders:
-        assert all(is_part_file(folder.name) and folder.parent == out for folder in folders.values())
-        for split, folder in folders.items():
-            folder.mkdir()
-            (folder / f"{split}.bin").write_bytes(b"x")
-    assert sorted(p.name for p in out.iterdir()) == ["train", "validation"]
-    assert (out / "train" / "train.bin").read_bytes() == b"x"
-    failed = tmp_path / "failed"
-    with pytest.raises(RuntimeError, match="killed"), embedded.splits_written(failed, ["train"]) as folders:
-        folders["train"].mkdir()
-        (folders["train"] / "half.bin").write_bytes(b"x")
-        raise RuntimeError("killed")
-    assert not failed.exists()
-
-
 def test_a_split_folder_a_killed_writer_left_is_removed_and_the_data_completed(tmp_path):
-    """A workload's writer killed inside `splits_written` leaves a part-named split folder in
+    """A workload's writer killed while it writes leaves a part-named file or folder in
     the hidden folder mlhpc claimed for the synthesis (SIGKILL runs no cleanup). The data count
     as interrupted, the next synthesis removes the leftover (mlhpc's own, inside its claimed
     folder), and it never ends up in the dataset."""

@@ -324,24 +324,33 @@ def test_synth_is_bit_identical_for_a_seed(tmp_path):
     assert not torch.equal(data.Oc20Dataset(train)[0]["pos"], ds[0]["pos"])
 
 
-def test_synth_is_complete_or_absent(tmp_path, monkeypatch):
+def test_an_interrupted_synth_leaves_whole_files_and_resumes_with_the_missing(tmp_path, monkeypatch):
+    """Each LMDB file is written whole or not at all; a re-run writes only the missing files
+    (the harness makes the data set itself complete or absent: tests/test_embedded.py)."""
     calls = []
 
     def failing(path, records, layout="pyg2"):
         calls.append(path)
-        if len(calls) == 3:
+        if len(calls) == 3 and fail:
             raise OSError(28, "No space left on device", str(path))
         return real(path, records, layout)
 
-    real = lmdb_io.write_lmdb
+    real, fail = lmdb_io.write_lmdb, True
     monkeypatch.setattr(lmdb_io, "write_lmdb", failing)
     with pytest.raises(DataError, match="No space left"):
         synth.synthesize(tmp_path / "oc20", _tiny(), 0)
-    assert list(tmp_path.iterdir()) == []
-    monkeypatch.setattr(lmdb_io, "write_lmdb", real)
-    (tmp_path / "oc20").mkdir()  # the harness's staging folder: only missing splits are added
+    fail = False
+    left = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    assert [str(p) for p in left] == ["oc20/train/data.0000.lmdb", "oc20/train/data.0001.lmdb"]
+    kept = {p: (tmp_path / p).stat().st_mtime_ns for p in left}
+    calls.clear()
     synth.synthesize(tmp_path / "oc20", _tiny(), 0)
-    assert sorted(p.name for p in (tmp_path / "oc20").iterdir()) == ["train", "validation"]
+    assert [p.relative_to(tmp_path / "oc20").as_posix() for p in calls] == [
+        "validation/data.0000.lmdb", "validation/data.0001.lmdb"]
+    assert all((tmp_path / p).stat().st_mtime_ns == stamp for p, stamp in kept.items())
+    fresh = tmp_path / "fresh"
+    synth.synthesize(fresh, _tiny(), 0)
+    assert _digest(fresh) == _digest(tmp_path / "oc20")
 
 
 @pytest.mark.slow

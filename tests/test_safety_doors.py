@@ -88,17 +88,14 @@ ALLOWED: dict[tuple[str, str], str] = {
         "(no link out of its tree) into the temporary path atomic_output yields",
     ("mlhpc/data/embedded.py", "os.open"): "opens the dataset's parent folder read-only to flock it; "
         "no file is read or written through it",
-    ("mlhpc/data/embedded.py", "os.rename"): "moves a folder mlhpc synthesised aside, within its "
-        "parent, before deleting it, and a workload's split folders from their part_path names "
-        "into place (splits_written; rename never follows a link)",
+    ("mlhpc/data/embedded.py", "os.rename"): "moves the hidden folder mlhpc synthesised into "
+        "place, within its parent (rename never follows a link)",
     ("mlhpc/data/stage/copy.py", "open"): "staging reads a source file after walk_files refused links "
         "out of the source tree, and checks its identity against the plan",
     ("mlhpc/data/stage/copy.py", "os.open"): "staging writes under part_path (the one temporary name) "
         "relative to a folder descriptor opened O_NOFOLLOW, created O_EXCL|O_NOFOLLOW",
     ("mlhpc/data/stage/copy.py", "os.replace"): "staging renames its part_path file into place "
         "relative to the same O_NOFOLLOW folder descriptor",
-    ("mlhpc/data/embedded.py", "rmdir"): "splits_written removes the output folder it made itself, "
-        "only when empty again after a failure (rmdir cannot remove anything else)",
     ("mlhpc/run/result.py", "rmdir"): "the writability probe removes the folders it made itself, "
         "only when empty (rmdir cannot remove anything else)",
     ("mlhpc/data/stage/copy.py", "os.unlink"): "removes its own temporary file (part_path: this host "

@@ -11,8 +11,9 @@ be trained or evaluated on:
    that removing it may delete; a hidden folder of that name without a valid claim is never used
    or removed;
 2. what unfinished writers left (files and folders under the project's temporary name,
-   `mlhpc.data.files.part_path`; a workload writes its split folders through `splits_written`)
-   is removed before it resumes, so it is never staged or read;
+   `mlhpc.data.files.part_path`; a workload writes each file through
+   `mlhpc.data.files.atomic_output`) is removed before it resumes, so it is never staged or
+   read; the files already in place are kept, and the workload writes only the missing ones;
 3. when ``synthesize`` returns, the folder's manifest (`mlhpc.data.manifest`, kind ``"synth"``,
    the completion record of every folder mlhpc writes) is written last, holding the
    workload, seed, synth settings and every file with its size and checksum; the folder is
@@ -45,11 +46,10 @@ from mlhpc.data.claims import (
     release,
     remove_claimed,
     remove_leftovers,
-    remove_own_part,
 )
-from mlhpc.data.files import checksum, is_part_file, part_path, reason, write_text_atomic
+from mlhpc.data.files import checksum, is_part_file, reason, write_text_atomic
 from mlhpc.data.inputs import read_text_input
-from mlhpc.data.statefiles import record_tree, recording
+from mlhpc.data.statefiles import recording
 from mlhpc.data.synthteam import QuietRankError, SynthTeam
 from mlhpc.data.synthwatch import ProgressFn, SynthWatch
 from mlhpc.errors import ConfigError, DataError, MlhpcError
@@ -102,39 +102,6 @@ def _partial_files(path: Path) -> list[Path]:
     found = [p for p in Path(path).rglob(".*") if is_part_file(p.name)
              and (p.is_symlink() or p.is_file() or p.is_dir())]
     return sorted(found, key=lambda p: len(p.parts))
-
-
-@contextmanager
-def splits_written(out_dir: Path, splits: list[str]) -> Iterator[dict[str, Path]]:
-    """Split folders written complete or absent, for a workload's ``synthesize``: yields
-    ``{split: folder to write it in}``, each ``part_path(out_dir/split)`` (its bytes count under
-    ``out_dir`` while written). A block that ends normally has every split renamed into place,
-    all or none; otherwise the temporaries, any split renamed and an ``out_dir`` made here are
-    removed. What a killed writer left, the next synthesis removes (`_partial_files`).
-
-    Raises:
-        OSError: a rename failed (nothing of the splits is left in place).
-    """
-    out_dir = Path(out_dir)
-    made = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    temporary = {split: part_path(out_dir / split) for split in splits}
-    moved: list[str] = []
-    try:
-        yield temporary
-        for split in splits:
-            os.rename(temporary[split], out_dir / split)
-            moved.append(split)
-            record_tree(out_dir / split)  # in place: counted as mlhpc's in a claimed folder
-    except BaseException:
-        for split in moved:  # back under this process's temporary name, then removed with it
-            os.rename(out_dir / split, temporary[split])
-        raise
-    finally:
-        for folder in temporary.values():
-            remove_own_part(folder)
-        if made and out_dir.is_dir() and not any(out_dir.iterdir()):
-            out_dir.rmdir()  # absent again after a failure, as it was
 
 
 def synth_manifest(path: Path) -> dict[str, Any] | None:

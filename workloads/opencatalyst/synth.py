@@ -40,7 +40,6 @@ from pydantic import Field
 
 from mlhpc.workload import NO_PROGRESS, SynthProgress
 from mlhpc.config import Section
-from mlhpc.data.embedded import splits_written
 from mlhpc.data.pool import map_in_order
 from mlhpc.errors import DataError
 
@@ -192,19 +191,25 @@ def _then(result: Any, tick: Any) -> Any:
     return result
 
 
-def _write_split(folder: Path, records: list[dict[str, Any]], files: int) -> None:
-    folder.mkdir(parents=True)
-    for number, chunk in enumerate(np.array_split(np.arange(len(records)), files)):
-        lmdb_io.write_lmdb(folder / f"data.{number:04d}.lmdb", [records[i] for i in chunk])
+def _file_plan(cfg: SynthConfig, out_dir: Path) -> list[tuple[str, Path, list[int]]]:
+    """Every ``*.lmdb`` file of the data set: ``(split, path, sample indices)``, the samples of
+    a split cut into ``files_per_split`` runs of consecutive indices."""
+    plan = []
+    for split in _SPLITS:
+        count = cfg.train_samples if split == TRAIN_DIR else cfg.validation_samples
+        for number, chunk in enumerate(np.array_split(np.arange(count), min(cfg.files_per_split, count))):
+            plan.append((split, out_dir / split / f"data.{number:04d}.lmdb", chunk.tolist()))
+    return plan
 
 
 def synthesize(out_dir: Path, cfg: SynthConfig, seed: int,
                progress: SynthProgress = NO_PROGRESS) -> None:
     """Write the embedded OC20 mini dataset under ``out_dir`` (layout in the module docstring).
 
-    Complete or absent: the split folders that ``out_dir`` lacks (split folders already there
-    are kept as they are) are written under temporary names inside ``out_dir`` and renamed into
-    place once all are written (`mlhpc.data.embedded.splits_written`). ``progress``
+    Each ``*.lmdb`` file is written atomically; one already there is kept, so a re-run writes
+    only the missing files (`mlhpc.data.embedded` makes the whole data set complete or absent).
+    Of the plan's files this rank writes ``progress.share``, in ``progress.workers`` processes
+    (0: ``synth.workers``); every rank relaxes the bases. ``progress``
     (`mlhpc.workload.SynthProgress`) hears ``plan(samples)`` (the size depends on the structures
     drawn) before the bases are relaxed and ``done(1)`` after each structure.
 
@@ -213,19 +218,19 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int,
     """
     _check(cfg)
     out_dir = Path(out_dir)
-    missing = [s for s in _SPLITS if not (out_dir / s).is_dir()]
-    if not missing:
+    # this rank's files of the whole plan; of those, the ones not yet written
+    todo = [job for job in progress.share(_file_plan(cfg, out_dir)) if not job[1].exists()]
+    if not todo:
         return
-    counts = {s: cfg.train_samples if s == TRAIN_DIR else cfg.validation_samples for s in missing}
-    progress.plan(sum(counts.values()))
+    progress.plan(sum(len(indices) for _, _, indices in todo))
+    workers = progress.workers or cfg.workers
     try:
-        with splits_written(out_dir, missing) as folders:
-            bases = _map(_base_job, [(cfg, key) for key in base_keys(cfg)], cfg.workers)
-            for split in missing:
-                count = counts[split]
-                records = _map(_sample_job, [(split, i) for i in range(count)], cfg.workers,
-                               init=(cfg, bases, seed), done=progress.done)
-                _write_split(folders[split], records, min(cfg.files_per_split, count))
+        bases = _map(_base_job, [(cfg, key) for key in base_keys(cfg)], workers)
+        for split, path, indices in todo:
+            records = _map(_sample_job, [(split, i) for i in indices], workers,
+                           init=(cfg, bases, seed), done=progress.done)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lmdb_io.write_lmdb(path, records)
     except OSError as exc:
         raise DataError(f"{exc.filename or out_dir}: cannot write the OC20 synthetic dataset "
                         f"({exc.strerror or exc})") from None

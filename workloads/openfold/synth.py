@@ -40,7 +40,6 @@ from pydantic import Field
 
 from mlhpc.config import Section
 from mlhpc.data.files import atomic_output
-from mlhpc.data.embedded import splits_written
 from mlhpc.data.pool import map_in_order
 from mlhpc.errors import DataError
 from mlhpc.workload import NO_PROGRESS, SynthProgress
@@ -195,21 +194,32 @@ def _a3m_row(letters: list[str], rng: np.random.Generator) -> str:
     return "".join(letters)
 
 
+def chain_name(split: str, index: int) -> str:
+    """The id of chain ``index`` of ``split``: ``t00042``, ``v00007``."""
+    return f"{split[0]}{index:05d}"
+
+
 def make_chain(cfg: SynthConfig, seed: int, split: str, index: int) -> tuple[str, str, str]:
     """Chain ``index`` of ``split``: ``(id, mmCIF text, a3m text)``; deterministic."""
     rng = np.random.default_rng([seed, SPLITS[split], index])
     sequence, atoms = fold_chain(cfg, rng)
     rows = homologues(sequence, atoms[:, 4], cfg, rng)
-    chain_id = f"{split[0]}{index:05d}"
+    chain_id = chain_name(split, index)
     names = [chain_id] + [f"{chain_id}_h{k}" for k in range(len(rows))]
     return chain_id, format_mmcif(chain_id, sequence, atoms), format_a3m(names, [sequence] + rows)
 
 
+def _chain_files(folder: Path, chain_id: str) -> tuple[Path, Path]:
+    """A chain's alignment and structure files under split folder ``folder``, in writing order."""
+    return (folder / ALIGNMENT_DIR / f"{chain_id}_A" / "synthetic_hits.a3m",
+            folder / MMCIF_DIR / f"{chain_id}.cif")
+
+
 def _write_chain(folder: Path, chain: tuple[str, str, str]) -> int:
+    """Write one chain's a3m, then its mmCIF (the last file of a chain: its mark of done)."""
     chain_id, cif, msa = chain
     written = 0
-    for path, text in ((folder / MMCIF_DIR / f"{chain_id}.cif", cif),
-                       (folder / ALIGNMENT_DIR / f"{chain_id}_A" / "synthetic_hits.a3m", msa)):
+    for path, text in zip(_chain_files(folder, chain_id), (msa, cif)):
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_output(path) as tmp:
             tmp.write_text(text, encoding="ascii")
@@ -228,11 +238,11 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int,
                progress: SynthProgress = NO_PROGRESS) -> None:
     """Write the embedded OpenFold mini dataset under ``out_dir`` (module docstring).
 
-    Complete or absent: the split folders that ``out_dir`` lacks are written under temporary
-    names inside ``out_dir`` and renamed into place once all are written (splits already there
-    are kept; `mlhpc.data.embedded.splits_written`).
-    ``progress`` (`mlhpc.workload.SynthProgress`) hears ``plan(chains)`` then ``done(1)`` per
-    chain.
+    Each chain's files are written atomically, its mmCIF last; a chain whose mmCIF is there is
+    kept, so a re-run writes only the missing chains (`mlhpc.data.embedded` makes the whole
+    data set complete or absent). Of the plan's chains this rank writes ``progress.share``, in
+    ``progress.workers`` processes (0: ``synth.workers``). ``progress``
+    (`mlhpc.workload.SynthProgress`) hears ``plan(chains)`` then ``done(1)`` per chain.
 
     Raises:
         DataError: ``min_length`` above ``max_length``, no compact chain found, or ``out_dir``
@@ -241,18 +251,16 @@ def synthesize(out_dir: Path, cfg: SynthConfig, seed: int,
     if cfg.min_length > cfg.max_length:
         raise DataError(f"synth.min_length {cfg.min_length} exceeds synth.max_length {cfg.max_length}")
     out_dir = Path(out_dir)
-    missing = [s for s in SPLITS if not (out_dir / s).is_dir()]
-    if not missing:
-        return
     counts = {"train": cfg.train_chains, "validation": cfg.validation_chains}
-    progress.plan(sum(counts[s] for s in missing))
+    plan = [(split, i) for split in SPLITS for i in range(counts[split])]
+    # this rank's chains of the whole plan; of those, the ones not yet written
+    todo = [job for job in progress.share(plan) if not _chain_files(out_dir / job[0], chain_name(*job))[1].exists()]
+    progress.plan(len(todo))
     _JOB.update(cfg=cfg, seed=seed)
     try:
-        with splits_written(out_dir, missing) as folders:
-            for split in missing:
-                for chain in _map([(split, i) for i in range(counts[split])], cfg.workers):
-                    _write_chain(folders[split], chain)
-                    progress.done(1)
+        for (split, _), chain in zip(todo, _map(todo, progress.workers or cfg.workers)):
+            _write_chain(out_dir / split, chain)
+            progress.done(1)
     except OSError as exc:
         raise DataError(f"{exc.filename or out_dir}: cannot write the OpenFold synthetic dataset "
                         f"({exc.strerror or exc})") from None
