@@ -122,12 +122,15 @@ class SynthLines:
         each rank's GB/s (of more than 8 ranks: the slowest, median and fastest)."""
         lines = [f"synthesised {event['files']} files, {size_text(event['bytes'])} in "
                  f"{event['elapsed_s']:.1f} s: {rate_text(event['bytes'] / max(event['elapsed_s'], 1e-9))} in all"]
-        rates = sorted((f["bytes"] / max(f["elapsed_s"], 1e-9), f["rank"]) for f in event["ranks"]
-                       if f.get("bytes") is not None)
-        if len(event["ranks"]) > 1 and rates:
+        ranks = event["ranks"]
+        in_bytes = all(f.get("bytes") is not None for f in ranks)  # else samples: no estimate
+        rates = sorted(((f["bytes"] if in_bytes else f["samples"] or 0) / max(f["elapsed_s"], 1e-9),
+                        f["rank"]) for f in ranks)
+        if len(ranks) > 1:
             shown = rates if len(rates) <= 8 else [rates[0], rates[len(rates) // 2], rates[-1]]
             label = "per rank" if len(rates) <= 8 else "per rank (slowest, median, fastest)"
-            lines.append(f"  {label}: " + ", ".join(f"rank {r} {rate_text(v)}" for v, r in shown))
+            lines.append(f"  {label}: " + ", ".join(
+                f"rank {r} {rate_text(v) if in_bytes else f'{v:.1f} samples/s'}" for v, r in shown))
         return lines
 
     def close(self) -> None:
@@ -243,12 +246,15 @@ class DataProgress:
         each rank's GB/s (of more than 8 ranks: the slowest, median and fastest)."""
         lines = [f"synthesised {event['files']} files, {size_text(event['bytes'])} in "
                  f"{event['elapsed_s']:.1f} s: {rate_text(event['bytes'] / max(event['elapsed_s'], 1e-9))} in all"]
-        rates = sorted((f["bytes"] / max(f["elapsed_s"], 1e-9), f["rank"]) for f in event["ranks"]
-                       if f.get("bytes") is not None)
-        if len(event["ranks"]) > 1 and rates:
+        ranks = event["ranks"]
+        in_bytes = all(f.get("bytes") is not None for f in ranks)  # else samples: no estimate
+        rates = sorted(((f["bytes"] if in_bytes else f["samples"] or 0) / max(f["elapsed_s"], 1e-9),
+                        f["rank"]) for f in ranks)
+        if len(ranks) > 1:
             shown = rates if len(rates) <= 8 else [rates[0], rates[len(rates) // 2], rates[-1]]
             label = "per rank" if len(rates) <= 8 else "per rank (slowest, median, fastest)"
-            lines.append(f"  {label}: " + ", ".join(f"rank {r} {rate_text(v)}" for v, r in shown))
+            lines.append(f"  {label}: " + ", ".join(
+                f"rank {r} {rate_text(v) if in_bytes else f'{v:.1f} samples/s'}" for v, r in shown))
         return lines
 
     def close(self) -> None:

@@ -22,6 +22,10 @@ from mlhpc.workload import get
 COSMO = ["--set", "synth.cube_size=16", "--set", "synth.train_samples=12", "--set", "synth.eval_samples=4"]
 DEEPCAM = ["--set", "synth.height=32", "--set", "synth.width=48", "--set", "synth.train_samples=6",
            "--set", "synth.validation_samples=3"]
+OC20 = ["--set", "synth.train_samples=6", "--set", "synth.validation_samples=3", "--set",
+        "synth.files_per_split=3", "--set", "synth.metals=[Cu]", "--set", "synth.adsorbates=[O]",
+        "--set", "synth.facets=['111']"]
+OPENFOLD = ["--set", "synth.train_chains=6", "--set", "synth.validation_chains=3"]
 
 
 def _env() -> dict[str, str]:
@@ -76,6 +80,19 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.parametrize("workload, size", [("cosmoflow", 16_777_216 + 32), ("deepcam", 768 * 1152 * 17 * 4)])
+def test_a_fraction_of_the_reference_config_is_reference_sized(tmp_path, repo, workload, size):
+    """The reference configs' synth sections hold the reference sample sizes and counts: a
+    fraction of them writes reference-sized samples (CosmoFlow 128^3 x 4 int16 and its two
+    4-vectors, DeepCAM 768 x 1152 x 16 float32 and int32 labels)."""
+    proc = synth(workload, tmp_path / "d", "--config", str(repo / "configs" / f"{workload}.yaml"),
+                 "--fraction", "0.00001", "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    files = sorted((tmp_path / "d" / "train").iterdir())
+    assert len(files) == 5 if workload == "cosmoflow" else len(files) == 1  # 524,288 and 121,266 x 1e-5
+    assert all(size < f.stat().st_size < size + 16_384 for f in files)
+
+
 def test_one_process_says_its_rate(tmp_path):
     proc = synth("cosmoflow", tmp_path / "d", *COSMO, "--fraction", "0.5", "--workers", "1")
     assert proc.returncode == 0, proc.stderr
@@ -87,7 +104,8 @@ def test_one_process_says_its_rate(tmp_path):
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("workload, args", [("cosmoflow", COSMO), ("deepcam", DEEPCAM)])
+@pytest.mark.parametrize("workload, args", [("cosmoflow", COSMO), ("deepcam", DEEPCAM),
+                                            ("oc20", OC20), ("openfold", OPENFOLD)])
 def test_two_ranks_write_the_bytes_of_one(tmp_path, workload, args):
     one = synth(workload, tmp_path / "one", *args, "--workers", "1")
     assert one.returncode == 0, one.stderr
