@@ -109,10 +109,11 @@ def main() -> int:
         r = run_seed(args.config, seed, out, args.overrides)
         rows.append(r)
         echo(row(r))
-    if args.json_path is not None:
-        write_text_atomic(args.json_path, json.dumps(
-            {"config": args.config, "overrides": args.overrides, "commit": commit(),
-             "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "runs": rows}, indent=2) + "\n")
+        if args.json_path is not None:  # after each seed: an interrupted series keeps what it measured
+            write_text_atomic(args.json_path, json.dumps(
+                {"config": args.config, "overrides": args.overrides, "commit": commit(),
+                 "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "runs": rows},
+                indent=2) + "\n")
     return 0 if all(r["status"] == "success" for r in rows) else 1
 
 
