@@ -97,9 +97,17 @@ def describe_text(rows: list[dict[str, Any]], width: int = 80) -> str:
                    "workload's are listed when a name is unknown) or of this time per sample "
                    "(12.5ms) x the local batch; no evaluation, ends after train.max_epochs; "
                    "`mlhpc report` gives the accelerator utilisation (docs/data.md).")
+@click.option("--sweep-accelerators", "sweep", is_flag=True,
+              help="With --emulate-accelerator: run storage mode on this node with 1, 2, 4, ... "
+                   "ranks (one emulated accelerator each, each keeping the config's local batch) "
+                   "into OUTPUT/accelerators_K/ until AU falls below the workload's minimum; "
+                   "prints the most accelerators per node that meet it (OUTPUT/sweep.json).")
+@click.option("--max-accelerators", type=int, default=None, metavar="N",
+              help="With --sweep-accelerators: the most ranks to try (default: this node's CPUs).")
 @_friendly
 def run_command(config_path: Path | None, overrides: tuple[str, ...], instances: int | None,
-                resume_dir: Path | None, emulate: str | None) -> None:
+                resume_dir: Path | None, emulate: str | None, sweep: bool,
+                max_accelerators: int | None) -> None:
     """Train CONFIG's workload to its quality target and write a compliant result log.
 
     Power: from run_start to run_stop one thread per node reads, each power.interval_s (1 s),
@@ -117,6 +125,8 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
         overrides = overrides + (f"train.instances={instances}",)
     if emulate is not None:  # quoted: a value such as 12 stays a string and is refused as one
         overrides = overrides + (f"train.emulate_accelerator={json.dumps(emulate)}",)
+    if sweep or max_accelerators is not None:  # a sweep of runs, each an `mlhpc run` of its own
+        _sweep_accelerators(config_path, overrides, resume_dir, sweep, max_accelerators)
     if resume_dir is not None:
         if config_path is not None or overrides:
             raise ConfigError("--resume: give the run folder alone (its checkpoint holds the config)")
@@ -140,6 +150,24 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
                    f"{Path(result.result_file).parent if result.result_file else '<run folder>'}",
                    err=True)
     # agreed by every rank (`mlhpc.run.outcome.agree`): 0 reached, 1 not, 128 + N signal N
+    sys.exit(result.exit_status)
+
+
+def _sweep_accelerators(config_path: Path | None, overrides: tuple[str, ...], resume_dir: Path | None,
+                        sweep: bool, max_accelerators: int | None) -> None:
+    """``mlhpc run --sweep-accelerators`` (`mlhpc.run.sweep`): a line as each K starts and ends,
+    the table and headline; exit 0 when one accelerator met the minimum, else 1."""
+    if not sweep:
+        raise ConfigError("--max-accelerators: give it with --sweep-accelerators")
+    if resume_dir is not None or config_path is None:
+        raise ConfigError("--sweep-accelerators: give a CONFIG file (not --resume)")
+    from mlhpc import config as cfg
+    from mlhpc.run import sweep as sweeping
+
+    config = cfg.load(config_path, overrides)
+    plan = sweeping.Plan.of(config_path, overrides, config)
+    result = sweeping.run_sweep(config, plan, max_accelerators, say=echo)
+    echo("\n".join(sweeping.table_lines(result)))
     sys.exit(result.exit_status)
 
 
@@ -252,13 +280,14 @@ def submit_command(config_path: Path, nodes: int, gpus_per_node: int, tasks_per_
                    dry_run: bool) -> None:
     """Render an sbatch script running CONFIG R times under srun, and submit it (--sweep: one
     script per point of a campaign; --automl: one AutoML search)."""
+    from mlhpc.slurm_job import Allocation, SubmitOptions
     from mlhpc.store.campaign import render_jobs, submit_jobs
 
-    options = {"nodes": nodes, "gpus_per_node": gpus_per_node, "tasks_per_node": tasks_per_node,
-               "cpus_per_task": cpus_per_task, "runs": runs, "instances": instances,
-               "time_limit": time_limit, "time_per_run": time_per_run, "partition": partition,
-               "account": account, "qos": qos, "constraint": constraint, "exclusive": exclusive,
-               "job_name": job_name}
+    allocation = Allocation(nodes=nodes, gpus_per_node=gpus_per_node, tasks_per_node=tasks_per_node,
+                            cpus_per_task=cpus_per_task, partition=partition, account=account, qos=qos,
+                            constraint=constraint, exclusive=exclusive, job_name=job_name)
+    options = SubmitOptions(allocation, runs=runs, instances=instances, time_limit=time_limit,
+                            time_per_run=time_per_run)
     if automl:
         _submit_search(config_path, options, list(overrides), dry_run)
         return
@@ -285,7 +314,7 @@ _NOT_WITH_AUTOML = {"runs": ("--runs", "the search's trials are its runs"),
                     "time_per_run": ("--time-per-run", "--time defaults to automl.budget_s plus a margin")}
 
 
-def _submit_search(config_path: Path, options: dict[str, Any], overrides: list[str], dry_run: bool) -> None:
+def _submit_search(config_path: Path, options: "SubmitOptions", overrides: list[str], dry_run: bool) -> None:
     """`mlhpc submit CONFIG --automl` (`mlhpc.slurm_automl`): an option given that a search does
     not take is refused (one line, exit 2)."""
     from click.core import ParameterSource
