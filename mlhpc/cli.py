@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -23,6 +23,9 @@ from mlhpc.report.cli import report_command
 from mlhpc.store.cli import results_group
 from mlhpc.text import console, echo
 from mlhpc.validate.cli import validate_command
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from mlhpc.slurm_job import SubmitOptions
 
 SET_HELP = "Override a config value, e.g. --set train.max_epochs=5 (repeatable)."
 
@@ -314,7 +317,7 @@ _NOT_WITH_AUTOML = {"runs": ("--runs", "the search's trials are its runs"),
                     "time_per_run": ("--time-per-run", "--time defaults to automl.budget_s plus a margin")}
 
 
-def _submit_search(config_path: Path, options: "SubmitOptions", overrides: list[str], dry_run: bool) -> None:
+def _submit_search(config_path: Path, options: SubmitOptions, overrides: list[str], dry_run: bool) -> None:
     """`mlhpc submit CONFIG --automl` (`mlhpc.slurm_automl`): an option given that a search does
     not take is refused (one line, exit 2)."""
     from click.core import ParameterSource

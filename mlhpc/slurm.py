@@ -45,16 +45,16 @@ import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from mlhpc.config import parse_override
 from mlhpc.errors import ConfigError, MlhpcError
+from mlhpc.slurm_job import SbatchJob
 
-DEFAULT_MASTER_PORT = 29511
 MAX_RUNS = 1000  # runs of one job run one after the other; a benchmark's score takes 5 or 10
 _PLACEHOLDER = re.compile(r"@([a-z_]+)@")
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9_.\-]+(,[A-Za-z0-9_.\-]+)*$")
@@ -67,82 +67,20 @@ class SubmitError(MlhpcError):
     """sbatch is missing, or refused the job (the message carries sbatch's own words)."""
 
 
-@dataclass(frozen=True)
-class SbatchJob:
-    """One batch job: R runs of ``mlhpc run CONFIG``, and the allocation they run in.
-
-    Fields:
-        config_path: the run config; made absolute (it must exist).
-        nodes: nodes to allocate (>= 1).
-        gpus_per_node: GPUs per node; when > 0 there is one task per GPU.
-        tasks_per_node: tasks per node when ``gpus_per_node`` is 0 (default 1); with GPUs it may
-            only repeat ``gpus_per_node``.
-        runs: sequential runs of the benchmark (1 .. ``MAX_RUNS``), each a fresh ``result_N.txt``.
-        time: wall-time limit, in a Slurm time format (``"MM"``, ``"HH:MM:SS"``, ``"D-HH:MM"``...).
-        partition / account / qos: Slurm partition, account and quality of service (None: the
-            cluster's default).
-        constraint: ``--constraint`` node features (e.g. ``"gpu&a100"``; None: any node).
-        exclusive: ``--exclusive``: no other job shares the nodes.
-        job_name: the job's label (characters sbatch cannot take are replaced by ``_``).
-        output_dir: the results folder of every run (``--set output.dir=``), made absolute; the
-            Slurm log goes to ``<output_dir>/slurm-%j.out``.
-        overrides: extra ``key=value`` config overrides, passed as ``--set`` in this order, after
-            the script's own ``output.dir`` and ``train.seed`` (so they win).
-        instances: concurrent training instances per run (weak scaling); nodes x tasks must split
-            evenly between them.
-        cpus_per_task: ``--cpus-per-task`` (and ``OMP_NUM_THREADS``) when given.
-        seeds: one ``train.seed`` per run (instance i of a run adds i); default: ``runs``
-            distinct random seeds drawn at rendering (the MLPerf rules want each run seeded
-            differently) -- unless ``overrides`` set ``train.seed``, which then holds for every run.
-        mpi: srun's ``--mpi`` plugin (``"pmi2"``; ``"pmix"`` or ``"none"`` elsewhere).
-        python: the interpreter the job runs (default: ``sys.executable``, this interpreter, so
-            the job finds this install of mlhpc).
-        env: extra environment variables exported before the runs.
-        workdir: folder the job changes to first (default: the current folder).
-        master_port: torch.distributed port of instance 0 (instance i uses ``master_port + i``).
-    """
-
-    config_path: Path | str
-    _: KW_ONLY
-    nodes: int = 1
-    gpus_per_node: int = 0
-    tasks_per_node: int | None = None
-    runs: int = 1
-    time: str = "01:00:00"
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    exclusive: bool = False
-    job_name: str = "mlhpc"
-    output_dir: Path | str = "results"
-    overrides: Sequence[str] = ()
-    instances: int = 1
-    cpus_per_task: int | None = None
-    seeds: Sequence[int] | None = None
-    mpi: str = "pmi2"
-    python: str | None = None
-    env: Mapping[str, str] | None = None
-    workdir: Path | str | None = None
-    master_port: int = DEFAULT_MASTER_PORT
-
-
-def render_sbatch(config_path: Path | str, **options: Any) -> str:
+def render_sbatch(job: SbatchJob) -> str:
     """The text of an sbatch script running ``mlhpc run CONFIG`` ``runs`` times (module docstring),
-    the template ``mlhpc/templates/sbatch.sh.in`` filled in for ``SbatchJob(config_path, **options)``.
+    the template ``mlhpc/templates/sbatch.sh.in`` filled in for ``job``.
 
     Returns:
         the script text (bash, ``#!/bin/bash`` first).
 
     Raises:
-        TypeError: an option that is not a field of `SbatchJob`.
         ConfigError: an impossible request (nodes, runs, instances, tasks or cpus < 1, more than
             ``MAX_RUNS`` runs; tasks that do not split between instances; tasks per node that
             contradict one task per GPU; seeds of the wrong length), a partition, account or time
             Slurm would not accept, a value sbatch cannot carry in a ``#SBATCH`` line, a malformed
             override, a missing config file or a bad environment variable name.
     """
-    job = SbatchJob(config_path, **options)
     parts = check_job(job)
     seeds = _run_seeds(job.seeds, job.runs)
     return render_template(template_text("sbatch.sh.in"), {**parts.values, **_run_values(job, parts, seeds)})
@@ -159,7 +97,7 @@ def _run_values(job: SbatchJob, parts: JobParts, seeds: list[int]) -> dict[str, 
         "steps": _run_steps(layout, head, out, job.overrides, not user_seed, job.master_port),
         # node-local output.dir: node K's power files fetched after each run (one instance only;
         # an instance's node K is not the job's)
-        "collect_nodes": job.nodes if job.nodes > 1 and layout.instances == 1 else None,
+        "collect_nodes": job.allocation.nodes if job.allocation.nodes > 1 and layout.instances == 1 else None,
     }
 
 
@@ -186,7 +124,7 @@ def check_job(job: SbatchJob) -> JobParts:
     _check_slurm_syntax(job)
     for text in job.overrides:
         parse_override(text)  # raises ConfigError on a malformed one
-    env = _environment(job.env, job.cpus_per_task)
+    env = _environment(job.env, job.allocation.cpus_per_task)
     config = Path(job.config_path).expanduser()
     if not config.is_file():
         raise ConfigError(f"{job.config_path}: config file not found")
@@ -198,23 +136,24 @@ def check_job(job: SbatchJob) -> JobParts:
 def _values(job: SbatchJob, layout: _Layout, out: Path, python: str,
             env: Mapping[str, str]) -> dict[str, object]:
     """The shared template values of a checked job (`check_job`)."""
+    alloc = job.allocation
     where = Path(job.workdir).expanduser().absolute() if job.workdir is not None else Path.cwd()
     # Slurm reads "%" in an --output path as a pattern, and a "\\" anywhere turns every pattern
     # off (%j included): such folders, and those sbatch cannot quote, get the log from the body.
     log_in_body = any(c in str(out) for c in _SBATCH_UNSAFE + ("%", "\\", '"'))
     sbatch_output = _sbatch_value("output_dir", str(out) + "/slurm-%j.out") if not log_in_body else None
     return {
-        "job_name": Verbatim(_sbatch_value("job_name", _clean_label(job.job_name))),
-        "nodes": job.nodes, "tasks_per_node": layout.tasks_per_node, "gpus_per_node": job.gpus_per_node,
-        "sbatch_gpus_per_node": job.gpus_per_node or None, "sbatch_cpus_per_task": job.cpus_per_task,
+        "job_name": Verbatim(_sbatch_value("job_name", _clean_label(alloc.job_name))),
+        "nodes": alloc.nodes, "tasks_per_node": layout.tasks_per_node, "gpus_per_node": alloc.gpus_per_node,
+        "sbatch_gpus_per_node": alloc.gpus_per_node or None, "sbatch_cpus_per_task": alloc.cpus_per_task,
         # checked against Slurm's syntax, which no shell quoting can be part of
         "time": Verbatim(job.time),
-        "sbatch_partition": Verbatim(job.partition) if job.partition else None,
-        "sbatch_account": Verbatim(job.account) if job.account else None,
-        "sbatch_qos": Verbatim(job.qos) if job.qos else None,
-        "sbatch_constraint": (Verbatim(_sbatch_value("constraint", job.constraint))
-                              if job.constraint else None),
-        "sbatch_exclusive": Verbatim("--exclusive") if job.exclusive else None,
+        "sbatch_partition": Verbatim(alloc.partition) if alloc.partition else None,
+        "sbatch_account": Verbatim(alloc.account) if alloc.account else None,
+        "sbatch_qos": Verbatim(alloc.qos) if alloc.qos else None,
+        "sbatch_constraint": (Verbatim(_sbatch_value("constraint", alloc.constraint))
+                              if alloc.constraint else None),
+        "sbatch_exclusive": Verbatim("--exclusive") if alloc.exclusive else None,
         "sbatch_output": Verbatim(sbatch_output) if sbatch_output else None,
         "stamp": Verbatim(datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")),
         "workdir": str(where), "output_dir": str(out), "body_log_dir": str(out) if log_in_body else None,
@@ -288,25 +227,26 @@ class _Layout:
 
 def _layout(job: SbatchJob) -> _Layout:
     """Counts checked; tasks per node (one per GPU when there are GPUs), each instance's share."""
-    for name, least in (("nodes", 1), ("runs", 1), ("instances", 1), ("gpus_per_node", 0), ("master_port", 1)):
-        value = getattr(job, name)
+    alloc = job.allocation
+    for name, value, least in (("nodes", alloc.nodes, 1), ("runs", job.runs, 1), ("instances", job.instances, 1),
+                               ("gpus_per_node", alloc.gpus_per_node, 0), ("master_port", job.master_port, 1)):
         if not isinstance(value, int) or value < least:
             raise ConfigError(f"slurm {name}: expected an integer >= {least}, got {value!r}")
     if job.runs > MAX_RUNS:
         raise ConfigError(f"slurm runs: at most {MAX_RUNS} runs in one job, got {job.runs}")
-    tasks_per_node = job.tasks_per_node
-    if job.gpus_per_node > 0:
-        if tasks_per_node not in (None, job.gpus_per_node):
-            raise ConfigError(f"slurm tasks_per_node: one task per GPU means {job.gpus_per_node}, "
+    tasks_per_node = alloc.tasks_per_node
+    if alloc.gpus_per_node > 0:
+        if tasks_per_node not in (None, alloc.gpus_per_node):
+            raise ConfigError(f"slurm tasks_per_node: one task per GPU means {alloc.gpus_per_node}, "
                               f"got {tasks_per_node}")
-        tasks_per_node = job.gpus_per_node
+        tasks_per_node = alloc.gpus_per_node
     tasks_per_node = 1 if tasks_per_node is None else tasks_per_node
     if not isinstance(tasks_per_node, int) or tasks_per_node < 1:
         raise ConfigError(f"slurm tasks_per_node: expected an integer >= 1, got {tasks_per_node!r}")
-    cpus = job.cpus_per_task
+    cpus = alloc.cpus_per_task
     if cpus is not None and (not isinstance(cpus, int) or cpus < 1):
         raise ConfigError(f"slurm cpus_per_task: expected an integer >= 1, got {cpus!r}")
-    inst_nodes, inst_tasks = _split_instances(job.nodes, tasks_per_node, job.instances)
+    inst_nodes, inst_tasks = _split_instances(alloc.nodes, tasks_per_node, job.instances)
     return _Layout(tasks_per_node, job.instances, inst_nodes, inst_tasks)
 
 
@@ -314,7 +254,8 @@ def _check_slurm_syntax(job: SbatchJob) -> None:
     """Values Slurm parses itself must match its syntax (they go into the script unquoted)."""
     if not _SLURM_TIME.match(str(job.time)):
         raise ConfigError(f"slurm time: {job.time!r} is not a Slurm time (MM, HH:MM:SS, D-HH:MM:SS)")
-    for name, value in (("partition", job.partition), ("account", job.account), ("qos", job.qos)):
+    alloc = job.allocation
+    for name, value in (("partition", alloc.partition), ("account", alloc.account), ("qos", alloc.qos)):
         if value is not None and not _SLURM_NAME.match(value):
             raise ConfigError(f"slurm {name}: {value!r} is not a Slurm {name} name")
     if not re.match(r"^[a-z0-9_]+$", job.mpi):

@@ -33,21 +33,16 @@ import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
 from mlhpc import slurm
 from mlhpc.automl.space import check_space
 from mlhpc.automl.study import STUDY_FILE
 from mlhpc.data.files import make_private_dir
 from mlhpc.errors import ConfigError, OutputError
+from mlhpc.slurm_job import SbatchJob, SubmitOptions
 
 #: Wall time beyond the budget: preparing the search (data made where missing, the study) and
 #: stopping the trials still running at its end, plus this share of the budget.
 MARGIN_S, MARGIN_SHARE = 600, 0.05
-#: The options a search's job takes (`render_search`): ``mlhpc submit``'s by parameter name, and
-#: `mlhpc.slurm.SbatchJob`'s ``python`` and ``workdir``.
-SEARCH_OPTIONS = ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "partition", "account",
-                  "qos", "constraint", "exclusive", "job_name", "python", "workdir")
 
 
 @dataclass(frozen=True)
@@ -68,16 +63,17 @@ def search_time(budget_s: float) -> tuple[str, int]:
     return f"{days}-{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}", int(total_s - budget_s)
 
 
-def render_search(config_path: Path, options: dict[str, Any], overrides: list[str]) -> SearchJob:
+def render_search(config_path: Path, options: SubmitOptions, overrides: list[str], *,
+                  python: str | None = None, workdir: Path | None = None) -> SearchJob:
     """The job of ``mlhpc submit CONFIG --automl``: the script (module docstring) and its notes.
 
     Args:
         config_path: the search's config (its ``automl`` section: space, budget).
-        options: the submit command's options by parameter name (those of `SEARCH_OPTIONS`
-            count, others are left out), and ``time_limit`` (None or missing: `search_time` of
-            the budget, said in a note).
+        options: the submit command's options: its allocation and ``time_limit`` count (None:
+            `search_time` of the budget, said in a note); runs and instances are left out.
         overrides: ``--set`` overrides of every step, in order (after the script's own
             ``output.dir``, so they win).
+        python / workdir: the job's interpreter and first folder (`mlhpc.slurm_job.SbatchJob`'s).
 
     Raises:
         ConfigError: a bad config, no ``automl`` section or a bad search space (naming the
@@ -92,24 +88,24 @@ def render_search(config_path: Path, options: dict[str, Any], overrides: list[st
     out = Path(config.output.dir).resolve()
     if os.path.lexists(out / STUDY_FILE):
         raise ConfigError(f"output.dir {out}: already holds a search ({STUDY_FILE}); choose another output.dir")
-    opts = {name: value for name, value in options.items() if name in SEARCH_OPTIONS}
-    limit, notes = options.get("time_limit"), []
+    limit, notes = options.time_limit, []
     if limit is None:
         limit, margin_s = search_time(config.automl.budget_s)
         notes.append(f"mlhpc: --time not given: the search's budget {config.automl.budget_s:g} s (automl.budget_s) "
                      f"+ {margin_s} s to prepare it and stop its last trials = {limit}")
     # a relative output.dir given is the folder resolved here; each step gets it absolute
     sets = [text for text in overrides if text.partition("=")[0].strip() != "output.dir"]
-    job = slurm.SbatchJob(config_path, **opts, time=limit, output_dir=out, overrides=sets)
+    job = SbatchJob(config_path, options.allocation, time=limit, output_dir=out, overrides=sets,
+                    python=python, workdir=workdir)
     parts = slurm.check_job(job)
     shared = {key: value for key, value in parts.values.items() if key != "python"}  # in each step's line
     values = {**shared, **_steps(job, parts, config.automl.trial_threads),
               "budget_s": slurm.Verbatim(f"{config.automl.budget_s:g}"),
-              "workers": job.nodes * parts.layout.tasks_per_node}
+              "workers": job.allocation.nodes * parts.layout.tasks_per_node}
     return SearchJob(out, slurm.render_template(slurm.template_text("automl.sh.in"), values), notes)
 
 
-def _steps(job: slurm.SbatchJob, parts: slurm.JobParts, trial_threads: int | None) -> dict[str, object]:
+def _steps(job: SbatchJob, parts: slurm.JobParts, trial_threads: int | None) -> dict[str, object]:
     """The three steps' command lines (quoted), and the trial threads' computation if needed."""
     q = shlex.quote
     tasks = parts.layout.tasks_per_node
@@ -119,13 +115,14 @@ def _steps(job: slurm.SbatchJob, parts: slurm.JobParts, trial_threads: int | Non
                 "--set", f"output.dir={parts.output_dir}"]
         return " ".join([*map(q, head), *extra, *(f"--set {q(text)}" for text in job.overrides)])
 
-    srun = ["srun", f"--nodes={job.nodes}", f"--ntasks={job.nodes * tasks}", f"--ntasks-per-node={tasks}",
+    alloc = job.allocation
+    srun = ["srun", f"--nodes={alloc.nodes}", f"--ntasks={alloc.nodes * tasks}", f"--ntasks-per-node={tasks}",
             "--mpi=none", "--kill-on-bad-exit=0"]
-    srun += [f"--cpus-per-task={job.cpus_per_task}"] if job.cpus_per_task else []
-    srun += ["--gpus-per-task=1"] if job.gpus_per_node else []
+    srun += [f"--cpus-per-task={alloc.cpus_per_task}"] if alloc.cpus_per_task else []
+    srun += ["--gpus-per-task=1"] if alloc.gpus_per_node else []
     threads, compute = [], None
-    if trial_threads is None and job.cpus_per_task:
-        threads = [f"--set {q(f'automl.trial_threads={job.cpus_per_task}')}"]
+    if trial_threads is None and alloc.cpus_per_task:
+        threads = [f"--set {q(f'automl.trial_threads={alloc.cpus_per_task}')}"]
     elif trial_threads is None:  # the node's CPUs shared by its workers, as mlhpc automl --workers does
         threads = ['--set "automl.trial_threads=$TRIAL_THREADS"']
         compute = slurm.Verbatim(f"TRIAL_THREADS=$(( ${{SLURM_CPUS_ON_NODE:-{tasks}}} / {tasks} )); "

@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from mlhpc.cli import main
 from mlhpc.errors import ConfigError
 from mlhpc.slurm_automl import render_search, search_time
+from mlhpc.slurm_job import Allocation, SubmitOptions
 from slurm_cluster import slurm_cluster, wait_for_job  # noqa: F401 - pytest fixture
 from test_automl import MINI, ROOT, mlhpc, study_trials, tiny_args, tiny_data  # noqa: F401 - fixture
 
@@ -84,9 +85,10 @@ def _run_job(script: str, tmp_path: Path, **env: str) -> tuple[list[list[str]], 
 def test_the_job_prepares_runs_one_step_of_workers_and_finishes_with_values_intact(tmp_path: Path) -> None:
     config, work, out = _hostile_config(tmp_path)
     stub_python = str(tmp_path / "stub-bin" / "python")
-    job = render_search(config, {"nodes": 1, "tasks_per_node": 2, "python": stub_python, "workdir": work,
-                                 "job_name": HOSTILE, "runs": 5},  # runs: not a search's option, left out
-                        [f"output.dir={out}", HOSTILE_SET, "automl.budget_s=20", "automl.mark_every_s=5"])
+    job = render_search(config, SubmitOptions(Allocation(nodes=1, tasks_per_node=2, job_name=HOSTILE),
+                                              runs=5),  # runs: not a search's option, left out
+                        [f"output.dir={out}", HOSTILE_SET, "automl.budget_s=20", "automl.mark_every_s=5"],
+                        python=stub_python, workdir=work)
     script = job.script
     assert subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, timeout=30).returncode == 0
     lines = script.splitlines()
@@ -113,9 +115,8 @@ def test_the_job_prepares_runs_one_step_of_workers_and_finishes_with_values_inta
 
 
 def test_the_finish_step_s_status_is_the_job_s_and_a_failed_prepare_starts_no_worker(tmp_path: Path) -> None:
-    job = render_search(MINI, {"nodes": 2, "gpus_per_node": 4, "cpus_per_task": 3,
-                               "python": str(tmp_path / "stub-bin" / "python")},
-                        [f"output.dir={tmp_path / 'search'}"])
+    job = render_search(MINI, SubmitOptions(Allocation(nodes=2, gpus_per_node=4, cpus_per_task=3)),
+                        [f"output.dir={tmp_path / 'search'}"], python=str(tmp_path / "stub-bin" / "python"))
     argvs, srun, proc = _run_job(job.script, tmp_path, FINISH_STATUS="1")
     assert proc.returncode == 1 and len(argvs) == 1 + 8 + 1
     assert srun[:8] == ["--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--mpi=none", "--kill-on-bad-exit=0",
@@ -131,7 +132,7 @@ def test_the_finish_step_s_status_is_the_job_s_and_a_failed_prepare_starts_no_wo
 
 
 def test_a_config_s_own_trial_threads_are_kept() -> None:
-    job = render_search(MINI, {"time_limit": "30"}, ["automl.trial_threads=2", "output.dir=/tmp/x"])
+    job = render_search(MINI, SubmitOptions(time_limit="30"), ["automl.trial_threads=2", "output.dir=/tmp/x"])
     assert "TRIAL_THREADS" not in job.script and job.notes == []
     assert "#SBATCH --time=30" in job.script and job.script.count("--set automl.trial_threads=2") == 3
 
@@ -165,7 +166,7 @@ def test_a_config_without_a_search_or_a_folder_with_one_is_refused(tmp_path: Pat
     status, lines = _submit(str(MINI), "--automl", "--set", f"output.dir={tmp_path}")
     assert status == 2 and len(lines) == 1 and "already holds a search (study.json)" in lines[0], lines
     with pytest.raises(ConfigError, match=r"automl\.space\.model\.nope: not a knob"):
-        render_search(MINI, {}, ["automl.space={model.nope: {low: 1, high: 2}}", f"output.dir={tmp_path / 'x'}"])
+        render_search(MINI, SubmitOptions(), ["automl.space={model.nope: {low: 1, high: 2}}", f"output.dir={tmp_path / 'x'}"])
 
 
 def test_submit_automl_dry_run_prints_the_script_and_the_chosen_time(tmp_path: Path) -> None:

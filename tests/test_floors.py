@@ -26,7 +26,7 @@ FLOORS: dict[str, int] = {
     "mlhpc.data.files": GROUND, "mlhpc.data.inputs": GROUND, "mlhpc.data.claims": GROUND,
     "mlhpc.data.statefiles": GROUND,
     "mlhpc.data.": TRAINING, "mlhpc.power": TRAINING, "mlhpc.run": TRAINING,
-    "mlhpc.slurm": TRAINING, "mlhpc.validate": TRAINING,
+    "mlhpc.slurm": TRAINING, "mlhpc.slurm_job": TRAINING, "mlhpc.validate": TRAINING,
     "mlhpc.report": RESULTS, "mlhpc.store": RESULTS, "mlhpc.automl": RESULTS, "mlhpc.reframe": RESULTS,
     "mlhpc.slurm_automl": RESULTS,
     "mlhpc.cli": ROOF, "mlhpc.__main__": ROOF, "mlhpc.progress": ROOF,

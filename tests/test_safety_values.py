@@ -234,13 +234,14 @@ def test_a_100_kB_selection_is_shown_in_a_few_hundred_characters(tmp_path):
 
 
 def test_a_sweep_count_is_ascii_digits_within_int64(tmp_path):
+    from mlhpc.slurm_job import SubmitOptions
     from mlhpc.store.campaign import _split_point
 
     for bad in ("²", "٣", "99999999999999999999", "-1"):
         with pytest.raises(Exception) as caught:
-            _split_point([f"nodes={bad}"], {})
+            _split_point([f"nodes={bad}"], SubmitOptions())
         assert "expected a whole number from 1 to" in str(caught.value)
-    assert _split_point(["nodes=4"], {})[0]["nodes"] == 4
+    assert _split_point(["nodes=4"], SubmitOptions())[0].allocation.nodes == 4
 
 
 # ---- checkpoints to resume ------------------------------------------------------------------------
@@ -251,7 +252,7 @@ def good_state(tmp_path_factory):
     """A checkpoint as a run writes it, made without a run: the tiny CosmoFlow config's model,
     optimizer and scheduler state."""
     from mlhpc import config as cfg
-    from mlhpc.run.checkpoint import CheckpointState
+    from mlhpc.run.checkpoint import TorchRandom, TrainState, entries
     from mlhpc.workload import get
 
     root = tmp_path_factory.mktemp("ckpt")
@@ -261,10 +262,10 @@ def good_state(tmp_path_factory):
     workload = get(config.workload)
     model = workload.build_model(config.model)
     optimizer, scheduler = workload.build_optimizer(model, config, 1)
-    return CheckpointState(config=config.to_dict(), epoch=2, step=0, history=[(1, 0.5)],
-                           result_file="result_0.txt", elapsed_s=3.0, model=model.state_dict(),
-                           optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-                           torch_rng=torch.get_rng_state()).to_dict()
+    counters = TrainState(config, epoch=2, step=0, history=[(1, 0.5)], result_file="result_0.txt",
+                          elapsed_s=3.0)
+    return entries({"model": model, "optimizer": optimizer, "scheduler": scheduler,
+                    "train_state": counters, "rng": TorchRandom()})
 
 
 def _edit(state: dict, key: str, value) -> dict:
@@ -303,10 +304,10 @@ def test_a_checkpoint_out_of_range_is_one_line_before_anything_is_written(tmp_pa
 
 
 def test_the_good_checkpoint_passes_its_checks(good_state):
-    from mlhpc.run.checkpoint import CheckpointState
+    from mlhpc.run.checkpoint import checked
 
-    state = CheckpointState.from_dict(good_state, "t")
-    assert state.epoch == 2 and state.history == [(1, 0.5)] and state.elapsed_s == 3.0
+    state = checked(good_state, "t")
+    assert state["epoch"] == 2 and state["history"] == [(1, 0.5)] and state["elapsed_s"] == 3.0
 
 
 def test_an_eof_error_escaping_a_command_is_a_bug_with_its_traceback_not_aborted():

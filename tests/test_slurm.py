@@ -14,6 +14,7 @@ import pytest
 
 from mlhpc.errors import ConfigError
 from mlhpc.slurm import MAX_RUNS, SubmitError, Verbatim, render_sbatch, render_template, submit
+from mlhpc.slurm_job import Allocation, SbatchJob
 from slurm_cluster import slurm_cluster, wait_for_job  # noqa: F401 - pytest fixture
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,9 +71,10 @@ def _seeds(script: str) -> list[int]:
 
 def test_hostile_values_parse_and_reach_srun_intact(hostile: dict[str, Path], tmp_path: Path) -> None:
     out = hostile["out"]
-    script = render_sbatch(hostile["config"], nodes=1, tasks_per_node=2, runs=3, time="00:10:00",
-                           job_name=HOSTILE, output_dir=out, overrides=[HOSTILE_SET, "train.max_epochs=1"],
-                           workdir=hostile["work"], env={"MLHPC_NOTE": HOSTILE})
+    script = render_sbatch(SbatchJob(hostile["config"], Allocation(nodes=1, tasks_per_node=2, job_name=HOSTILE),
+                                     runs=3, time="00:10:00", output_dir=out,
+                                     overrides=[HOSTILE_SET, "train.max_epochs=1"],
+                                     workdir=hostile["work"], env={"MLHPC_NOTE": HOSTILE}))
     syntax = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, timeout=30)
     assert syntax.returncode == 0, syntax.stderr
     assert all(not line.startswith("#SBATCH") or "\n" not in line for line in script.splitlines())
@@ -101,15 +103,16 @@ def test_sbatch_lines_are_escaped_for_sbatch(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("workload: cosmoflow\n")
     out = tmp_path / 'res "q" \\ 100%'
-    script = render_sbatch(config, nodes=2, gpus_per_node=4, output_dir=out, job_name='a"b\nc',
-                           partition="gpu", account="proj_01", time="1-00:00:00", cpus_per_task=8)
+    script = render_sbatch(SbatchJob(config, Allocation(nodes=2, gpus_per_node=4, job_name='a"b\nc',
+                                                        partition="gpu", account="proj_01", cpus_per_task=8),
+                                     output_dir=out, time="1-00:00:00"))
     head = [line for line in script.splitlines() if line.startswith("#SBATCH")]
     assert head == ['#SBATCH --job-name="a\\"b_c"', "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4",
                     "#SBATCH --gpus-per-node=4", "#SBATCH --cpus-per-task=8", "#SBATCH --time=1-00:00:00",
                     "#SBATCH --partition=gpu", "#SBATCH --account=proj_01",
                     ]  # no --output: Slurm would take the folder's "%" and "\\" as patterns
     assert f'exec >>{shlex.quote(str(out))}/slurm-"$SLURM_JOB_ID".out 2>&1' in script
-    plain = render_sbatch(config, output_dir=tmp_path / "it's $(x) `y`")
+    plain = render_sbatch(SbatchJob(config, output_dir=tmp_path / "it's $(x) `y`"))
     assert f'#SBATCH --output="{tmp_path}/it\'s $(x) `y`/slurm-%j.out"' in plain
     assert "export OMP_NUM_THREADS=8" in script
     assert "srun --mpi=pmi2 --nodes=2 --ntasks=8 --ntasks-per-node=4" in script
@@ -119,8 +122,8 @@ def test_instances_run_side_by_side_with_own_port_and_folder(tmp_path: Path) -> 
     config = tmp_path / "c.yaml"
     config.write_text("workload: cosmoflow\n")
     out = tmp_path / "weak"
-    script = render_sbatch(config, nodes=2, tasks_per_node=2, runs=2, instances=4, output_dir=out,
-                           overrides=["train.seed=5"])
+    script = render_sbatch(SbatchJob(config, Allocation(nodes=2, tasks_per_node=2), runs=2, instances=4,
+                                     output_dir=out, overrides=["train.seed=5"]))
     argvs, proc = _run_with_stub_srun(script, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert len(argvs) == 8
@@ -132,8 +135,8 @@ def test_instances_run_side_by_side_with_own_port_and_folder(tmp_path: Path) -> 
         assert argv[-2:] == ["--set", "train.seed=5"]  # the user's seed, no drawn one
         assert not any(a.startswith("train.seed=") for a in argv[:-1])
 
-    drawn = render_sbatch(config, nodes=1, tasks_per_node=2, runs=2, instances=2, output_dir=out,
-                          seeds=[100, 200])
+    drawn = render_sbatch(SbatchJob(config, Allocation(nodes=1, tasks_per_node=2), runs=2, instances=2,
+                                    output_dir=out, seeds=[100, 200]))
     calls_dir = tmp_path / "again"
     calls_dir.mkdir()
     argvs, proc = _run_with_stub_srun(drawn, calls_dir)
@@ -146,7 +149,7 @@ def test_instances_run_side_by_side_with_own_port_and_folder(tmp_path: Path) -> 
 def test_failed_run_does_not_stop_the_next_but_fails_the_job(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("workload: cosmoflow\n")
-    script = render_sbatch(config, runs=2, output_dir=tmp_path / "o")
+    script = render_sbatch(SbatchJob(config, runs=2, output_dir=tmp_path / "o"))
     bin_dir = _stub_bin(tmp_path, "srun", "#!/bin/bash\necho called >> \"$STUB_DIR/n\"\nexit 3\n")
     proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
@@ -174,7 +177,14 @@ def test_impossible_requests_are_config_errors(tmp_path: Path, kwargs: dict, mes
     config = tmp_path / "c.yaml"
     config.write_text("workload: cosmoflow\n")
     with pytest.raises(ConfigError, match=message):
-        render_sbatch(config, output_dir=tmp_path / "o", **kwargs)
+        render_sbatch(_job(config, {"output_dir": tmp_path / "o", **kwargs}))
+
+
+def _job(config: Path, fields: dict) -> SbatchJob:
+    """An `SbatchJob` of ``fields`` by name, those of its `Allocation` picked out."""
+    names = set(Allocation.__dataclass_fields__)
+    allocation = Allocation(**{k: v for k, v in fields.items() if k in names})
+    return SbatchJob(config, allocation, **{k: v for k, v in fields.items() if k not in names})
 
 
 def test_submit_runs_beyond_the_bound_is_one_line_exit_2(tmp_path: Path) -> None:
@@ -184,7 +194,7 @@ def test_submit_runs_beyond_the_bound_is_one_line_exit_2(tmp_path: Path) -> None
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == [f"mlhpc: error: slurm runs: at most {MAX_RUNS} runs in one job, "
                                         "got 5000000"]
-    assert len(render_sbatch(config, runs=MAX_RUNS, output_dir=tmp_path / "o")) < 100_000
+    assert len(render_sbatch(SbatchJob(config, runs=MAX_RUNS, output_dir=tmp_path / "o"))) < 100_000
 
 
 def test_template_lines_drop_expand_and_quote() -> None:
@@ -202,14 +212,14 @@ def test_template_lines_drop_expand_and_quote() -> None:
 
 def test_missing_config_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"nope\.yaml: config file not found"):
-        render_sbatch(tmp_path / "nope.yaml", output_dir=tmp_path)
+        render_sbatch(SbatchJob(tmp_path / "nope.yaml", output_dir=tmp_path))
 
 
 def test_submit_dry_run_missing_refusing_and_parsable_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("workload: cosmoflow\n")
     out = tmp_path / "deep" / "results"
-    script = render_sbatch(config, output_dir=out)
+    script = render_sbatch(SbatchJob(config, output_dir=out))
     assert submit(script, dry_run=True) == [] and not out.exists()
     with pytest.raises(SubmitError, match=r"no-such-sbatch: not found on PATH"):
         submit(script, dry_run=False, sbatch="no-such-sbatch")
@@ -254,7 +264,7 @@ def _multi_node_job(tmp_path: Path, shared: bool, sacct: str | None) -> tuple[Pa
     config = tmp_path / "c.yaml"
     config.write_text("workload: cosmoflow\n")
     out = tmp_path / "out dir"
-    script = render_sbatch(config, nodes=3, runs=2, output_dir=out, python="/bin/false")
+    script = render_sbatch(SbatchJob(config, Allocation(nodes=3), runs=2, output_dir=out, python="/bin/false"))
     calls = tmp_path / "calls"
     calls.mkdir()
     bin_dir = _stub_bin(tmp_path, "srun", MULTI_NODE_SRUN)
@@ -325,12 +335,13 @@ def test_shared_output_fetches_nothing_and_sacct_never_fails_the_job(tmp_path: P
 def test_power_collection_and_sacct_in_the_rendered_script(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("workload: cosmoflow\n")
-    multi = render_sbatch(config, nodes=4, gpus_per_node=4, output_dir=tmp_path / "o")
+    multi = render_sbatch(SbatchJob(config, Allocation(nodes=4, gpus_per_node=4), output_dir=tmp_path / "o"))
     assert f"    collect_power {tmp_path / 'o'} 4 \"$JOB_START\"" in multi.splitlines()
     assert "timeout 120 sacct -j \"$SLURM_JOB_ID\" --format=JobID,JobName%24,Elapsed,ConsumedEnergy \\" in multi
     assert multi.splitlines()[-2:] == ["slurm_energy", "exit $failed"]
-    single = render_sbatch(config, nodes=1, output_dir=tmp_path / "o")
-    weak = render_sbatch(config, nodes=2, tasks_per_node=1, instances=2, output_dir=tmp_path / "o")
+    single = render_sbatch(SbatchJob(config, Allocation(nodes=1), output_dir=tmp_path / "o"))
+    weak = render_sbatch(SbatchJob(config, Allocation(nodes=2, tasks_per_node=1), instances=2,
+                                   output_dir=tmp_path / "o"))
     for script in (single, weak):  # one node has nothing to fetch; an instance's node K is not the job's
         assert not [line for line in script.splitlines() if line.strip().startswith("collect_power ")]
         assert "slurm_energy" in script.splitlines()
@@ -387,9 +398,11 @@ def test_sbatch_runs_hostile_script_with_argv_intact(slurm_cluster, hostile: dic
                     "printf '%s\\0' \"$SLURM_PROCID\" \"$SLURM_NTASKS\" \"$SLURM_LOCALID\" \"$MASTER_PORT\" \"$@\" > \"$f\"\n")
     stub.chmod(0o755)
     out = hostile["root"] / "out" / re.sub(r'[\n"\\%]', "_", HOSTILE)  # an #SBATCH --output line
-    script = render_sbatch(hostile["config"], nodes=1, tasks_per_node=2, runs=2, time="5",
-                           job_name=HOSTILE, output_dir=out, overrides=[HOSTILE_SET],
-                           workdir=hostile["work"], python=str(stub), partition=slurm_cluster.partition)
+    script = render_sbatch(SbatchJob(hostile["config"],
+                                     Allocation(nodes=1, tasks_per_node=2, job_name=HOSTILE,
+                                                partition=slurm_cluster.partition),
+                                     runs=2, time="5", output_dir=out, overrides=[HOSTILE_SET],
+                                     workdir=hostile["work"], python=str(stub)))
     assert "#SBATCH --output=" in script
     [job_id] = submit(script, dry_run=False)
     end = wait_for_job(job_id, timeout_s=300)

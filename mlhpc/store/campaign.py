@@ -20,11 +20,10 @@ import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
 from mlhpc.errors import ConfigError
 from mlhpc.text import clip
 from mlhpc.hints import did_you_mean
+from mlhpc.slurm_job import SbatchJob, SubmitOptions
 from mlhpc.store.queries import INT64_MAX, parse_count
 from mlhpc.store.record import CAMPAIGN_ENV
 
@@ -74,8 +73,8 @@ def sweep_points(specs: list[str], campaign_id: str | None = None) -> Sweep:
 
 
 #: ``mlhpc submit`` options a sweep may vary per job, by option name (``--sweep nodes=1,2``;
-#: underscores read as dashes) -> (the submit command's parameter, the value's type). Any other
-#: key is a config key, passed as ``--set KEY=VALUE``.
+#: underscores read as dashes) -> (the field of `SubmitOptions` or of its allocation, the value's
+#: type). Any other key is a config key, passed as ``--set KEY=VALUE``.
 SUBMIT_KEYS: dict[str, tuple[str, type]] = {
     "nodes": ("nodes", int), "gpus-per-node": ("gpus_per_node", int),
     "tasks-per-node": ("tasks_per_node", int), "ntasks-per-node": ("tasks_per_node", int),
@@ -98,14 +97,15 @@ class RenderedJob:
     notes: list[str]
 
 
-def _split_point(point: list[str], options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """A point's submit options (``options`` updated) and its config overrides.
+def _split_point(point: list[str], options: SubmitOptions) -> tuple[SubmitOptions, list[str]]:
+    """A point's submit options (``options`` with the point's submit keys set) and its config
+    overrides.
 
     Raises:
         ConfigError: a key that is neither a submit option nor a config key (with the closest
             submit option), or a submit option's value of the wrong type.
     """
-    options, sets = dict(options), []
+    sets: list[str] = []
     for text in point:
         key, _, value = text.partition("=")
         if "." in key or key in _TOP_LEVEL_CONFIG_KEYS:
@@ -118,7 +118,7 @@ def _split_point(point: list[str], options: dict[str, Any]) -> tuple[dict[str, A
                               f"nor a config key (section.key){hint}")
         name, kind = known
         try:
-            options[name] = parse_count(value, "") if kind is int else value
+            options = options.with_option(name, parse_count(value, "") if kind is int else value)
         except ConfigError:  # ASCII digits within int64: "²", "٣" or 20 digits are not a count
             raise ConfigError(f"--sweep {clip(key, 80)}={clip(value, 80)}: expected a whole number "
                               f"from 1 to {INT64_MAX}") from None
@@ -149,17 +149,15 @@ def _load(config_path: Path, sets: list[str], swept: set[str]):
         raise
 
 
-def render_jobs(config_path: Path, options: dict[str, Any], overrides: list[str],
+def render_jobs(config_path: Path, options: SubmitOptions, overrides: list[str],
                 specs: list[str] = (), campaign_id: str | None = None) -> tuple[str | None, list[RenderedJob]]:
     """The jobs ``mlhpc submit CONFIG [--sweep ...]`` submits, every one rendered (so checked)
     before any is queued.
 
     Args:
         config_path: the run config.
-        options: the submit command's options by parameter name (``nodes``, ``gpus_per_node``,
-            ``tasks_per_node``, ``cpus_per_task``, ``runs``, ``instances``, ``time_limit`` (None:
-            ``runs`` x ``time_per_run``), ``time_per_run``, ``partition``, ``account``, ``qos``,
-            ``constraint``, ``exclusive``, ``job_name``).
+        options: the submit command's options (`SubmitOptions`; ``time_limit`` None: ``runs`` x
+            ``time_per_run``); a sweep's submit keys replace them per point.
         overrides: ``--set`` overrides of every job.
         specs: ``--sweep KEY=V1,V2,...`` (`sweep_points`); none: one job, no campaign.
         campaign_id: the sweep's id (default: a new one).
@@ -187,18 +185,18 @@ def render_jobs(config_path: Path, options: dict[str, Any], overrides: list[str]
     return (sweep.campaign_id if sweep else None), jobs
 
 
-def _render(config_path: Path, options: dict[str, Any], sets: list[str], env: dict[str, str] | None,
+def _render(config_path: Path, options: SubmitOptions, sets: list[str], env: dict[str, str] | None,
             point: list[str], out: Path) -> RenderedJob:
     from mlhpc import slurm
 
-    opts = dict(options)
-    runs, per_run, limit = opts["runs"], opts.pop("time_per_run"), opts.pop("time_limit")
+    runs, per_run, limit = options.runs, options.time_per_run, options.time_limit
     notes = []
     if limit is None:
         limit = slurm.job_time(runs, per_run)
         notes.append(f"mlhpc: --time not given: {runs} run(s) x {per_run} per run (--time-per-run) = {limit}")
-    script = slurm.render_sbatch(config_path, **opts, time=limit, output_dir=out, overrides=sets, env=env)
-    return RenderedJob(point, out, script, notes)
+    job = SbatchJob(config_path, options.allocation, runs=runs, instances=options.instances, time=limit,
+                    output_dir=out, overrides=sets, env=env)
+    return RenderedJob(point, out, slurm.render_sbatch(job), notes)
 
 
 def submit_jobs(campaign_id: str | None, jobs: list[RenderedJob], dry_run: bool = False) -> list[str]:
