@@ -185,7 +185,8 @@ def convert_rate(src: Path, scratch: Path, to: str, workers: int, repeats: int) 
         folder = make_claimed_dir(scratch / f"conv-{to}{r}", "scratch")
         _sync()
         start = time.perf_counter()
-        result = data_convert.convert(get("cosmoflow"), src, folder / "data", to, workers=workers)
+        result = data_convert.convert(get("cosmoflow"), src, folder / "data", to,
+                                      data_convert.ConvertOptions(workers=workers))
         done = time.perf_counter() - start
         _sync()
         synced = time.perf_counter() - start

@@ -43,7 +43,7 @@ def _tensors(root: Path) -> tuple[torch.Tensor, ...]:
 
 @pytest.mark.parametrize("to", ["hdf5", "npy"])
 def test_convert_is_bit_exact_with_manifest(workload, src, tmp_path, to):
-    result = data_convert.convert(workload, src, tmp_path / to, to, workers=2)
+    result = data_convert.convert(workload, src, tmp_path / to, to, data_convert.ConvertOptions(workers=2))
     assert (result.source_files, result.samples, result.skipped_files) == (9, 9, 0)
     assert result.bytes_read == sum(p.stat().st_size for p in src.rglob("*.tfrecord"))
     for a, b in zip(_tensors(src), _tensors(tmp_path / to)):
@@ -98,7 +98,8 @@ def test_prepare_splits_universes_like_the_reference(workload, tmp_path):
         with h5py.File(raw / f"univ_ics_2019-03_a{i:08d}.hdf5", "w") as f:
             f["full"], f["unitPar"] = full, unit
         universes.append((full, unit))
-    result = data_convert.prepare(workload, raw, tmp_path / "prep", "npy", options={"sample_size": 8}, workers=2)
+    result = data_convert.prepare(workload, raw, tmp_path / "prep", "npy",
+                                  data_convert.ConvertOptions(prepare_options={"sample_size": 8}, workers=2))
     assert result.samples == 16 and result.source_files == 2
     # prepare.py's split_universe: np.split along axis 0, then 1, then 2
     expected = [xijk for xi in np.split(universes[1][0], 2, axis=0)

@@ -443,7 +443,8 @@ def test_a_killed_prepare_is_refused_by_check_stage_and_run(raw: Path, tmp_path:
     monkeypatch.setattr(type(tools), "prepare_file", dies)
     out = tmp_path / "prepared"
     with pytest.raises(KeyboardInterrupt):
-        data_convert.prepare(get("cosmoflow"), raw, out, "npy", options={"sample_size": 8})
+        data_convert.prepare(get("cosmoflow"), raw, out, "npy",
+                             data_convert.ConvertOptions(prepare_options={"sample_size": 8}))
     monkeypatch.undo()
     assert not (out / MANIFEST_NAME).exists() and list(out.glob(JOURNAL_PREFIX + "*"))
     code, err = cli("data", "check", "cosmoflow", str(out))

@@ -490,7 +490,7 @@ def test_convert_and_check_both_ways(tmp_path):
 
     workload = get("deepcam")
     _write_official(tmp_path / "h5")
-    npy = data_convert.convert(workload, tmp_path / "h5", tmp_path / "npy", "npy", workers=2)
+    npy = data_convert.convert(workload, tmp_path / "h5", tmp_path / "npy", "npy", data_convert.ConvertOptions(workers=2))
     assert (npy.source_files, npy.samples) == (5, 5) and (tmp_path / "npy" / "stats.h5").is_file()
     back = data_convert.convert(workload, tmp_path / "npy", tmp_path / "back", "hdf5")
     assert back.samples == 5

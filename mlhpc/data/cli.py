@@ -83,12 +83,14 @@ def synth_command(workload_name: str, out_dir: Path, config_path: Path | None, s
         echo(f"{out_dir}: already a complete {workload_name} dataset with these settings")
 
 
-def _data_tools_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def _with_progress(call: Callable[[Any], Any]) -> Any:
+    """``call(progress)`` with the terminal's progress lines (`mlhpc.progress.DataProgress`),
+    closed however it ends."""
     from mlhpc.progress import DataProgress
 
     progress = DataProgress()
     try:
-        return fn(*args, on_progress=progress, **kwargs)
+        return call(progress)
     finally:
         progress.close()
 
@@ -125,8 +127,8 @@ def check_command(workload_name: str, path: Path, full: bool, form: str, workers
 
     workload = get(workload_name)
     fmt, form = _output_and_form(fmt, form, workload)
-    report = _data_tools_call(data_check.check, workload, path, full=full, fmt=form,
-                              workers=workers)
+    report = _with_progress(lambda progress: data_check.check(workload, path, full=full, fmt=form,
+                                                              workers=workers, on_progress=progress))
     if fmt == "json":
         echo(json.dumps(report.to_dict(), indent=2))
     else:
@@ -183,8 +185,9 @@ def convert_command(workload_name: str, src: Path, dst: Path, to: str, fmt: str,
     from mlhpc.data import convert as data_convert
     from mlhpc.workload import get
 
-    result = _data_tools_call(data_convert.convert, get(workload_name), src, dst, to, fmt=fmt,
-                              workers=workers)
+    workload = get(workload_name)
+    result = _with_progress(lambda progress: data_convert.convert(
+        workload, src, dst, to, data_convert.ConvertOptions(fmt=fmt, workers=workers, on_progress=progress)))
     echo(_summary("converted", result))
 
 
@@ -224,8 +227,10 @@ def prepare_command(workload_name: str, raw_dir: Path, dst: Path, to: str,
     from mlhpc.data import convert as data_convert
     from mlhpc.workload import get
 
-    result = _data_tools_call(data_convert.prepare, get(workload_name), raw_dir, dst, to,
-                              workers=workers, options=options)
+    workload = get(workload_name)
+    result = _with_progress(lambda progress: data_convert.prepare(
+        workload, raw_dir, dst, to, data_convert.ConvertOptions(workers=workers, on_progress=progress,
+                                                                prepare_options=options)))
     echo(_summary("prepared", result))
 
 

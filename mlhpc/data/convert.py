@@ -22,10 +22,10 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlhpc.data import manifest
 from mlhpc.data.files import (
@@ -50,7 +50,12 @@ from mlhpc.data.formats import (
 from mlhpc.data.pool import run_all
 from mlhpc.errors import DataError
 
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from pydantic import BaseModel
+
 ProgressFn = Callable[[dict[str, Any]], None]
+#: The workload's prepare options as given: ``KEY=VALUE`` strings, or a mapping of key to value.
+PrepareValues = Sequence[str] | Mapping[str, object]
 
 
 @dataclass
@@ -87,7 +92,7 @@ class _Writing:
     dest: Path
     what: str  # "convert" or "prepare": the manifest's kind and the progress events' name
     source: Path  # the folder read (the dataset, or the raw files' folder)
-    prepare: Any = None
+    prepare: BaseModel | None = None
 
 
 def _describe(path: Path, root: Path, samples: int, source: str | None, mode: int) -> dict[str, Any]:
@@ -179,10 +184,9 @@ def _close(writing: _Writing, jobs: list[tuple[str, Path, Path]],
                 extra = writing.tools.finish_split(split, writing.to)
             files += [_describe(p, dest, 0, None, mode) for p in extra]
         with output_mode(common_mode([src for _, src, _ in jobs])):
-            doc = manifest.write(dest, writing.what, files, to=writing.to, source_files=len(jobs),
-                                 source=str(resolved(writing.source)),
-                                 sources=manifest.source_records(done, [rel for rel, _, _ in jobs]),
-                                 **{"from": writing.fmt})
+            doc = manifest.write(dest, writing.what, files, {
+                "to": writing.to, "source_files": len(jobs), "source": str(resolved(writing.source)),
+                "sources": manifest.source_records(done, [rel for rel, _, _ in jobs]), "from": writing.fmt})
     except OSError as exc:
         raise DataError(f"{exc.filename or dest}: cannot finish the output folder ({reason(exc)}); "
                         "the folder stays unfinished: run the command again to resume") from None
@@ -221,33 +225,34 @@ class ConvertOptions:
         fmt: the source's form (``auto``: detected; convert only).
         workers: processes converting files in parallel (1: here).
         on_progress: called with progress events (library code never prints).
-        options: the workload's prepare options (prepare only): ``KEY=VALUE`` strings or a
-            mapping, validated by its `mlhpc.workload.DataTools.prepare_options` model.
+        prepare_options: the workload's prepare options (prepare only): ``KEY=VALUE`` strings or
+            a mapping, validated by its `mlhpc.workload.DataTools.prepare_options` model.
     """
 
     fmt: str = "auto"
     workers: int = 1
     on_progress: ProgressFn | None = None
-    options: Any = ()
+    prepare_options: PrepareValues = ()
 
     def progress(self) -> ProgressFn:
         return self.on_progress or (lambda event: None)
 
 
-def convert(workload: Any, src: Path, dst: Path, to: str, **options: Any) -> ConvertResult:
+def convert(workload: Any, src: Path, dst: Path, to: str,
+            options: ConvertOptions = ConvertOptions()) -> ConvertResult:
     """Convert the dataset at ``src`` (its split folders) into form ``to`` under ``dst``.
 
     Lossless: the readers give bit-identical samples from ``src`` and ``dst``. Root files the
     workload names (``root_files``) are copied. A second run skips the source files finished by
-    the first (resumable); the manifest is written last. ``options``: `ConvertOptions` fields.
+    the first (resumable); the manifest is written last. ``options``: how it runs (the source's
+    form, workers, progress).
 
     Raises:
         DataError: bad source (named file and record), an unknown form, ``src`` and ``dst``
             containing each other, an unfinished source, or an output that cannot be written
             (named, with the cause: a file in the way, read-only, full).
     """
-    opts = ConvertOptions(**options)
-    fmt, workers = opts.fmt, opts.workers
+    fmt, workers = options.fmt, options.workers
     tools = tools_of(workload)
     src, dst = Path(src), Path(dst)
     if to not in tools.convert_to:
@@ -267,23 +272,24 @@ def convert(workload: Any, src: Path, dst: Path, to: str, **options: Any) -> Con
             except OSError as exc:
                 raise DataError(f"{dst / name}: cannot write ({reason(exc)})") from None
     writing = _Writing(tools, form, to, dst, "convert", src)
-    return _drive(writing, jobs, workers, opts.progress())
+    return _drive(writing, jobs, workers, options.progress())
 
 
-def prepare(workload: Any, raw_dir: Path, dst: Path, to: str | None, **options: Any) -> ConvertResult:
+def prepare(workload: Any, raw_dir: Path, dst: Path, to: str | None,
+            options: ConvertOptions = ConvertOptions()) -> ConvertResult:
     """The reference's preparation step: each raw file under ``raw_dir`` made into samples by
     the workload's data tools, written in form ``to`` (None: the workload's first
     ``convert_to``); which split a raw file's samples go to is the tools' choice
-    (`mlhpc.workload.DataTools.prepare_splits`). ``options``: `ConvertOptions` fields.
+    (`mlhpc.workload.DataTools.prepare_splits`). ``options``: how it runs (workers, progress)
+    and the workload's prepare options.
 
     Raises:
         ConfigError: an option the workload does not declare, or a bad value (named).
         DataError: no raw files, a malformed one (named), ``raw_dir`` and ``dst`` containing
             each other, an output that cannot be written.
     """
-    opts = ConvertOptions(**options)
     tools = tools_of(workload)
-    settings = prepare_settings(tools, opts.options)
+    settings = prepare_settings(tools, options.prepare_options)
     raw_dir, dst = Path(raw_dir), Path(dst)
     to = to or tools.convert_to[0]
     if to not in tools.convert_to:
@@ -296,10 +302,10 @@ def prepare(workload: Any, raw_dir: Path, dst: Path, to: str | None, **options: 
     jobs = [(f"{split}/{path.name}", path, _make_split(dst, split))
             for split, path in tools.prepare_splits(raw, settings)]
     writing = _Writing(tools, "raw", to, dst, "prepare", raw_dir, prepare=settings)
-    return _drive(writing, jobs, opts.workers, opts.progress())
+    return _drive(writing, jobs, options.workers, options.progress())
 
 
-def prepare_settings(tools: DataTools, given: Any) -> Any:
+def prepare_settings(tools: DataTools, given: PrepareValues) -> BaseModel:
     """The workload's prepare options (`mlhpc.workload.DataTools.prepare_options`) from
     ``given``: ``KEY=VALUE`` strings (values read as YAML scalars) or a mapping.
 

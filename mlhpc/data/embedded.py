@@ -371,7 +371,7 @@ def _put_in_place(path: Path, wanted: dict[str, Any], entries: list[dict[str, An
     with recording(tmp):
         if remove_leftovers(tmp, SYNTH_KIND):  # a writer's temporary left behind: listed above
             entries = _entries(tmp)
-        manifest.write(tmp, KIND, entries, **wanted)
+        manifest.write(tmp, KIND, entries, wanted)
     try:
         os.rename(tmp, path)  # replaces an empty folder of that name
     except OSError as exc:

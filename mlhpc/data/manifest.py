@@ -33,7 +33,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 from mlhpc.data.files import (
     CHECKSUM,
@@ -103,20 +103,22 @@ def load(folder: Path) -> Optional[dict[str, Any]]:
     return doc
 
 
-def write(folder: Path, kind: str, files: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+def write(folder: Path, kind: str, files: list[dict[str, Any]],
+          fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Write ``folder``'s manifest atomically (the last step of a writer) and return it.
 
     Args:
         kind: ``"stage"``, ``"convert"`` or ``"prepare"``.
         files: entries with at least ``path``, ``bytes`` and ``xxh3_128``; sorted here by path.
-        fields: the writer's own keys (``source``, ``shard``, ``to``, ``from``, ``sources``, ...).
+        fields: the writer's own keys (``source``, ``shard``, ``to``, ``from``, ``sources``, ...),
+            in the manifest's order.
 
     Raises:
         OSError: the manifest cannot be written (the folder is left without one: unfinished).
     """
     files = sorted(files, key=lambda e: e["path"])
     doc = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "algorithm": CHECKSUM,
-           "kind": kind, "complete": True, **fields, "files": files,
+           "kind": kind, "complete": True, **(fields or {}), "files": files,
            "total_bytes": sum(e["bytes"] for e in files),
            "samples": sum(int(e.get("samples") or 0) for e in files)}
     write_text_atomic(Path(folder) / MANIFEST_NAME, json.dumps(doc, indent=1) + "\n")
@@ -219,7 +221,7 @@ def write_manifest(dest: Path, source: Path, plan: list[Planned], known: dict[st
         entries.append({"path": item.rel, "bytes": item.size_bytes, "xxh3_128": entry["xxh3_128"],
                         **{key: entry[key] for key in IDENTITY}})
     try:
-        write(dest, "stage", entries, source=str(resolved(source)), shard=shard, to="none")
+        write(dest, "stage", entries, {"source": str(resolved(source)), "shard": shard, "to": "none"})
     except OSError as exc:
         raise dest_error(dest / MANIFEST_NAME, exc) from None
     drop_journals(dest)

@@ -138,8 +138,9 @@ def record_converted(job: Copy, plan: list[Planned], counts: Counts) -> None:
     keep |= {f["path"] for f in finished}
     counts.pruned_files += prune_to(job.dest, keep)  # file lists of a split that left the plan
     try:
-        doc = write(job.dest, "stage", outputs + finished, source=str(resolved(job.source)),
-                    shard=job.shard_doc, to=conv.to, sources=sources, **{"from": conv.fmt})
+        doc = write(job.dest, "stage", outputs + finished, {
+            "source": str(resolved(job.source)), "shard": job.shard_doc, "to": conv.to, "sources": sources,
+            "from": conv.fmt})
     except OSError as exc:
         raise dest_error(job.dest / MANIFEST_NAME, exc) from None
     drop_journals(job.dest)
