@@ -20,6 +20,7 @@ are here too, in one place: `barrier`, `all_reduce`, `all_gather` (and `world_ba
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 from contextlib import contextmanager
@@ -43,6 +44,18 @@ def single_process_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     as a single process rather than as a rank of its parent's job."""
     env = os.environ if env is None else env
     return {k: v for k, v in env.items() if k not in _LAUNCHER_ENV and not k.startswith(_MPI_PREFIXES)}
+
+
+def die_with_parent() -> None:
+    """In a child process before exec (``preexec_fn``): SIGTERM when the process that started it
+    dies (Linux ``PR_SET_PDEATHSIG``), so that no run outlives its worker or sweep on a shared
+    node; elsewhere nothing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 @dataclass(frozen=True)

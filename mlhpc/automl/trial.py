@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from mlhpc import runtime
 from mlhpc.data.inputs import open_input
 from mlhpc.errors import LogFormatError
 from mlhpc.log.parse import MAX_LOG_BYTES, TOKEN
@@ -117,22 +118,12 @@ class LogTail:
             self.fd = None
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the worker dies (Linux; elsewhere nothing)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def run_trial(command: list[str], env: dict[str, str], output_fd: int, watch: Watch) -> TrialRun:
     """Run ``command`` (an ``mlhpc run``) with ``env``, its output to ``output_fd``, watched by
     ``watch`` until it exits; returns how it ended. The run is stopped with SIGTERM (then
     SIGKILL after `TERM_GRACE_S`) when ``watch`` says so."""
     proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=output_fd,
-                            stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                            stderr=subprocess.STDOUT, preexec_fn=runtime.die_with_parent)
     tail, run = LogTail(watch.folder, watch.metric_key), TrialRun(exit_status=0)
     last_beat, termed_at = 0.0, None
     try:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
@@ -193,17 +192,6 @@ def check_sweep(config: Config, max_accelerators: int | None) -> tuple[Emulation
     return emulated, max_accelerators or default_max_accelerators()
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the sweep dies (Linux ``PR_SET_PDEATHSIG``), so
-    that no run outlives it on a shared node; elsewhere nothing."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
-
-
 def measure(plan: Plan, k: int, minimum: float) -> Row:
     """Run K accelerators (`Plan.command`) into ``<output>/accelerators_K/`` and read its new
     log's AU and samples/s back (a run that wrote no readable log: AU None, minimum not met).
@@ -222,7 +210,7 @@ def measure(plan: Plan, k: int, minimum: float) -> Row:
     try:
         status = subprocess.run(plan.command(k), env=runtime.single_process_env(), stdin=subprocess.DEVNULL,
                                 stdout=fd, stderr=subprocess.STDOUT, check=False,
-                                preexec_fn=_die_with_parent).returncode
+                                preexec_fn=runtime.die_with_parent).returncode
     finally:
         os.close(fd)
     new = sorted(set(folder.glob("result_*.txt")) - before)
