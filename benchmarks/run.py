@@ -229,7 +229,7 @@ def bench_staging(data: Path, repeats: int) -> dict:
             remove_claimed(folder, "scratch", "benchmark scratch folder")
             dest = Path(tmp) / f"stage{i}"
             t0 = time.perf_counter()
-            staging.stage(data, dest, runtime.Runtime(), workers=4)
+            staging.stage(data, dest, runtime.Runtime(), staging.StageOptions(workers=4))
             stage_best = min(stage_best, time.perf_counter() - t0)
             remove_copy(dest)
     return {"bytes": total, "cp_r_gb_per_s": total / cp_best / 1e9,

@@ -62,7 +62,7 @@ def measure(dests: list[Path], files: int, repeats: int, workers: int) -> dict:
     """Best copy bandwidth (bytes/s) of one node into each destination folder (each copy a fresh
     folder there, removed after through `remove_copy`)."""
     from mlhpc.runtime import Runtime
-    from mlhpc.data.stage import stage
+    from mlhpc.data.stage import StageOptions, stage
 
     out = {"file_bytes": 16 * MIB, "files": files, "workers": workers, "repeats": repeats,
            "cpu_count": os.cpu_count(), "dests": {}}
@@ -77,7 +77,7 @@ def measure(dests: list[Path], files: int, repeats: int, workers: int) -> dict:
             for _ in range(repeats):
                 dest = Path(tempfile.mkdtemp(prefix="mlhpc-stage-bench-", dir=dest_root))
                 try:
-                    result = stage(src, dest, Runtime(), workers=workers)
+                    result = stage(src, dest, Runtime(), StageOptions(workers=workers))
                     runs.append(result.copied_bytes / result.elapsed_s)
                 finally:
                     if is_own_copy(dest):

@@ -14,7 +14,7 @@ from mlhpc_workloads.cosmoflow.convert import CosmoFlowDataTools
 
 from mlhpc.data import convert as data_convert
 from mlhpc.data import manifest
-from mlhpc.data.stage import stage
+from mlhpc.data.stage import StageOptions, stage
 from mlhpc.errors import DataError
 from mlhpc.runtime import Runtime
 from mlhpc.workload import get
@@ -60,7 +60,7 @@ def test_data_convert_and_staging_write_one_journal_form(tmp_path, monkeypatch):
 
     monkeypatch.setattr(CosmoFlowDataTools, "convert_file", dies)
     with pytest.raises(DataError, match="simulated failure"):
-        stage(src, tmp_path / "staged", Runtime(), to="npy", tools=get("cosmoflow").data_tools)
+        stage(src, tmp_path / "staged", Runtime(), StageOptions(to="npy", tools=get("cosmoflow").data_tools))
     staged = _journal(tmp_path / "staged")
     assert staged and all(set(e) == KEYS and e["kind"] == "stage" for e in staged)
     # one reader: each journal is read back by the same function, for its own kind only

@@ -28,7 +28,7 @@ from click.testing import CliRunner
 from mlhpc.cli import main
 from mlhpc.data import convert as data_convert
 from mlhpc.data.manifest import JOURNAL_PREFIX, MANIFEST_NAME
-from mlhpc.data.stage import stage
+from mlhpc.data.stage import StageOptions, stage
 from mlhpc.errors import DataError, StagingError
 from mlhpc.runtime import Runtime
 from mlhpc.workload import get
@@ -80,7 +80,7 @@ def test_a_link_out_of_the_source_is_refused_naming_it(source: Path, tmp_path: P
     assert not (tmp_path / "dst" / "train" / "leak.bin").exists()
     # the opt-in reads links to files inside the source only
     with pytest.raises(StagingError, match=r"leak\.bin: symbolic link points outside the source"):
-        stage(source, tmp_path / "dst", Runtime(), follow_links=True)
+        stage(source, tmp_path / "dst", Runtime(), StageOptions(follow_links=True))
 
 
 @pytest.mark.parametrize("command", ["convert", "check"])
@@ -98,7 +98,7 @@ def test_convert_and_check_refuse_a_linked_data_file(tfdata: Path, tmp_path: Pat
 
 def test_follow_links_reads_a_link_inside_the_source(source: Path, tmp_path: Path) -> None:
     (source / "train" / "alias.bin").symlink_to(source / "train" / "a.bin")
-    result = stage(source, tmp_path / "dst", Runtime(), follow_links=True)
+    result = stage(source, tmp_path / "dst", Runtime(), StageOptions(follow_links=True))
     assert (tmp_path / "dst" / "train" / "alias.bin").read_text() == "a" * 1000
     assert not (tmp_path / "dst" / "train" / "alias.bin").is_symlink()
     assert result.staged_files == 4

@@ -12,7 +12,7 @@ import torch
 from mlhpc.data import manifest
 from mlhpc.data.partition import partition
 from mlhpc.data.sampler import NodeShardSampler, ShardSampler, node_counts, train_sampler
-from mlhpc.data.stage import Shard, assign_shards, stage
+from mlhpc.data.stage import Shard, StageOptions, assign_shards, stage
 from mlhpc.data.stage.plan import shard_samples
 from mlhpc.errors import DataError
 from mlhpc.runtime import Runtime
@@ -134,7 +134,7 @@ def test_a_sharded_stage_of_openfold_data_keeps_entries_whole(tmp_path: Path) ->
     held: list[set[str]] = []
     for node in range(2):
         dest = tmp_path / f"node{node}"
-        stage(source, dest, Runtime(), shard=Shard(node, 2, seed=3, group=group))
+        stage(source, dest, Runtime(), StageOptions(shard=Shard(node, 2, seed=3, group=group)))
         held.append({p.relative_to(dest).as_posix() for p in dest.rglob("*")
                      if p.is_file() and not p.name.startswith(".")})
     assert held[0].isdisjoint(held[1]) and held[0] | held[1] == set(rels)

@@ -20,7 +20,8 @@ from mlhpc.data import stage as staging
 from mlhpc.data.stage import copy as stage_copy
 from mlhpc.errors import StagingError
 from mlhpc.runtime import Runtime
-from mlhpc.data.stage import MANIFEST_NAME, Shard, StagingResult, assign_shards, default_dest, read_manifest, stage
+from mlhpc.data.stage import (MANIFEST_NAME, Shard, StageOptions, StagingResult, assign_shards, default_dest,
+                              read_manifest, stage)
 
 SIZES = {  # relative path -> bytes: empty, small, one buffer and a bit, nested folders
     "train/a.bin": 3 * data_files.BUFFER_BYTES + 17,
@@ -78,7 +79,7 @@ def _assert_staged(source: Path, dest: Path) -> None:
 def test_stage_copies_tree_writes_manifest_and_leaves_source_alone(source: Path, tmp_path: Path) -> None:
     before = _snapshot(source)
     dest = tmp_path / "node" / "dst"
-    result = stage(source, dest, Runtime(), workers=3)
+    result = stage(source, dest, Runtime(), StageOptions(workers=3))
 
     _assert_staged(source, dest)
     assert _snapshot(source) == before  # bytes, sizes and modification times
@@ -92,7 +93,7 @@ def test_stage_copies_tree_writes_manifest_and_leaves_source_alone(source: Path,
     doc = json.loads((dest / MANIFEST_NAME).read_text())
     assert doc["algorithm"] == "xxh3_128" and doc["source"] == str(source.resolve())
 
-    again = stage(source, dest, Runtime(), workers=2)  # everything present and verified
+    again = stage(source, dest, Runtime(), StageOptions(workers=2))  # everything present and verified
     assert (again.copied_files, again.skipped_files, again.gb_per_s) == (0, len(SIZES), 0.0)
     assert _snapshot(source) == before
 
@@ -111,7 +112,7 @@ def test_interrupted_staging_resumes_copying_only_the_rest(source: Path, tmp_pat
 
     monkeypatch.setattr(stage_copy, "copy_file", dies_on_fourth)
     with pytest.raises(KeyboardInterrupt):
-        stage(source, dest, Runtime(), workers=1)
+        stage(source, dest, Runtime(), StageOptions(workers=1))
     assert not (dest / MANIFEST_NAME).exists()
     assert list(dest.glob(data_manifest.JOURNAL_PREFIX + "*"))  # the finished files are on record
     assert not [p for p in dest.rglob("*") if p.name.endswith(data_files.PART_SUFFIX)]
@@ -120,7 +121,7 @@ def test_interrupted_staging_resumes_copying_only_the_rest(source: Path, tmp_pat
     copied: list[str] = []
     monkeypatch.setattr(stage_copy, "copy_file",
                         lambda s, d, h, v, r=None: (copied.append(s.name), real_copy(s, d, h, v, r))[1])
-    result = stage(source, dest, Runtime(), workers=2)
+    result = stage(source, dest, Runtime(), StageOptions(workers=2))
     assert result.skipped_files == 3 and result.copied_files == len(SIZES) - 3
     assert sorted(copied + calls) == sorted(Path(rel).name for rel in SIZES)
     _assert_staged(source, dest)
@@ -169,7 +170,7 @@ def test_bytes_that_land_wrong_are_caught_by_the_read_back(source: Path, tmp_pat
 
     monkeypatch.setattr(stage_copy, "write_all", garbling_write)
     with pytest.raises(StagingError, match=r"\.a\.bin\..*mlhpc-part: staged copy does not read back as written"):
-        stage(source, tmp_path / "dst", Runtime(), workers=2)
+        stage(source, tmp_path / "dst", Runtime(), StageOptions(workers=2))
     assert not (tmp_path / "dst" / "train" / "a.bin").exists()  # never renamed into place
 
 
@@ -177,7 +178,7 @@ def test_changed_source_file_is_copied_again(source: Path, tmp_path: Path) -> No
     dest = tmp_path / "dst"
     stage(source, dest, Runtime())
     (source / "README").write_bytes(b"new text, new size")
-    result = stage(source, dest, Runtime(), verify=False)
+    result = stage(source, dest, Runtime(), StageOptions(verify=False))
     assert result.copied_files == 1 and (dest / "README").read_bytes() == b"new text, new size"
     _assert_staged(source, dest)
 
@@ -199,7 +200,7 @@ def test_enospc_names_the_file(source: Path, tmp_path: Path, monkeypatch: pytest
 
     monkeypatch.setattr(stage_copy, "write_all", full_disk)
     with pytest.raises(StagingError, match=r"b\.bin.*destination full.*copying .*src/train/b\.bin"):
-        stage(source, dest, Runtime(), workers=2)
+        stage(source, dest, Runtime(), StageOptions(workers=2))
     assert not (dest / MANIFEST_NAME).exists()
 
 
@@ -247,7 +248,7 @@ def test_read_error_in_the_middle_of_a_source_file_names_it(source: Path, tmp_pa
 
     monkeypatch.setattr(stage_copy, "open", opener, raising=False)
     with pytest.raises(StagingError, match=r"src/train/a\.bin: cannot read source file"):
-        stage(source, tmp_path / "dst", Runtime(), workers=1)
+        stage(source, tmp_path / "dst", Runtime(), StageOptions(workers=1))
 
 
 def test_source_missing_or_empty(tmp_path: Path) -> None:
@@ -269,12 +270,12 @@ def test_destination_not_writable_or_inside_source(source: Path, tmp_path: Path)
 
 def test_file_subset_and_bad_entries(source: Path, tmp_path: Path) -> None:
     dest = tmp_path / "dst"
-    result = stage(source, dest, Runtime(), files=[Path("README"), source / "validation/v0.bin"])
+    result = stage(source, dest, Runtime(), StageOptions(files=[Path("README"), source / "validation/v0.bin"]))
     assert result.staged_files == 2 and sorted(read_manifest(dest)) == ["README", "validation/v0.bin"]
     with pytest.raises(StagingError, match=r"\.\./x: staging file list: expected a path inside"):
-        stage(source, dest, Runtime(), files=[Path("../x")])
+        stage(source, dest, Runtime(), StageOptions(files=[Path("../x")]))
     with pytest.raises(StagingError, match=r"nope\.bin: staging file list: source file not found"):
-        stage(source, dest, Runtime(), files=[Path("train/nope.bin")])
+        stage(source, dest, Runtime(), StageOptions(files=[Path("train/nope.bin")]))
 
 
 def test_default_dest_is_stable_and_distinct(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -329,7 +330,7 @@ def _two_rank_worker(rank: int, port: int, source: str, tmp: str) -> None:
         stage_copy.copy_file = recording
         report: dict = {"calls": calls}
         try:
-            report["result"] = stage(Path(source), Path(tmp, name), rt, workers=2).to_dict()
+            report["result"] = stage(Path(source), Path(tmp, name), rt, StageOptions(workers=2)).to_dict()
         except StagingError as exc:
             report["error"] = str(exc)
         reports.append(report)
@@ -422,7 +423,7 @@ def test_two_nodes_stage_disjoint_shares_whose_union_is_the_dataset(dataset: Pat
     staged = {}
     for node in range(2):
         rt = Runtime(node_rank=node, num_nodes=2)
-        result = stage(dataset, tmp_path / f"n{node}", rt, shard=Shard(node, 2, seed=5))
+        result = stage(dataset, tmp_path / f"n{node}", rt, StageOptions(shard=Shard(node, 2, seed=5)))
         assert result.shard == {"mode": "node", "num_nodes": 2, "seed": 5,
                                 "splits": ["train", "validation"], "balance": "bytes"}
         doc = json.loads((tmp_path / f"n{node}" / MANIFEST_NAME).read_text())
@@ -442,18 +443,18 @@ def test_two_nodes_stage_disjoint_shares_whose_union_is_the_dataset(dataset: Pat
 def test_a_complete_shard_is_used_when_the_source_is_gone(dataset: Path, tmp_path: Path) -> None:
     dest = tmp_path / "n1"
     rt = Runtime(node_rank=1, num_nodes=2)
-    first = stage(dataset, dest, rt, shard=Shard(1, 2, seed=0))
+    first = stage(dataset, dest, rt, StageOptions(shard=Shard(1, 2, seed=0)))
     moved = tmp_path / "moved-away"
     dataset.rename(moved)
-    again = stage(dataset, dest, rt, shard=Shard(1, 2, seed=0))
+    again = stage(dataset, dest, rt, StageOptions(shard=Shard(1, 2, seed=0)))
     assert again.offline and again.copied_files == 0 and again.skipped_files == first.staged_files
     # another shard, or a damaged copy, needs the source: one line naming it
     with pytest.raises(StagingError, match=r"ds: staging source folder not found \(and .*n1 holds no complete"):
-        stage(dataset, dest, rt, shard=Shard(0, 2, seed=0))
+        stage(dataset, dest, rt, StageOptions(shard=Shard(0, 2, seed=0)))
     victim = sorted(read_manifest(dest))[0]
     (dest / victim).write_bytes(b"damaged")
     with pytest.raises(StagingError, match=r"cannot read source file \(not found\)"):
-        stage(dataset, dest, rt, shard=Shard(1, 2, seed=0))
+        stage(dataset, dest, rt, StageOptions(shard=Shard(1, 2, seed=0)))
 
 
 def test_staged_folder_is_pruned_to_the_plan(source: Path, tmp_path: Path) -> None:
@@ -483,7 +484,7 @@ def test_rewrite_keeping_size_and_mtime_is_noticed(source: Path, tmp_path: Path)
     victim.write_bytes(bytes(reversed(victim.read_bytes())))  # same size, other bytes
     os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))  # and the old modification time
     assert victim.stat().st_size == st.st_size and victim.stat().st_mtime_ns == st.st_mtime_ns
-    result = stage(source, dest, Runtime(), verify=False)
+    result = stage(source, dest, Runtime(), StageOptions(verify=False))
     assert result.copied_files == 1
     _assert_staged(source, dest)
 

@@ -44,7 +44,7 @@ def _tensors(root: Path) -> tuple[torch.Tensor, ...]:
 
 def test_staging_to_npy_reads_the_source_tensors_and_resumes(src, tmp_path, tools):
     dest = tmp_path / "node"
-    first = staging.stage(src, dest, Runtime(), workers=2, to="npy", tools=tools)
+    first = staging.stage(src, dest, Runtime(), staging.StageOptions(workers=2, to="npy", tools=tools))
     assert first.to == "npy" and (first.copied_files, first.skipped_files, first.pruned_files) == (9, 0, 0)
     assert not list(dest.rglob("*.tfrecord"))
     assert len(list((dest / "train").glob("*_data.npy"))) == 6
@@ -63,20 +63,20 @@ def test_staging_to_npy_reads_the_source_tensors_and_resumes(src, tmp_path, tool
             assert entry["from"].endswith(".tfrecord") and (src / entry["from"]).is_file()
     assert first.staged_files == len(doc["files"]) and first.staged_bytes == doc["total_bytes"]
 
-    again = staging.stage(src, dest, Runtime(), to="npy", tools=tools)
+    again = staging.stage(src, dest, Runtime(), staging.StageOptions(to="npy", tools=tools))
     assert (again.copied_files, again.skipped_files, again.pruned_files) == (0, 9, 0)
     assert json.loads((dest / staging.MANIFEST_NAME).read_text())["files"] == doc["files"]
 
 
 def test_changed_and_removed_sources_are_converted_again_and_pruned(src, tmp_path, tools):
     dest = tmp_path / "node"
-    staging.stage(src, dest, Runtime(), to="npy", tools=tools)
+    staging.stage(src, dest, Runtime(), staging.StageOptions(to="npy", tools=tools))
     names = sorted(p.name for p in (src / "train").glob("*.tfrecord"))
     gone, changed = src / "train" / names[0], src / "train" / names[1]
     gone_stem, changed_stem = gone.name[:-len(".tfrecord")], changed.name[:-len(".tfrecord")]
     gone.unlink()
     w.write_tfrecord(changed, [VALID[0]])  # new contents under the same name
-    third = staging.stage(src, dest, Runtime(), to="npy", tools=tools)
+    third = staging.stage(src, dest, Runtime(), staging.StageOptions(to="npy", tools=tools))
     assert (third.copied_files, third.skipped_files, third.pruned_files) == (1, 7, 2)  # data + label
     assert not (dest / "train" / f"{gone_stem}_data.npy").exists()
     listed = (dest / "train" / "files_data.lst").read_text().split()
@@ -88,7 +88,7 @@ def test_changed_and_removed_sources_are_converted_again_and_pruned(src, tmp_pat
     raw = bytearray(damaged.read_bytes())
     raw[-1] ^= 1
     damaged.write_bytes(bytes(raw))
-    fourth = staging.stage(src, dest, Runtime(), to="npy", tools=tools)
+    fourth = staging.stage(src, dest, Runtime(), staging.StageOptions(to="npy", tools=tools))
     assert (fourth.copied_files, fourth.skipped_files) == (1, 7)
     assert np.array_equal(np.load(damaged), VALID[0][0])
 
@@ -96,7 +96,7 @@ def test_changed_and_removed_sources_are_converted_again_and_pruned(src, tmp_pat
 def test_copy_and_conversion_records_are_not_mistaken_for_each_other(src, tmp_path, tools):
     dest = tmp_path / "node"
     staging.stage(src, dest, Runtime())  # a plain copy first
-    converted = staging.stage(src, dest, Runtime(), to="npy", tools=tools)
+    converted = staging.stage(src, dest, Runtime(), staging.StageOptions(to="npy", tools=tools))
     assert converted.skipped_files == 0 and converted.copied_files == 9
     assert not list(dest.rglob("*.tfrecord"))  # the copies were pruned
     copied = staging.stage(src, dest, Runtime())
@@ -110,7 +110,7 @@ def test_node_shards_convert_only_their_files(tmp_path, tools):
     for node in (0, 1):
         shard = staging.Shard(node, 2, seed=3)
         dest = tmp_path / f"node{node}"
-        result = staging.stage(src, dest, Runtime(), to="npy", tools=tools, shard=shard)
+        result = staging.stage(src, dest, Runtime(), staging.StageOptions(to="npy", tools=tools, shard=shard))
         assert result.shard == shard.to_dict() and result.copied_files == 6
         mine = {p.name for p in (dest / "train").glob("*_data.npy")}
         assert len(mine) == 4 and not stems & mine
@@ -138,7 +138,7 @@ def test_converted_copy_used_when_the_source_is_gone(src, tmp_path, tools):
 
 def test_bad_forms_are_one_line_errors(src, tmp_path, tools):
     with pytest.raises(StagingError, match=r"data.staging.to: 'zarr': expected none or one of"):
-        staging.stage(src, tmp_path / "d", Runtime(), to="zarr", tools=tools)
+        staging.stage(src, tmp_path / "d", Runtime(), staging.StageOptions(to="zarr", tools=tools))
     config = SimpleNamespace(workload="cosmoflow", train=SimpleNamespace(seed=0, instances=1),
                              data=SimpleNamespace(path=src, format="tfrecord",
                                                   staging=StagingConfig(dest=tmp_path / "d", to="npy")))

@@ -11,6 +11,7 @@ primitives in `mlhpc.data.files`, the MLPerf HPC rules about when staging is tim
 
 from mlhpc.data.manifest import MANIFEST_NAME, read_manifest
 from mlhpc.data.stage.collective import StagingResult
+from mlhpc.data.stage.job import StageOptions
 from mlhpc.data.stage.plan import (
            Shard,
            assign_shards,
@@ -21,5 +22,6 @@ from mlhpc.data.stage.plan import (
 )
 from mlhpc.data.stage.run import stage, stage_dataset, staged_copy_present
 
-__all__ = ["MANIFEST_NAME", "Shard", "StagingResult", "assign_shards", "default_dest", "read_manifest",
-           "resolve_dest", "shard_mode", "stage", "stage_dataset", "staged_copy_present", "staging_dest"]
+__all__ = ["MANIFEST_NAME", "Shard", "StageOptions", "StagingResult", "assign_shards", "default_dest",
+           "read_manifest", "resolve_dest", "shard_mode", "stage", "stage_dataset", "staged_copy_present",
+           "staging_dest"]

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from mlhpc.data.stage.plan import Shard
+    from mlhpc.workload import DataTools
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,7 @@ class Convert:
     to write, and ``fmt`` the source's form (``auto`` until planning detects it, or reads it
     from the manifest when the source is gone)."""
 
-    tools: Any
+    tools: DataTools
     to: str
     fmt: str = "auto"
 
@@ -68,7 +72,7 @@ class StageOptions:
     workers: int = 4
     files: Optional[list[Path]] = None
     verify: bool = True
-    shard: Any = None
+    shard: Optional[Shard] = None
     to: str = "none"
-    tools: Any = None
+    tools: Optional[DataTools] = None
     follow_links: bool = False

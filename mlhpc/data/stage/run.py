@@ -56,8 +56,8 @@ from mlhpc.data.stage.plan import (
 )
 
 
-def stage(source: Path, dest: Path, runtime: "Runtime", options: Optional[StageOptions] = None,
-          **settings: Any) -> StagingResult:
+def stage(source: Path, dest: Path, runtime: "Runtime",
+          options: StageOptions = StageOptions()) -> StagingResult:
     """Copy ``options.files`` (default: every regular file) of ``source`` to node-local ``dest``.
 
     Called on every rank of the job; the ranks of a node split the node's files and each rank
@@ -78,8 +78,8 @@ def stage(source: Path, dest: Path, runtime: "Runtime", options: Optional[StageO
             empty or an mlhpc staging folder (staging prunes it to the plan).
         runtime: this process's place in the job (``local_rank``, ``local_world_size``,
             ``node_rank``).
-        options: a `StageOptions` (workers, files, verify, shard, to, tools, follow_links);
-            ``settings`` are its fields given as keywords instead.
+        options: how it stages (`StageOptions`: workers, files, verify, shard, to, tools,
+            follow_links).
 
     Returns:
         a `StagingResult`, the same on every rank when ``torch.distributed`` is initialised.
@@ -94,9 +94,8 @@ def stage(source: Path, dest: Path, runtime: "Runtime", options: Optional[StageO
         DataError: (converting) the source's form cannot be told, or a source file is
             malformed (the workload's converter names the file and record).
     """
-    opts = options if options is not None else StageOptions(**settings)
-    job = _job(Path(source), Path(dest), opts)
-    files, shard, to = opts.files, opts.shard, opts.to
+    job = _job(Path(source), Path(dest), options)
+    files, shard, to = options.files, options.shard, options.to
     coordinated = runtime.distributed and dist_ready()
     t0 = time.perf_counter()
     counts = Counts()
