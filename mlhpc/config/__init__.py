@@ -25,6 +25,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    SerializeAsAny,
     ValidationInfo,
     create_model,
     field_validator,
@@ -287,13 +288,18 @@ class _CommonConfig(Section):
     automl: Optional[AutomlConfig] = None  # read by mlhpc automl only
 
 
+#: A workload's own section (``model``, ``optimizer``, ``synth``): an instance of the model the
+#: workload declares (`mlhpc.workload.Workload`), written out as that model, not as the base.
+WorkloadSection = SerializeAsAny[Optional[BaseModel]]
+
+
 class Config(_CommonConfig):
     """A resolved run configuration. ``model``, ``optimizer`` and ``synth`` are instances of the
-    workload's own section models."""
+    workload's own section models; `from_dict` validates them with those models."""
 
-    model: Any = None
-    optimizer: Any = None
-    synth: Any = None
+    model: WorkloadSection = None
+    optimizer: WorkloadSection = None
+    synth: WorkloadSection = None
     source: str = "<defaults>"  # the file it was read from, for messages
 
     def to_dict(self) -> dict[str, Any]:
