@@ -16,7 +16,7 @@ import math
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ class Parts:
     local_batch_size: int
     staged: staging.StagingResult | None
     flops: FlopCount
-    history: list[tuple[int, float]] = field(default_factory=list)
+    train_state: checkpoint.TrainState  # the counters a checkpoint carries (epoch, step, evaluations)
     train_samples: int = 0  # the job's training-set size (every node's share summed), as logged
     eval_samples: int = 0  # the job's validation-set size, as logged
     padded_samples: int = 0  # repeats per epoch that keep every rank's step count equal
@@ -65,26 +65,17 @@ class Parts:
     def scheduler(self) -> Any:
         return self.step.scheduler
 
-    def state_dict(self) -> dict[str, Any]:
-        """What carries across attempts (torchtitan's ``Stateful``): the weights, the optimizer's
-        and the schedule's state, the evaluations so far and torch's random state."""
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "history": list(self.history),
-                "torch_rng": torch.get_rng_state()}
+    @property
+    def history(self) -> list[tuple[int, float]]:
+        """``[(epoch, metric value)]`` of the evaluations so far."""
+        return self.train_state.history
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Load what `state_dict` gave but the weights: a resumed run's weights went into the
-        model when it was built (`seeded_model`), before the log opened.
-
-        Raises:
-            RuntimeError, ValueError, KeyError: as torch's ``load_state_dict`` (the caller,
-                `mlhpc.run.checkpoint.restore`, names the checkpoint).
-        """
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.history = list(state.get("history", []))
-        if state.get("torch_rng") is not None:
-            torch.set_rng_state(state["torch_rng"])
+    @property
+    def states(self) -> dict[str, checkpoint.Stateful]:
+        """The run's stateful parts by name: what a checkpoint saves (`mlhpc.run.checkpoint.save`)
+        and a resumed run restores (`mlhpc.run.checkpoint.restore`)."""
+        return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler,
+                "train_state": self.train_state, "rng": checkpoint.TorchRandom()}
 
 
 @dataclass(frozen=True)
@@ -99,8 +90,8 @@ class Seeded:
 
 def seeded_model(job: Job) -> Seeded:
     """Seed (`seed_everything`, the instance's seed) and build the config's model once; with a
-    run to resume, its saved weights are loaded into it here (`mlhpc.run.checkpoint.restore`),
-    before anything is written.
+    run to resume, its saved weights are loaded into it here (`mlhpc.run.checkpoint.restore` of
+    ``model``), before anything is written.
 
     Raises:
         ConfigError: the model cannot be built, or the checkpoint's weights do not fit it.
@@ -109,7 +100,7 @@ def seeded_model(job: Job) -> Seeded:
     model = job.workload.build_model(job.config.model)
     rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
     if job.resume is not None:
-        checkpoint.restore(model, job.resume.state.model, source=f"--resume {job.resume.source}")
+        checkpoint.restore({"model": model}, job.resume.saved, source=f"--resume {job.resume.source}")
     return Seeded(model, rng)
 
 
@@ -206,15 +197,14 @@ def build(job: Job, staged: staging.StagingResult | None, lbs: int, *,
                 config.train.gradient_accumulation_steps)
     parts = Parts(model=model, step=step, train_ds=train_ds, eval_ds=eval_ds, train_sampler=sampler,
                   train_loader=train_loader, eval_loader=eval_loader, local_batch_size=lbs,
-                  staged=staged, flops=flops, train_samples=sampler.global_samples,
+                  staged=staged, flops=flops, train_state=checkpoint.TrainState(config),
+                  train_samples=sampler.global_samples,
                   eval_samples=sampling.global_count(len(eval_ds), rt, sharded(staged),
                                                      recorded_counts(staged, 1)),
                   padded_samples=sampler.padded_samples)
     if job.resume is not None:  # the weights are in since `seeded_model`; the rest now
-        state = job.resume.state
-        checkpoint.restore(parts, {"optimizer": state.optimizer, "scheduler": state.scheduler,
-                                   "history": state.history, "torch_rng": state.torch_rng},
-                           source=f"--resume {job.resume.source}")
+        checkpoint.restore(parts.states, job.resume.saved, source=f"--resume {job.resume.source}",
+                           exclude=("model",))
     return parts
 
 

@@ -7,6 +7,18 @@ RUN_FOLDER`` (or ``--resume RUN_FOLDER/checkpoint_N.pt``) continues from it with
 and containers, saved atomically (temporary file + rename) and read back with
 ``torch.load(weights_only=True)``; every field is checked before any file is written.
 
+The state is one mapping, name -> part with ``state_dict()`` / ``load_state_dict()``
+(`Stateful`), registered once (`mlhpc.run.assemble.Parts.states`): ``model``, ``optimizer``,
+``scheduler``, ``train_state`` (`TrainState`: config, epoch, step, evaluations, timed seconds) and
+``rng`` (`TorchRandom`); `save` writes it and `restore` loads it, as torchtitan's
+``CheckpointManager`` does (pytorch/torchtitan, torchtitan/components/checkpoint.py: ``states
+(Dict[str, Any]): The states that need to be saved``, joined with ``MODEL: ModelWrapper(...),
+OPTIMIZER: optimizers, DATALOADER: dataloader, LR_SCHEDULER: lr_schedulers``; loading skips
+``exclude_from_loading``). Unlike torchtitan's, the file is one ``torch.save`` dict, and the
+entries of ``train_state`` and ``rng`` lie at its top level (`TOP_LEVEL`), so every checkpoint
+written before still loads. The sampler has no state of its own (its order is the seed and the
+epoch, its position the step), and no run uses a gradient scaler (bf16 needs none).
+
 What a resumed run is worth, by the MLPerf rules (mlcommons/training_policies, training_rules.adoc,
 "Run Results", which hpc_training_rules.adoc follows as "MLPerf Training Rule 10"): "A run result
 consists of a wall-clock timing measurement for a contiguous period" ... "The clock may not be
@@ -29,9 +41,10 @@ import json
 import math
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -51,73 +64,116 @@ _REQUIRED = {"config": dict, "epoch": int, "step": int, "model": dict, "optimize
              "scheduler": dict}
 
 
+class Stateful(Protocol):
+    """A part of the run a checkpoint carries: ``state_dict()`` gives what it saves and
+    ``load_state_dict`` takes it back (torch.distributed.checkpoint.stateful.Stateful, as a
+    module, an optimizer and a learning-rate schedule are)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> Any: ...
+
+
 @dataclass
-class CheckpointState:
-    """Everything a resumed run takes from the one it continues.
+class TrainState:
+    """The run's counters, as torchtitan's ``TrainState`` keeps the step and losses: where a
+    resumed run re-enters and what it carries from the attempts before.
 
     Attributes:
-        config: the resolved config as a dict (`Config.to_dict`), its paths absolute.
+        config: the run's config, saved as its dict (`Config.to_dict`) with its paths made
+            absolute against the working folder (`absolute_paths`); never loaded back here
+            (`mlhpc.run.resume.load_resume` builds the resumed run's config from the saved one).
         epoch: the epoch to (re)enter, 1-based.
         step: micro-steps of that epoch already done.
         history: ``[(epoch, metric value)]`` of the evaluations so far.
         result_file: the name of the log of the attempt that saved it.
         elapsed_s: seconds of timed run (run_start onwards) spent by that attempt and every
             attempt before it, up to the save.
-        model / optimizer / scheduler: their ``state_dict()``.
-        torch_rng: ``torch.get_rng_state()`` (uint8 tensor).
     """
 
-    config: dict[str, Any]
-    epoch: int
-    step: int
+    config: Config
+    epoch: int = 1
+    step: int = 0
     history: list[tuple[int, float]] = field(default_factory=list)
     result_file: str | None = None
     elapsed_s: float = 0.0
-    model: dict[str, Any] = field(default_factory=dict)
-    optimizer: dict[str, Any] = field(default_factory=dict)
-    scheduler: dict[str, Any] = field(default_factory=dict)
-    torch_rng: torch.Tensor | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        out = dict(self.__dict__)
-        out["history"] = [list(h) for h in self.history]
-        return out
+    def state_dict(self) -> dict[str, Any]:
+        return {"config": absolute_paths(self.config.to_dict(), Path.cwd()), "epoch": self.epoch,
+                "step": self.step, "history": [list(h) for h in self.history],
+                "result_file": self.result_file, "elapsed_s": self.elapsed_s}
 
-    @classmethod
-    def from_dict(cls, state: Any, source: str = "checkpoint") -> "CheckpointState":
-        """Check and convert a loaded checkpoint.
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Take the counters of entries `checked` gave (the config stays the run's)."""
+        self.epoch, self.step = state_dict["epoch"], state_dict["step"]
+        self.history = list(state_dict["history"])
+        self.result_file, self.elapsed_s = state_dict["result_file"], state_dict["elapsed_s"]
 
-        Raises:
-            ConfigError: not a dict, a required key missing or of the wrong type, a negative
-                epoch/step, a malformed history; the message names ``source`` and the key.
-        """
-        if not isinstance(state, dict):
-            raise ConfigError(f"{source}: not an mlhpc checkpoint (a {type(state).__name__}, not a dict)")
-        for key, kind in _REQUIRED.items():
-            if key not in state:
-                raise ConfigError(f"{source}: not an mlhpc checkpoint (no '{key}' entry)")
-            if not isinstance(state[key], kind) or isinstance(state[key], bool):
-                raise ConfigError(f"{source}: {clip(repr(key), 40)} is a {type(state[key]).__name__}, "
-                                  f"expected a {kind.__name__}")
-        if not (1 <= state["epoch"] <= MAX_COUNT and 0 <= state["step"] <= MAX_COUNT):
-            raise ConfigError(f"{source}: 'epoch' {clip(state['epoch'], 40)} / 'step' {clip(state['step'], 40)} "
-                              f"out of range (epoch 1 .. {MAX_COUNT}, step 0 .. {MAX_COUNT})")
-        history, elapsed_s = _history(state, source), state.get("elapsed_s", 0.0)
-        if not _number_in(elapsed_s, 0.0, MAX_ELAPSED_S):
-            raise ConfigError(f"{source}: 'elapsed_s' {clip(elapsed_s, 40)} is not a number of seconds "
-                              f"from 0 to {MAX_ELAPSED_S:g}")
-        if not isinstance(state.get("result_file"), (str, type(None))):
-            raise ConfigError(f"{source}: 'result_file' is a {type(state['result_file']).__name__}, not a name")
-        rng = state.get("torch_rng")
-        if rng is not None and not (isinstance(rng, torch.Tensor) and rng.dtype == torch.uint8
-                                    and rng.shape == torch.get_rng_state().shape):
-            raise ConfigError(f"{source}: 'torch_rng' is not torch's RNG state (a uint8 tensor of "
-                              f"{torch.get_rng_state().numel()} bytes)")
-        _check_weights(state["model"], source)
-        return cls(config=state["config"], epoch=state["epoch"], step=state["step"],
-                   history=history, result_file=state.get("result_file"), elapsed_s=float(elapsed_s),
-                   model=state["model"], optimizer=state["optimizer"], scheduler=state["scheduler"],
-                   torch_rng=rng)
+
+class TorchRandom:
+    """torch's random state (``torch.get_rng_state()``, a uint8 tensor) as the entry
+    ``torch_rng``; a checkpoint without one leaves the state as it is."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"torch_rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("torch_rng") is not None:
+            torch.set_rng_state(state_dict["torch_rng"])
+
+
+#: Parts whose entries lie at the file's top level; every other part is saved under its name
+#: (``model``, ``optimizer``, ``scheduler``). The layout of every checkpoint mlhpc has written.
+TOP_LEVEL = ("train_state", "rng")
+
+
+def entries(states: Mapping[str, Stateful]) -> dict[str, Any]:
+    """The checkpoint file's dict of ``states`` (name -> part): each part's ``state_dict()``
+    under its name, or merged at the top for those of `TOP_LEVEL`."""
+    out: dict[str, Any] = {}
+    for name, part in states.items():
+        own = part.state_dict()
+        if name in TOP_LEVEL:
+            out.update(own)
+        else:
+            out[name] = own
+    return out
+
+
+def checked(state: Any, source: str = "checkpoint") -> dict[str, Any]:
+    """A loaded checkpoint's entries, every one checked; the optional ones filled in
+    (``history`` [], ``result_file`` None, ``elapsed_s`` 0.0, ``torch_rng`` None), ``history``
+    as ``[(epoch, value)]`` and ``elapsed_s`` a float.
+
+    Raises:
+        ConfigError: not a dict, a required key missing or of the wrong type, a negative
+            epoch/step, a malformed history; the message names ``source`` and the key.
+    """
+    if not isinstance(state, dict):
+        raise ConfigError(f"{source}: not an mlhpc checkpoint (a {type(state).__name__}, not a dict)")
+    for key, kind in _REQUIRED.items():
+        if key not in state:
+            raise ConfigError(f"{source}: not an mlhpc checkpoint (no '{key}' entry)")
+        if not isinstance(state[key], kind) or isinstance(state[key], bool):
+            raise ConfigError(f"{source}: {clip(repr(key), 40)} is a {type(state[key]).__name__}, "
+                              f"expected a {kind.__name__}")
+    if not (1 <= state["epoch"] <= MAX_COUNT and 0 <= state["step"] <= MAX_COUNT):
+        raise ConfigError(f"{source}: 'epoch' {clip(state['epoch'], 40)} / 'step' {clip(state['step'], 40)} "
+                          f"out of range (epoch 1 .. {MAX_COUNT}, step 0 .. {MAX_COUNT})")
+    history, elapsed_s = _history(state, source), state.get("elapsed_s", 0.0)
+    if not _number_in(elapsed_s, 0.0, MAX_ELAPSED_S):
+        raise ConfigError(f"{source}: 'elapsed_s' {clip(elapsed_s, 40)} is not a number of seconds "
+                          f"from 0 to {MAX_ELAPSED_S:g}")
+    if not isinstance(state.get("result_file"), (str, type(None))):
+        raise ConfigError(f"{source}: 'result_file' is a {type(state['result_file']).__name__}, not a name")
+    rng = state.get("torch_rng")
+    if rng is not None and not (isinstance(rng, torch.Tensor) and rng.dtype == torch.uint8
+                                and rng.shape == torch.get_rng_state().shape):
+        raise ConfigError(f"{source}: 'torch_rng' is not torch's RNG state (a uint8 tensor of "
+                          f"{torch.get_rng_state().numel()} bytes)")
+    _check_weights(state["model"], source)
+    return {**{key: state[key] for key in _REQUIRED}, "history": history,
+            "result_file": state.get("result_file"), "elapsed_s": float(elapsed_s), "torch_rng": rng}
 
 
 def _number_in(value: Any, low: float, high: float) -> bool:
@@ -152,10 +208,12 @@ def _check_weights(model: dict[str, Any], source: str) -> None:
 
 @dataclass
 class Resume:
-    """A checkpoint to continue from: its state, the file it was read from, the folder the new
-    attempt writes to, and the timed seconds of every earlier attempt (from their logs)."""
+    """A checkpoint to continue from: its entries (`checked`) and the counters among them
+    (``state``), the file it was read from, the folder the new attempt writes to, and the timed
+    seconds of every earlier attempt (from their logs)."""
 
-    state: CheckpointState
+    saved: dict[str, Any]
+    state: TrainState
     source: Path
     run_dir: Path
     earlier_attempts_s: float = 0.0
@@ -181,21 +239,10 @@ def absolute_paths(tree: dict[str, Any], base: Path) -> dict[str, Any]:
     return out
 
 
-def capture(config: Config, parts: Any, epoch: int, step: int, result_file: str | None,
-            elapsed_s: float) -> CheckpointState:
-    """The state to save: ``parts``' own (`mlhpc.run.assemble.Parts.state_dict`: weights,
-    optimizer, schedule, evaluations so far, torch's random state) and where the run re-enters."""
-    own = parts.state_dict()
-    return CheckpointState(
-        config=absolute_paths(config.to_dict(), Path.cwd()), epoch=epoch, step=step,
-        history=own["history"], result_file=result_file, elapsed_s=elapsed_s,
-        model=own["model"], optimizer=own["optimizer"], scheduler=own["scheduler"],
-        torch_rng=own["torch_rng"])
-
-
-def save(path: Path, state: CheckpointState) -> None:
-    """Write ``state`` to ``path`` atomically (a reader never sees half a file; a failed write
-    leaves no temporary file).
+def save(path: Path, states: Mapping[str, Stateful]) -> None:
+    """Write the run's ``states`` (name -> part, `mlhpc.run.assemble.Parts.states`) to ``path``
+    as one dict (`entries`), atomically (a reader never sees half a file; a failed write leaves
+    no temporary file).
 
     Raises:
         OutputError: the file cannot be written (full file system, permissions).
@@ -204,7 +251,7 @@ def save(path: Path, state: CheckpointState) -> None:
 
     try:
         with atomic_output(path) as tmp:  # the project's temporary name, no link followed
-            torch.save(state.to_dict(), tmp)
+            torch.save(entries(states), tmp)
     except OSError as exc:
         raise OutputError(f"{path}: cannot write checkpoint ({exc.strerror or exc})") from None
 
@@ -239,20 +286,25 @@ def load(path: Path, source: str, root: Path | None = None) -> Any:
             raise ConfigError(f"{source}: cannot read checkpoint ({what})") from None
 
 
-def restore(into: Any, state: dict[str, Any], source: str = "checkpoint") -> None:
-    """``into.load_state_dict(state)``: a model (its weights) or the run's parts
-    (`mlhpc.run.assemble.Parts.load_state_dict`: optimizer, schedule, evaluations, random state).
+def restore(states: Mapping[str, Stateful], saved: dict[str, Any], source: str = "checkpoint",
+            exclude: tuple[str, ...] = ()) -> None:
+    """Load ``saved`` (entries `checked` gave) into each part of ``states`` but those named in
+    ``exclude`` (torchtitan's ``checkpoint.exclude_from_loading``), in their order: a part
+    saved under its name takes that entry, one of `TOP_LEVEL` the whole dict.
 
     Raises:
         ConfigError: the saved tensors do not fit what the config builds (names, shapes), naming
             ``source``.
     """
-    try:
-        into.load_state_dict(state)
-    except (RuntimeError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-        first = clip(" ".join(str(exc).split()))
-        raise ConfigError(f"{source}: the saved state does not fit the model its config builds "
-                          f"({first})") from None
+    for name, part in states.items():
+        if name in exclude:
+            continue
+        try:
+            part.load_state_dict(saved if name in TOP_LEVEL else saved[name])
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            first = clip(" ".join(str(exc).split()))
+            raise ConfigError(f"{source}: the saved state does not fit the model its config builds "
+                              f"({first})") from None
 
 
 def index_of(path: Path) -> str:

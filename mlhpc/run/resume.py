@@ -26,7 +26,7 @@ from mlhpc.data.inputs import SIDE_FILE_BYTES, open_input, read_json_object
 from mlhpc.errors import ConfigError
 from mlhpc.log.parse import parse_log
 from mlhpc.log.plausible import BOUNDS, checked_number
-from mlhpc.run.checkpoint import CLAIM_PATTERN, CheckpointState, Resume, index_of, load
+from mlhpc.run.checkpoint import CLAIM_PATTERN, Resume, TrainState, checked, index_of, load, restore
 
 
 def _log_state(log: Path) -> tuple[str, float]:
@@ -107,10 +107,12 @@ def load_resume(target: Path) -> tuple[Config, Resume]:
     """
     path, earlier_s = select(Path(target))
     raw = load(path, source=f"--resume {path}", root=path.parent)  # never a link out of its folder
-    state = CheckpointState.from_dict(raw, source=f"--resume {path}")
-    tree = dict(state.config)
+    saved = checked(raw, source=f"--resume {path}")
+    tree = dict(saved["config"])
     tree["output"] = {**(tree.get("output") or {}), "dir": str(path.parent)}
     config = from_dict(tree, source=f"{path} (config)")
+    state = TrainState(config)
+    restore({"train_state": state}, saved, source=f"--resume {path}")  # the counters
     if not earlier_s:  # the stopped attempt's log is gone: the time the checkpoint recorded
         earlier_s = state.elapsed_s
-    return config, Resume(state, path, path.parent, earlier_s)
+    return config, Resume(saved, state, path, path.parent, earlier_s)

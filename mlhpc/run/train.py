@@ -154,7 +154,7 @@ class Run:
     """The timed run as one object: what every epoch of the loop reads. Its two halves keep the
     lifetimes they have: the `Job` (what is known before the log opens, frozen; the tools build
     their parts from one too) and the `Parts` (what was built from the data, after
-    ``init_start``; their ``state_dict`` is what a checkpoint carries), joined here with the
+    ``init_start``; their ``states`` are what a checkpoint carries), joined here with the
     attempt's log and files, the signal listener and the clock of the timed run."""
 
     job: Job
@@ -402,9 +402,11 @@ def _passes(parts: Parts, start: int) -> Iterator[Any]:
 
 
 def _save_checkpoint(run: Run, next_epoch: int, steps_done: int) -> None:
-    """Rank 0 saves where a resumed run re-enters: ``next_epoch`` after ``steps_done`` steps."""
+    """Rank 0 saves the run's parts (`Parts.states`) and where a resumed run re-enters:
+    ``next_epoch`` after ``steps_done`` steps."""
     if run.files is not None:
-        state = checkpoint.capture(run.job.config, run.parts, next_epoch, steps_done,
-                                   run.files.log.name, run.clock.elapsed_s())
-        checkpoint.save(run.files.checkpoint, state)
+        state = run.parts.train_state
+        state.epoch, state.step, state.result_file = next_epoch, steps_done, run.files.log.name
+        state.elapsed_s = run.clock.elapsed_s()
+        checkpoint.save(run.files.checkpoint, run.parts.states)
 
