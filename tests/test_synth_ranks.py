@@ -144,3 +144,22 @@ def test_a_killed_job_run_again_writes_only_what_is_missing(tmp_path):
     one = synth("cosmoflow", tmp_path / "one", *args)
     assert one.returncode == 0, one.stderr
     assert tree_bytes(tmp_path / "one") == tree_bytes(out)
+
+
+def test_the_reference_config_reads_a_fraction_it_could_not_have_synthesised(tmp_path, repo):
+    """A config that may not synthesise (the reference one) uses a complete synthesised folder as
+    it is; one that may (a mini) still refuses data synthesised with other settings."""
+    from mlhpc import config as cfg
+    from mlhpc.data import ready
+    from mlhpc.errors import DataError
+    from mlhpc.runtime import Runtime
+
+    data = tmp_path / "d"
+    proc = synth("cosmoflow", data, "--config", str(repo / "configs" / "cosmoflow.yaml"), "--fraction", "0.00001",
+                 "--set", "synth.cube_size=16", "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    reference = cfg.load(repo / "configs" / "cosmoflow.yaml", overrides=(f"data.path={data}",))
+    assert ready.ensure_data(reference, get("cosmoflow"), Runtime()) == 0.0
+    mini = cfg.load(repo / "configs" / "cosmoflow-mini.yaml", overrides=(f"data.path={data}",))
+    with pytest.raises(DataError, match="data were synthesised with"):
+        ready.ensure_data(mini, get("cosmoflow"), Runtime())

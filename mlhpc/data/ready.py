@@ -40,7 +40,9 @@ def ensure_data(config: "Config", workload: "Workload", rt: "Runtime",
 
     Rank 0 writes (telling ``on_progress`` what it does: `SynthWatch`); every rank first
     looks, then waits, then checks the result. A folder without a record that holds data (a real
-    dataset) is used as it is.
+    dataset) is used as it is; so is a complete synthesis under a config that may not synthesise
+    (``data.synthesize_if_missing: false``), whatever its settings: a reference config reading a
+    fraction of its data set made by ``mlhpc data synth --fraction``.
 
     Returns:
         Seconds spent synthesising (0.0 when the data were there).
@@ -59,7 +61,9 @@ def ensure_data(config: "Config", workload: "Workload", rt: "Runtime",
     if state == "unmarked":  # a folder made by data convert / prepare must carry its manifest
         require_complete(path, DataError, resume="the mlhpc data convert or prepare command that "
                                                  "made it, with the same arguments")
-    if state == "complete":  # every rank, so that all raise together
+    # a config that may synthesise wants its own settings; one that may not (a reference config
+    # reading data made by `mlhpc data synth --fraction`) uses a complete folder as it is
+    if state == "complete" and config.data.synthesize_if_missing:  # every rank: all raise together
         record = synth_manifest(path) or {}
         differs = _first_difference(record, _settings(workload.name, config.synth, config.data.synth_seed))
         if differs:
