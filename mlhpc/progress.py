@@ -311,7 +311,8 @@ def print_summary(summary: dict[str, Any]) -> None:
         ("residual (time to train - epochs - evals)", _secs(s.get("residual_s"))),
         ("training FLOPs per sample (FlopCounterMode)",
          f"{perf.get('train_flops_per_sample', 0) / 1e9:.3f} GFLOP"),
-        ("achieved FLOP/s (MFU)", _known(perf.get("achieved_flop_per_s"), "{:.2f} GFLOP/s", 1e-9)
+        ("achieved FLOP/s (MFU)", "none (storage mode: the steps compute nothing)" if s.get("emulation") else
+         _known(perf.get("achieved_flop_per_s"), "{:.2f} GFLOP/s", 1e-9)
          + (f" ({100 * perf['mfu']:.1f}% of {perf.get('peak_source', '?')})" if perf.get("mfu") is not None else "")),
         ("global batch size / ranks / nodes",
          f"{s.get('global_batch_size')} / {s.get('world_size')} / {s.get('num_nodes')}"),

@@ -106,6 +106,8 @@ def test_a_storage_run_exits_0_and_the_report_gives_au_and_samples_per_s(tmp_pat
     assert runs[1]["accelerator_utilization"] > runs[0]["accelerator_utilization"]
     assert runs[1]["emulation"]["time_per_sample_s"] == pytest.approx(0.025)
     assert runs[1]["accelerator_utilization"] > 0.5  # 8 x 25 ms a step: the sleeps dominate
+    summary = json.loads((slow / "summary_0.json").read_text())  # the steps computed nothing
+    assert summary["perf"]["achieved_flop_per_s"] is None and summary["perf"]["mfu"] is None
     log = (slow / "result_0.txt").read_text()
     assert '"key": "emulated_accelerator"' in log and '"key": "emulated_compute"' in log
     table = subprocess.run([sys.executable, "-m", "mlhpc", "report", str(slow), "--no-compliance"],

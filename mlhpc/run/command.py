@@ -141,16 +141,17 @@ def ensure_source(config: Config, workload: Workload, world: Runtime, progress: 
 
 # ---- summary_N.json: the result read back from the log ------------------------------------------
 
-def derived_perf(perf: dict[str, Any], samples_per_s: float, world_size: int) -> dict[str, Any]:
+def derived_perf(perf: dict[str, Any], samples_per_s: float, world_size: int,
+                 emulated: bool = False) -> dict[str, Any]:
     """``perf`` (as measured: FLOPs per sample, per-rank peak, bytes per sample) with the rates
     that follow from the log's samples/s: achieved FLOP/s (total and per rank), MFU and read
-    bytes/s."""
-    achieved = perf.get("train_flops_per_sample", 0) * samples_per_s
+    bytes/s. ``emulated``: a storage-mode run, whose steps computed nothing (no FLOP/s, no MFU)."""
+    achieved = None if emulated else perf.get("train_flops_per_sample", 0) * samples_per_s
     peak = perf.get("peak_flop_per_s_per_rank") or 0
     per_sample = perf.get("dataset_bytes_per_sample")
     return {**perf, "achieved_flop_per_s": achieved,
-            "achieved_flop_per_s_per_rank": achieved / max(world_size, 1),
-            "mfu": achieved / (peak * world_size) if peak else None,
+            "achieved_flop_per_s_per_rank": None if achieved is None else achieved / max(world_size, 1),
+            "mfu": achieved / (peak * world_size) if peak and achieved is not None else None,
             "read_bytes_per_s": per_sample * samples_per_s if per_sample is not None else None}
 
 
@@ -159,7 +160,7 @@ def summary_dict(run: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any
     report --format json`` uses), the side file's measurements, and the rates that follow."""
     out = {**run, **{k: v for k, v in measured.items() if k != "perf"}}
     out["perf"] = derived_perf(measured.get("perf", {}), run.get("samples_per_s") or 0.0,
-                               measured.get("world_size", 1))
+                               measured.get("world_size", 1), emulated=run.get("emulation") is not None)
     return out
 
 
