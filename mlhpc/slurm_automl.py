@@ -33,6 +33,7 @@ import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+
 from mlhpc import slurm
 from mlhpc.automl.space import check_space
 from mlhpc.automl.study import STUDY_FILE

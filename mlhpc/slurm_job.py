@@ -6,9 +6,9 @@ given (`SubmitOptions`, built once by the command line) and the job a script is 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Mapping, Sequence
 
 DEFAULT_MASTER_PORT = 29511
 

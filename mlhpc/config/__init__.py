@@ -290,7 +290,7 @@ class _CommonConfig(Section):
 
 #: A workload's own section (``model``, ``optimizer``, ``synth``): an instance of the model the
 #: workload declares (`mlhpc.workload.Workload`), written out as that model, not as the base.
-WorkloadSection = SerializeAsAny[Optional[BaseModel]]
+WorkloadSection = SerializeAsAny[BaseModel | None]
 
 
 class Config(_CommonConfig):

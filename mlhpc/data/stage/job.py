@@ -72,7 +72,7 @@ class StageOptions:
     workers: int = 4
     files: Optional[list[Path]] = None
     verify: bool = True
-    shard: Optional[Shard] = None
+    shard: Shard | None = None
     to: str = "none"
-    tools: Optional[DataTools] = None
+    tools: DataTools | None = None
     follow_links: bool = False

@@ -57,7 +57,7 @@ from mlhpc.data.stage.plan import (
 
 
 def stage(source: Path, dest: Path, runtime: "Runtime",
-          options: StageOptions = StageOptions()) -> StagingResult:
+          options: StageOptions | None = None) -> StagingResult:
     """Copy ``options.files`` (default: every regular file) of ``source`` to node-local ``dest``.
 
     Called on every rank of the job; the ranks of a node split the node's files and each rank
@@ -79,7 +79,7 @@ def stage(source: Path, dest: Path, runtime: "Runtime",
         runtime: this process's place in the job (``local_rank``, ``local_world_size``,
             ``node_rank``).
         options: how it stages (`StageOptions`: workers, files, verify, shard, to, tools,
-            follow_links).
+            follow_links); None: its defaults.
 
     Returns:
         a `StagingResult`, the same on every rank when ``torch.distributed`` is initialised.
@@ -94,6 +94,7 @@ def stage(source: Path, dest: Path, runtime: "Runtime",
         DataError: (converting) the source's form cannot be told, or a source file is
             malformed (the workload's converter names the file and record).
     """
+    options = options if options is not None else StageOptions()
     job = _job(Path(source), Path(dest), options)
     files, shard, to = options.files, options.shard, options.to
     coordinated = runtime.distributed and dist_ready()
