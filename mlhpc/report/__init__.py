@@ -9,7 +9,9 @@ Modules, one step each:
 - `compliance`: MLCommons' compliance checker per log; `rcp`: reference convergence points;
 - `score`: result folders -> strong (olympic mean) and weak (models/min) scores, exactly as
   MLCommons' result_summarizer;
-- `render`, `plots`: output;
+- `figures`: the table of the report's figures (name with unit, level, value, views) and each
+  cell's text; `render`: the views selected from it (tables, JSON, CSV, Markdown), with the
+  titles and notes of `notes`; `plots`: PNG figures;
   `package`: mlhpc run folders -> a submission package.
 
 `run_report` is the only call the CLI makes.

@@ -24,7 +24,7 @@ from rich.table import Table
 
 from mlhpc.errors import ConfigError
 from mlhpc.report.automl import AutomlScore, score_folder
-from mlhpc.report.cells import flops_text
+from mlhpc.report.figures import flops_text
 from mlhpc.report.render import csv_cell, finite
 from mlhpc.text import cell, joined, styled
 

@@ -1,11 +1,17 @@
 """A `Report` as rich tables, JSON, CSV or Markdown.
 
-Two views: ``folders`` (one row per result folder: the MLCommons results table, systems x
+Two levels: ``folders`` (one row per result folder: the MLCommons results table, systems x
 benchmarks for strong scaling, models/min for weak scaling) and ``runs`` (one row per run: the
-phases of time to train). Tables show every column (``wide``) or the compact views of
-`mlhpc.report.compact`, fitted to a width; Markdown and CSV always hold every column. The text of
-each cell comes from `mlhpc.report.cells`. Rendering functions return text or rich renderables;
-they never print.
+phases of time to train). The columns, their headings and the text of each cell come from the
+table of figures (`mlhpc.report.figures`): a table shows every column of its view (``wide``),
+or the compact view (the default), fitted to a width (`fit_widths`); Markdown shows the wide
+tables and CSV every figure of its level. The titles and notes come from
+`mlhpc.report.notes`. Rendering functions return text or rich renderables; they never print.
+
+The compact views hold the columns a person reads first and fit a 100-column terminal: one
+table per mlhpc run folder (titled with the folder, benchmark, olympic mean and RCP verdict),
+and for result folders one row per folder, sorted by benchmark and system (instead of the wide
+systems x benchmarks matrix).
 """
 
 from __future__ import annotations
@@ -17,131 +23,21 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Group
 from rich.table import Table
 
 from mlhpc.errors import ConfigError
-from mlhpc.report.cells import (
-    NO_POWER_COUNTER,
-    STRONG_TITLE,
-    WEAK_TITLE,
-    any_energy,
-    any_valid_flops,
-    convergence_text,
-    emulation_notes,
-    cost,
-    energy,
-    energy_cell,
-    energy_unit,
-    epoch_unit,
-    fmt,
-    folder_name,
-    flops_text,
-    folder_nodes,
-    node_energy,
-    priced,
-    resumed_cell,
-    run_view_title,
-    scale,
-    staging_cell,
-    strong_cell,
-    system_key,
-    valid_flops_header,
-    valid_flops_notes,
-    weak_cell,
-)
-from mlhpc.report.compact import compact_views, fit_widths
-from mlhpc.report.energy import POWER_NOTE_PREFIX
-from mlhpc.log.summary import RunSummary
+from mlhpc.report.figures import (COMPACT, WIDE, Frame, energy_cell, flops_text, folder_name, priced, records, scale,
+                                  strong_cell, table, valid_flops_header, weak_cell)
+from mlhpc.report.notes import STRONG_TITLE, WEAK_TITLE, notes, run_view_title
 from mlhpc.report.score import FolderResult, Report
-from mlhpc.report.validflops import exponent_of
 from mlhpc.text import cell, console, joined, styled
 
 FORMATS = ("table", "json", "csv", "markdown")
 LEVELS = ("auto", "folders", "runs")
 
-FOLDER_COLUMNS = ("round", "submitter", "system", "division", "mode", "benchmark", "n_files", "dropped",
-                  "resumed", "scaling_factor", "olympic_min", "ttta_min", "number_of_models", "models_per_min",
-                  "instance_scale", "global_batch_size", "compliance", "rcp_pass", "rcp_message",
-                  "rcp_normalization", "normalized_min", "convergence_unit", "mean_epochs",
-                  "rcp_mean_epochs", "rcp_min_epochs", "energy_olympic_j", "cost_to_train", "notes",
-                  "valid_flops_per_s", "valid_flops_per_w", "valid_flops_exponent")
-RUN_COLUMNS = ("folder", "file", "benchmark", "status", "compliant", "resumed", "time_to_train_s",
-               "energy_to_train_j", "mean_power_w", "mean_epoch_energy_j", "cost_to_train", "staging_s", "init_s", "epochs", "epochs_to_target", "mean_epoch_s", "samples_per_s",
-               "eval_s", "residual_s", "nodes", "accelerators_per_node", "global_batch_size",
-               "metric", "start_metric", "final_metric", "target", "malformed_lines", "power_note",
-               "train_flops_per_sample", "samples_trained", "valid_flops_per_s", "valid_flops_per_w",
-               "valid_flops_exponent", "flops_source", "valid_flops_note", "accelerator_utilization")
-
-
-def folder_rows(report: Report) -> list[dict[str, Any]]:
-    """One dict per result folder, keys `FOLDER_COLUMNS` (scores in minutes, as MLCommons).
-
-    ``olympic_min`` is the score as published (times a committed ``scaling.json``, as
-    result_summarizer reads it); ``rcp_pass``/``rcp_message``/``rcp_normalization`` are
-    rcp_checker's verdict; ``normalized_min`` is the olympic mean times that factor.
-    """
-    rows = []
-    for f in report.folders:
-        rcp = f.rcp
-        gbs = (rcp.global_batch_size if rcp and rcp.global_batch_size else None) or next(
-            (r.global_batch_size for r in f.runs if r.global_batch_size), None)
-        rows.append({
-            "round": f.round, "submitter": f.submitter, "system": f.system, "division": f.division,
-            "mode": f.kind, "benchmark": f.benchmark, "n_files": f.n_files,
-            "dropped": len(f.dropped), "resumed": len(f.resumed), "scaling_factor": f.scaling_factor,
-            "olympic_min": f.olympic_min, "ttta_min": f.ttta_min,
-            "number_of_models": f.number_of_models, "models_per_min": f.models_per_min,
-            "instance_scale": f.instance_scale, "global_batch_size": gbs,
-            "compliance": f.ruleset_note or (f"hpc {f.ruleset}" if report.compliance_checked else "not checked"),
-            "rcp_pass": rcp.passed if rcp else None, "rcp_message": rcp.message if rcp else None,
-            "rcp_normalization": rcp.normalization if rcp and rcp.passed is not None else None,
-            "normalized_min": f.normalized_min, "convergence_unit": epoch_unit(f),
-            "mean_epochs": rcp.mean_epochs if rcp else None,
-            "rcp_mean_epochs": rcp.rcp_mean_epochs if rcp else None,
-            "rcp_min_epochs": rcp.rcp_min_epochs if rcp else None,
-            "energy_olympic_j": f.energy_olympic_j,
-            "cost_to_train": cost(report, folder_nodes(f), f.olympic_min, f.energy_olympic_j),
-            "notes": "; ".join(f.notes + [f"{k.rsplit('/', 1)[-1]}: {v}" for k, v in f.dropped.items()]),
-            "valid_flops_per_s": f.valid_flops_per_s, "valid_flops_per_w": f.valid_flops_per_w,
-            "valid_flops_exponent": exponent_of(f.runs),
-        })
-    return rows
-
-
-def run_rows(report: Report) -> list[dict[str, Any]]:
-    """One dict per run, keys `RUN_COLUMNS` (times in seconds)."""
-    rows = []
-    for f in report.folders:
-        for r in f.runs:
-            rows.append({
-                "folder": f.path, "file": r.path.rsplit("/", 1)[-1], "benchmark": r.benchmark,
-                "status": r.status, "compliant": r.compliant, "resumed": r.resumed,
-                "time_to_train_s": r.time_to_train_s, "energy_to_train_j": r.energy_to_train_j,
-                "mean_power_w": r.mean_power_w, "mean_epoch_energy_j": r.mean_epoch_energy_j,
-                "cost_to_train": cost(report, r.number_of_nodes, r.time_to_train_min, r.energy_to_train_j),
-                "staging_s": r.staging_s, "init_s": r.init_s,
-                "epochs": r.n_epochs, "epochs_to_target": r.epochs_to_target,
-                "mean_epoch_s": r.mean_epoch_s, "samples_per_s": r.samples_per_s,
-                "eval_s": r.total_eval_s if r.eval_s else None, "residual_s": r.residual_s,
-                "nodes": r.number_of_nodes, "accelerators_per_node": r.accelerators_per_node,
-                "global_batch_size": r.global_batch_size, "metric": r.metric_key,
-                "start_metric": r.start_metric,  # the starting point's evaluation (epoch_num 0)
-                "final_metric": r.metric_series[-1][1] if r.metric_series else None,
-                "target": r.target, "malformed_lines": len(r.malformed), "power_note": r.power_note,
-                **_valid_flops_fields(r),
-                "accelerator_utilization": r.accelerator_utilization,  # storage mode only
-            })
-    return rows
-
-
-def _valid_flops_fields(run: RunSummary) -> dict[str, Any]:
-    """The run's Valid FLOPS columns (`mlhpc.report.validflops.ValidFlops`)."""
-    v = run.valid_flops
-    return {"train_flops_per_sample": v and v.train_flops_per_sample, "samples_trained": v and v.samples_trained,
-            "valid_flops_per_s": v and v.valid_flops_per_s, "valid_flops_per_w": v and v.valid_flops_per_w,
-            "valid_flops_exponent": v and v.exponent, "flops_source": v and v.flops_source,
-            "valid_flops_note": v and v.note}
+View = tuple[str, list[str], list[list[str]]]
 
 
 def resolve_level(report: Report, level: str) -> str:
@@ -151,6 +47,15 @@ def resolve_level(report: Report, level: str) -> str:
     if level != "auto":
         return level
     return "runs" if report.folders and all(f.kind == "runs" for f in report.folders) else "folders"
+
+
+def system_key(f: FolderResult) -> tuple[str, str, str, str, str]:
+    """Round, submitter, system folder, division (and the folder itself for mlhpc run folders):
+    names inside the logs never merge two result folders."""
+    return (f.round or "", f.submitter or "", f.system or "", f.division or "",
+            f.path if f.kind == "runs" else "")
+
+
 
 
 def _benchmarks(folders: Iterable[FolderResult]) -> list[str]:
@@ -175,40 +80,15 @@ def _matrix(folders: list[FolderResult], cell) -> tuple[list[str], list[list[str
     return header, body
 
 
-def _run_table_rows(report: Report) -> tuple[list[str], list[list[str]]]:
-    """Every column of the runs view: energy, mean power, energy per node and per epoch are
-    shown (``-`` where unmeasured) even when no run has power readings."""
-    unit = next((r.epoch_unit for f in report.folders for r in f.runs), "epochs")
-    runs = [r for f in report.folders for r in f.runs]  # the order of run_rows
-    eunit, per = energy_unit(r.energy_to_train_j for r in runs)
-    header = ["run", "status", "compliant", "time to train s", f"energy {eunit}", "mean power W",
-              f"energy per node {eunit}", "staging s", "init s", "epochs", f"{unit} to target",
-              "mean epoch s", f"epoch energy {eunit}", "samples/s", valid_flops_header(runs), "valid FLOP/s per W",
-              "eval s", "residual s", "resumed"]
-    header += ["cost"] if priced(report) else []
-    body = []
-    for row, run in zip(run_rows(report), runs):
-        body.append([row["file"], row["status"], fmt(row["compliant"]), fmt(row["time_to_train_s"]),
-                     energy(row["energy_to_train_j"], per), fmt(row["mean_power_w"], 1),
-                     node_energy(run, per), staging_cell(run), fmt(row["init_s"]), fmt(row["epochs"]),
-                     fmt(row["epochs_to_target"], 0), fmt(row["mean_epoch_s"]),
-                     energy(row["mean_epoch_energy_j"], per), fmt(row["samples_per_s"], 1),
-                     flops_text(row["valid_flops_per_s"]), flops_text(row["valid_flops_per_w"]), fmt(row["eval_s"]), fmt(row["residual_s"]), resumed_cell(run)]
-                    + ([fmt(row["cost_to_train"])] if priced(report) else []))
-    return header, body
-
-
-def _views(report: Report, level: str, wide: bool = True) -> list[tuple[str, list[str], list[list[str]]]]:
-    """``(title, header, rows)`` per table: every column (``wide``), else the compact views of
-    `mlhpc.report.compact` that fit 100 columns."""
+def _views(report: Report, level: str, wide: bool = True) -> list[View]:
+    """``(title, header, rows)`` per table: every column (``wide``), else the compact views
+    that fit 100 columns."""
     level = resolve_level(report, level)
-    if not wide:
-        return compact_views(report, level)
+    view = WIDE if wide else COMPACT
     if level == "runs":
-        return [(run_view_title(f), *_run_table_rows(Report([f], report.compliance_checked,
-                                                            price_per_node_hour=report.price_per_node_hour,
-                                                            price_per_kwh=report.price_per_kwh)))
-                for f in report.folders]
+        return [(run_view_title(f), *table("run", Frame(report, (f,), view))) for f in report.folders]
+    if not wide:
+        return _compact_folders(report)
     views = []
     strong = [f for f in report.folders if f.kind in ("strong", "runs")]
     weak = [f for f in report.folders if f.kind == "weak"]
@@ -228,36 +108,22 @@ def _views(report: Report, level: str, wide: bool = True) -> list[tuple[str, lis
     return views
 
 
-def notes(report: Report) -> list[str]:
-    """The notes under the tables: each folder's notes, RCP verdicts, compliance, dropped runs,
-    malformed lines; one ``no power counter`` line (`NO_POWER_COUNTER`) when no run has power
-    readings, in place of each folder's own."""
-    out = []
-    no_power = not any_energy(report) and any(f.runs for f in report.folders)
-    for f in report.folders:
-        where = "/".join(x for x in (f.round, f.submitter, f.system, f.division, f.kind, f.benchmark) if x) or f.path
-        if f.kind == "runs" and f.path not in where:
-            where = f"{f.path} ({where})"
-        out += [f"{where}: {n}" for n in f.notes if not (no_power and n.startswith(POWER_NOTE_PREFIX))]
-        if f.kind != "weak" and f.rcp is not None and f.rcp.passed is not None:
-            out.append(f"{where}: {convergence_text(f)}")
-        if f.ruleset_note:
-            out.append(f"{where}: compliance {f.ruleset_note}")
-        out += [f"{where}: dropped {p.rsplit('/', 1)[-1]}: {r}" for p, r in f.dropped.items()]
-    out += [f"malformed line {m}" for m in report.malformed]
-    out += valid_flops_notes(report)
-    out += emulation_notes(report)
-    if no_power:
-        out.append(NO_POWER_COUNTER)
-    if not report.compliance_checked:
-        out.append("compliance not checked (--no-compliance): scores assume every log complies")
-    return out
+def _compact_folders(report: Report) -> list[View]:
+    """One compact table per scaling (strong and mlhpc run folders, then weak): a row per
+    folder, sorted by benchmark and system."""
+    views = []
+    for kinds, title, scaling in ((("strong", "runs"), STRONG_TITLE, "strong"), (("weak",), WEAK_TITLE, "weak")):
+        folders = sorted((f for f in report.folders if f.kind in kinds),
+                         key=lambda f: (f.benchmark or "?", system_key(f)))
+        if folders:
+            views.append((title, *table("folder", Frame(report, tuple(folders), COMPACT, scaling))))
+    return views
 
 
 def tables(report: Report, level: str = "auto", wide: bool = True, width: int = 100) -> Group:
     """The report as rich tables (and notes), for a console to print: every column at its
     natural width (``wide``), or the compact views fitted to ``width`` columns
-    (`mlhpc.report.compact.fit_widths`: no column narrower than its longest word, names kept on
+    (`fit_widths`: no column narrower than its longest word, names kept on
     one line where they fit). No cell is ever cut short with an ellipsis: text wraps at
     spaces, and only where even the narrowest layout is too wide does a word fold."""
     parts: list[Any] = []
@@ -323,9 +189,9 @@ def to_markdown(report: Report, level: str = "auto") -> str:
 
 
 def to_csv(report: Report, level: str = "auto") -> str:
-    """CSV with a header row: `FOLDER_COLUMNS` per folder, or `RUN_COLUMNS` per run."""
-    level = resolve_level(report, level)
-    columns, rows = (RUN_COLUMNS, run_rows(report)) if level == "runs" else (FOLDER_COLUMNS, folder_rows(report))
+    """CSV with a header row: every CSV figure (`mlhpc.report.figures.FIGURES`) of a folder, or
+    of a run, one row each."""
+    columns, rows = records("run" if resolve_level(report, level) == "runs" else "folder", report)
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
@@ -371,3 +237,45 @@ def render(report: Report, fmt: str = "table", level: str = "auto") -> str:
     if fmt == "markdown":
         return to_markdown(report, level)
     raise ConfigError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
+
+
+#: A cell up to this many columns stays on one line (``not staged``, ``82944 x 4``).
+SHORT = 12
+
+
+def _least(text: str) -> int:
+    """The narrowest a cell may be: whole when short (`SHORT`), else its longest word."""
+    if cell_len(text) <= SHORT:
+        return cell_len(text)
+    return max((cell_len(word) for word in text.split()), default=0)
+
+
+def _lines(text: str) -> int:
+    return max((cell_len(line) for line in text.splitlines()), default=0)
+
+
+def fit_widths(header: list[str], body: list[list[str]], width: int, whole: set[int]) -> list[int] | None:
+    """Content widths (padding and borders excluded) for a rich table of ``header`` and ``body``
+    to be at most ``width`` columns wide, or None when even the narrowest layout is wider.
+
+    A column is never narrower than its longest word (so no number is folded or cut short) nor
+    than its longest cell of at most `SHORT` columns (a header may wrap), and the columns in ``whole`` never narrower than their longest cell (a name kept on one line).
+    Width beyond the minimums goes to the columns in proportion to the width their longest lines
+    would take, up to that. Widths are terminal cells (`rich.cells.cell_len`).
+    """
+    columns = list(zip(header, *body))
+    longest = [max(_lines(text) for text in col) for col in columns]
+    least = [max([_least(text) for text in col[1:]] + [_least(col[0] + " " * SHORT)]) for col in columns]
+    least = [longest[i] if i in whole else least[i] for i in range(len(columns))]
+    space_chars = width - (3 * len(columns) + 1)  # a border and two padding cells per column, one border more
+    if sum(least) > space_chars:
+        return None
+    if sum(longest) <= space_chars:
+        return longest
+    extra, want = space_chars - sum(least), [b - a for a, b in zip(least, longest)]
+    widths = [a + extra * w // sum(want) for a, w in zip(least, want)]
+    # the spare cells go first to the column furthest below its longest line
+    for i in sorted(range(len(widths)), key=lambda i: widths[i] - longest[i]):
+        if sum(widths) < space_chars and widths[i] < longest[i]:
+            widths[i] += 1
+    return widths

@@ -170,7 +170,7 @@ class Report:
     folders: list[FolderResult]
     compliance_checked: bool
     elapsed_s: float = 0.0
-    price_per_node_hour: float | None = None  # for cost to train (`mlhpc.report.render.cost`)
+    price_per_node_hour: float | None = None  # for cost to train (`mlhpc.report.figures.cost`)
     price_per_kwh: float | None = None
 
     @property
