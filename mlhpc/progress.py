@@ -240,23 +240,6 @@ class DataProgress:
         elif kind == "done":
             self.close()
 
-    @staticmethod
-    def summary(event: dict[str, Any]) -> list[str]:
-        """The end of a synthesis (``synth_done``): files, bytes, seconds and GB/s in all, then
-        each rank's GB/s (of more than 8 ranks: the slowest, median and fastest)."""
-        lines = [f"synthesised {event['files']} files, {size_text(event['bytes'])} in "
-                 f"{event['elapsed_s']:.1f} s: {rate_text(event['bytes'] / max(event['elapsed_s'], 1e-9))} in all"]
-        ranks = event["ranks"]
-        in_bytes = all(f.get("bytes") is not None for f in ranks)  # else samples: no estimate
-        rates = sorted(((f["bytes"] if in_bytes else f["samples"] or 0) / max(f["elapsed_s"], 1e-9),
-                        f["rank"]) for f in ranks)
-        if len(ranks) > 1:
-            shown = rates if len(rates) <= 8 else [rates[0], rates[len(rates) // 2], rates[-1]]
-            label = "per rank" if len(rates) <= 8 else "per rank (slowest, median, fastest)"
-            lines.append(f"  {label}: " + ", ".join(
-                f"rank {r} {rate_text(v) if in_bytes else f'{v:.1f} samples/s'}" for v, r in shown))
-        return lines
-
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
