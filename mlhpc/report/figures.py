@@ -120,10 +120,10 @@ def energy(value: float | None, scale: float) -> str:
     return "-" if value is None else f"{value / scale:,.3f}"
 
 
-def node_energy(run: RunSummary, scale: float) -> str:
-    """Energy per power file (``node_K``, ``sw_K``) in the unit of ``scale``: each file named up
-    to four files, else the count with the smallest and largest node; ``-`` when unmeasured."""
-    nodes = run.node_energy_j
+def node_energy(nodes: dict[str, float] | None, scale: float) -> str:
+    """Energy per power file (``{"node_K": joules, "sw_K": ...}``) in the unit of ``scale``: each
+    file named up to four files, else the count with the smallest and largest node; ``-`` when
+    unmeasured."""
     if not nodes:
         return "-"
     if len(nodes) <= 4:
@@ -318,8 +318,7 @@ def _flops(attribute: str) -> Callable[[RunSummary], Any]:
 
 
 def _wide_or(test: Callable[[Report], bool]) -> Callable[[Frame], bool]:
-    """Every wide table shows the column; a compact one only where some run of the report has
-    a value (``test``)."""
+    """Shown in every wide table; in a compact one where ``test`` finds a run with a value."""
     return lambda frame: frame.view != COMPACT or test(frame.report)
 
 
@@ -361,19 +360,12 @@ def _rcp(attribute: str) -> Callable[[FolderResult], Any]:
     return lambda f: getattr(f.rcp, attribute) if f.rcp else None
 
 
-def _score_text(row: Row, value: Any) -> str:
-    return weak_cell(row.folder) if row.frame.scaling == "weak" else strong_cell(row.folder)
-
-
 def _folder_notes(f: FolderResult) -> str:
     return "; ".join(f.notes + [f"{k.rsplit('/', 1)[-1]}: {v}" for k, v in f.dropped.items()])
 
 
-def _or_unknown(row: Row, value: Any) -> str:
-    return value or "?"
-
-
 ALL = TABLES | {CSV}
+_priced = lambda frame: priced(frame.report)  # noqa: E731 (a price given: a cost column)
 _RUN_FIGURES = (
     Figure("folder", "run", lambda row: row.folder.path),
     _run("file", lambda r: r.path.rsplit("/", 1)[-1], json=lambda d: d["path"].rsplit("/", 1)[-1], label="run",
@@ -388,7 +380,7 @@ _RUN_FIGURES = (
     _run("mean_power_w", label="mean power W", text=_fmt(1), views=ALL - {COMPACT}, column=60),
     _run("mean_epoch_energy_j", label=_energy_label("epoch energy"), text=_energy_text, views=ALL - {COMPACT},
          column=130),
-    Figure("cost_to_train", "run", _run_cost, label="cost", views=ALL, column=200, shown=lambda frame: priced(frame.report)),
+    Figure("cost_to_train", "run", _run_cost, label="cost", views=ALL, column=200, shown=_priced),
     _run("staging_s", label="staging s", text=lambda row, value: staging_cell(row.run, row.frame.view != COMPACT),
          views=ALL, column=80),
     _run("init_s", label="init s", views=ALL - {COMPACT}, column=90),
@@ -421,14 +413,15 @@ _RUN_FIGURES = (
     _run("flops_source", _flops("flops_source"), json=_key("valid_flops", "flops_source")),
     _run("valid_flops_note", _flops("note"), json=_key("valid_flops", "note")),
     _run("accelerator_utilization"),  # storage mode only
-    _run("node_energy_j", label=_energy_label("energy per node"),
-         text=lambda row, value: node_energy(row.run, row.frame.energy_unit[1]), views=frozenset({WIDE}), column=70),
+    _run("node_energy_j", lambda r: r.node_energy_j or None, json=lambda d: d["node_energy_j"] or None,
+         label=_energy_label("energy per node"), text=lambda row, value: node_energy(value, row.frame.energy_unit[1]),
+         views=frozenset({WIDE, CSV}), column=70),  # joules per power file; CSV: a JSON object
 )
 _FOLDER_FIGURES = (
     _folder("round"), _folder("submitter"), _folder("system"),
-    _folder("division", label="division", text=_or_unknown, views=ALL, column=30),
+    _folder("division", label="division", text=lambda row, value: value or "?", views=ALL, column=30),
     _folder("mode", lambda f: f.kind, json=_key("kind")),
-    _folder("benchmark", label="benchmark", text=_or_unknown, views=ALL, column=10),
+    _folder("benchmark", label="benchmark", text=lambda row, value: value or "?", views=ALL, column=10),
     _folder("n_files"),
     _folder("dropped", lambda f: len(f.dropped), json=lambda d: len(d["dropped"])),
     _folder("resumed", lambda f: len(f.resumed), json=lambda d: len(d["resumed"])),
@@ -447,7 +440,7 @@ _FOLDER_FIGURES = (
     _folder("energy_olympic_j", label="energy kWh", text=lambda row, value: energy(value, 3.6e6),
             views=ALL - {WIDE}, column=60,
             shown=lambda frame: any(f.energy_olympic_j is not None for f in frame.folders)),
-    Figure("cost_to_train", "folder", _folder_cost, label="cost", views=ALL - {WIDE}, column=70, shown=lambda frame: priced(frame.report)),
+    Figure("cost_to_train", "folder", _folder_cost, label="cost", views=ALL - {WIDE}, column=70, shown=_priced),
     _folder("notes", _folder_notes),
     _folder("valid_flops_per_s", label=lambda frame: valid_flops_header(frame.runs),
             text=lambda row, value: flops_text(value), views=ALL - {WIDE}, column=80,
@@ -461,8 +454,8 @@ _FOLDER_FIGURES = (
     _folder("nodes_x_accelerators", lambda f: scale(f), label="nodes x accelerators", views=frozenset({COMPACT}),
             column=40, text=lambda row, value: value),
     _folder("score", lambda f: f.models_per_min if f.kind == "weak" else f.olympic_min, views=frozenset({COMPACT}),
-            label=lambda frame: ("models/min (models x accelerators)" if frame.scaling == "weak"
-                                 else "minutes (RCP)"), text=_score_text, column=50),
+            label=lambda frame: "models/min (models x accelerators)" if frame.scaling == "weak" else "minutes (RCP)",
+            text=lambda row, value: (weak_cell if row.frame.scaling == "weak" else strong_cell)(row.folder), column=50),
 )
 FIGURES: tuple[Figure, ...] = _RUN_FIGURES + _FOLDER_FIGURES
 

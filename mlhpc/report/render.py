@@ -201,7 +201,10 @@ def to_csv(report: Report, level: str = "auto") -> str:
 
 
 def csv_cell(value: Any) -> Any:
-    """A CSV cell: empty for None, a float at full precision (``repr``), anything else as is."""
+    """A CSV cell: empty for None, a float at full precision (``repr``), a dict as a JSON object,
+    anything else as is."""
+    if isinstance(value, dict):
+        return json.dumps(value)
     return "" if value is None else repr(value) if isinstance(value, float) else value
 
 
