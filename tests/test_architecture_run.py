@@ -63,6 +63,8 @@ REFLECTION: dict[str, str] = {
     "mlhpc/store/engine.py::getattr(exc, 'orig', exc)": "SQLAlchemy's wrapped driver error",
     "mlhpc/store/engine.py::getattr(engine, 'mlhpc_read_only', False)": "a flag the store sets on "
         "its own SQLAlchemy engine when it opens a store read-only",
+    "mlhpc/report/figures.py::getattr(record, name)": "the report's own records (RunSummary, "
+        "FolderResult, ValidFlops, RcpVerdict), a figure's field by its name",
     "mlhpc/slurm.py::getattr(job, name)": "the Slurm script's own settings dataclass, field by "
         "field",
     "mlhpc/data/files.py::hasattr(_buffers, 'pair')": "a thread-local copy buffer made on first "

@@ -301,20 +301,25 @@ def _key(*path: str) -> Callable[[dict[str, Any]], Any]:
     return read
 
 
+def _field(record: Any, name: str) -> Any:
+    """A field of the report's own records by the figure's name; None for a missing record."""
+    return None if record is None else getattr(record, name)
+
+
 def _run(name: str, value: Callable[[RunSummary], Any] | None = None, **how: Any) -> Figure:
     """A run's figure; ``value`` of the run (default: its field ``name``), JSON at that field."""
-    get = value or (lambda run: getattr(run, name))
+    get = value or (lambda run: _field(run, name))
     return Figure(name, "run", lambda row: get(row.run), **{"json": _key(name) if value is None else None, **how})
 
 
 def _folder(name: str, value: Callable[[FolderResult], Any] | None = None, **how: Any) -> Figure:
     """A folder's figure; ``value`` of the folder (default: its field ``name``)."""
-    get = value or (lambda f: getattr(f, name))
+    get = value or (lambda f: _field(f, name))
     return Figure(name, "folder", lambda row: get(row.folder), **{"json": _key(name) if value is None else None, **how})
 
 
 def _flops(attribute: str) -> Callable[[RunSummary], Any]:
-    return lambda run: run.valid_flops and getattr(run.valid_flops, attribute)
+    return lambda run: _field(run.valid_flops, attribute)
 
 
 def _wide_or(test: Callable[[Report], bool]) -> Callable[[Frame], bool]:
@@ -354,10 +359,6 @@ def _folder_gbs(f: FolderResult) -> int | None:
 def _compliance(row: Row) -> str:
     f = row.folder
     return f.ruleset_note or (f"hpc {f.ruleset}" if row.frame.report.compliance_checked else "not checked")
-
-
-def _rcp(attribute: str) -> Callable[[FolderResult], Any]:
-    return lambda f: getattr(f.rcp, attribute) if f.rcp else None
 
 
 def _folder_notes(f: FolderResult) -> str:
@@ -429,14 +430,14 @@ _FOLDER_FIGURES = (
     _folder("models_per_min"), _folder("instance_scale"),
     _folder("global_batch_size", _folder_gbs),
     Figure("compliance", "folder", _compliance),
-    _folder("rcp_pass", _rcp("passed"), json=_key("rcp", "passed")),
-    _folder("rcp_message", _rcp("message"), json=_key("rcp", "message")),
+    _folder("rcp_pass", lambda f: _field(f.rcp, "passed"), json=_key("rcp", "passed")),
+    _folder("rcp_message", lambda f: _field(f.rcp, "message"), json=_key("rcp", "message")),
     _folder("rcp_normalization", lambda f: f.rcp.normalization if f.rcp and f.rcp.passed is not None else None),
     _folder("normalized_min"),
     _folder("convergence_unit", lambda f: epoch_unit(f)),
-    _folder("mean_epochs", _rcp("mean_epochs"), json=_key("rcp", "mean_epochs")),
-    _folder("rcp_mean_epochs", _rcp("rcp_mean_epochs"), json=_key("rcp", "rcp_mean_epochs")),
-    _folder("rcp_min_epochs", _rcp("rcp_min_epochs"), json=_key("rcp", "rcp_min_epochs")),
+    _folder("mean_epochs", lambda f: _field(f.rcp, "mean_epochs"), json=_key("rcp", "mean_epochs")),
+    _folder("rcp_mean_epochs", lambda f: _field(f.rcp, "rcp_mean_epochs"), json=_key("rcp", "rcp_mean_epochs")),
+    _folder("rcp_min_epochs", lambda f: _field(f.rcp, "rcp_min_epochs"), json=_key("rcp", "rcp_min_epochs")),
     _folder("energy_olympic_j", label="energy kWh", text=lambda row, value: energy(value, 3.6e6),
             views=ALL - {WIDE}, column=60,
             shown=lambda frame: any(f.energy_olympic_j is not None for f in frame.folders)),
