@@ -65,8 +65,6 @@ REFLECTION: dict[str, str] = {
         "its own SQLAlchemy engine when it opens a store read-only",
     "mlhpc/report/figures.py::getattr(record, name)": "the report's own records (RunSummary, "
         "FolderResult, ValidFlops, RcpVerdict), a figure's field by its name",
-    "mlhpc/slurm.py::getattr(job, name)": "the Slurm script's own settings dataclass, field by "
-        "field",
     "mlhpc/data/files.py::hasattr(_buffers, 'pair')": "a thread-local copy buffer made on first "
         "use in each thread",
     "mlhpc/log/writer.py::getattr(self._mllogger, kind)": "mlperf_logging's logger: start, end or "
