@@ -37,7 +37,7 @@ from pathlib import Path
 from mlhpc import slurm
 from mlhpc.automl.space import check_space
 from mlhpc.automl.study import STUDY_FILE
-from mlhpc.data.files import make_private_dir
+from mlhpc.data.trees import make_private_dir
 from mlhpc.errors import ConfigError, OutputError
 from mlhpc.slurm_job import SbatchJob, SubmitOptions
 

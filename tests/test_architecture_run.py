@@ -65,7 +65,7 @@ REFLECTION: dict[str, str] = {
         "its own SQLAlchemy engine when it opens a store read-only",
     "mlhpc/report/figures.py::getattr(record, name)": "the report's own records (RunSummary, "
         "FolderResult, ValidFlops, RcpVerdict), a figure's field by its name",
-    "mlhpc/data/files.py::hasattr(_buffers, 'pair')": "a thread-local copy buffer made on first "
+    "mlhpc/data/checksums.py::hasattr(_buffers, 'pair')": "a thread-local copy buffer made on first "
         "use in each thread",
     "mlhpc/log/writer.py::getattr(self._mllogger, kind)": "mlperf_logging's logger: start, end or "
         "event by name",

@@ -18,7 +18,7 @@ from mlhpc_workloads.cosmoflow.convert import CosmoFlowDataTools
 from mlhpc_workloads.cosmoflow.data import build_datasets
 
 from mlhpc.data.manifest import MANIFEST_NAME
-from mlhpc.data import check as data_check, convert as data_convert, files
+from mlhpc.data import check as data_check, checksums, convert as data_convert
 from mlhpc.config import DataConfig
 from mlhpc.errors import DataError
 from mlhpc.workload import get
@@ -53,7 +53,7 @@ def test_convert_is_bit_exact_with_manifest(workload, src, tmp_path, to):
     for entry in manifest["files"]:
         rel = entry["path"]
         assert (tmp_path / to / rel).stat().st_size == entry["bytes"]
-        assert files.checksum(tmp_path / to / rel) == entry["xxh3_128"]
+        assert checksums.checksum(tmp_path / to / rel) == entry["xxh3_128"]
     if to == "npy":
         listed = (tmp_path / to / "train" / "files_data.lst").read_text().split()
         assert listed == sorted(listed) and len(listed) == 6

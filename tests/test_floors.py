@@ -24,6 +24,7 @@ FLOORS: dict[str, int] = {
     "mlhpc.rules": GROUND, "mlhpc.runtime": GROUND, "mlhpc.config": GROUND,
     "mlhpc.workload": GROUND, "mlhpc.knob": GROUND, "mlhpc.log": GROUND, "mlhpc.data": GROUND,
     "mlhpc.data.files": GROUND, "mlhpc.data.inputs": GROUND, "mlhpc.data.claims": GROUND,
+    "mlhpc.data.checksums": GROUND, "mlhpc.data.locks": GROUND, "mlhpc.data.trees": GROUND,
     "mlhpc.data.statefiles": GROUND,
     "mlhpc.data.": TRAINING, "mlhpc.power": TRAINING, "mlhpc.run": TRAINING,
     "mlhpc.slurm": TRAINING, "mlhpc.slurm_job": TRAINING, "mlhpc.validate": TRAINING,

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("mlhpc", "workloads", "benchmarks")
 #: The doors themselves.
 DOORS = {"mlhpc/text.py", "mlhpc/data/files.py", "mlhpc/data/inputs.py", "mlhpc/data/claims.py",
-         "mlhpc/data/statefiles.py"}
+         "mlhpc/data/statefiles.py", "mlhpc/data/checksums.py", "mlhpc/data/locks.py", "mlhpc/data/trees.py"}
 
 #: ``called name -> what it does around a door``. A call ``a.b.f(...)`` is matched by ``f`` and
 #: by its dotted text (``os.open``, ``click.echo``).

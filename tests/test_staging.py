@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from mlhpc import rules
+from mlhpc.data import checksums
 from mlhpc.data import files as data_files
 from mlhpc.data import manifest as data_manifest
 from mlhpc.data import stage as staging
@@ -24,13 +25,13 @@ from mlhpc.data.stage import (MANIFEST_NAME, Shard, StageOptions, StagingResult,
                               read_manifest, stage)
 
 SIZES = {  # relative path -> bytes: empty, small, one buffer and a bit, nested folders
-    "train/a.bin": 3 * data_files.BUFFER_BYTES + 17,
+    "train/a.bin": 3 * checksums.BUFFER_BYTES + 17,
     "train/b.bin": 1000,
     "train/c.bin": 0,
-    "train/sub/d.bin": data_files.BUFFER_BYTES,
+    "train/sub/d.bin": checksums.BUFFER_BYTES,
     "train/sub/e.bin": 12345,
     "validation/v0.bin": 777,
-    "validation/v1.bin": 2 * data_files.BUFFER_BYTES - 1,
+    "validation/v1.bin": 2 * checksums.BUFFER_BYTES - 1,
     "README": 5,
 }
 

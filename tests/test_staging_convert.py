@@ -17,7 +17,7 @@ import pytest
 import torch
 from mlhpc_workloads.cosmoflow.data import build_datasets
 
-from mlhpc.data import files, formats
+from mlhpc.data import checksums, formats
 from mlhpc.data import stage as staging
 from mlhpc.config import DataConfig, StagingConfig
 from mlhpc.errors import ConfigError, StagingError
@@ -58,7 +58,7 @@ def test_staging_to_npy_reads_the_source_tensors_and_resumes(src, tmp_path, tool
                and not p.name.startswith(".mlhpc")}
     assert {e["path"] for e in doc["files"]} == on_disk  # lists included, nothing else
     for entry in doc["files"]:
-        assert entry["xxh3_128"] == files.checksum(dest / entry["path"])
+        assert entry["xxh3_128"] == checksums.checksum(dest / entry["path"])
         if entry["path"].endswith("_data.npy"):
             assert entry["from"].endswith(".tfrecord") and (src / entry["from"]).is_file()
     assert first.staged_files == len(doc["files"]) and first.staged_bytes == doc["total_bytes"]

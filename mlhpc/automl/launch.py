@@ -34,7 +34,7 @@ from mlhpc.automl.study import (
     write_study_file,
 )
 from mlhpc.config import Config
-from mlhpc.data.files import make_private_dir
+from mlhpc.data.trees import make_private_dir
 from mlhpc.errors import ConfigError, OutputError
 from mlhpc.workload import get as get_workload
 

@@ -28,11 +28,18 @@ import optuna
 
 from mlhpc import config as cfg
 from mlhpc.automl.space import check_space, overrides_of, suggest
-from mlhpc.automl.study import StudyFile, fail_stale_trials, load_study, read_study_file, storage_spec
+from mlhpc.automl.study import (
+    StudyFile,
+    fail_stale_trials,
+    load_study,
+    read_study_file,
+    storage_spec,
+)
 from mlhpc.automl.trial import TrialRun, Watch, run_trial
 from mlhpc.config import Config
-from mlhpc.data.files import make_private_dir, write_text_atomic
+from mlhpc.data.files import write_text_atomic
 from mlhpc.data.statefiles import open_state_file
+from mlhpc.data.trees import make_private_dir
 from mlhpc.errors import ConfigError, OutputError
 from mlhpc.runtime import single_process_env
 

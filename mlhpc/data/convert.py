@@ -30,15 +30,11 @@ from typing import TYPE_CHECKING, Any
 from mlhpc.data import manifest
 from mlhpc.data.files import (
     atomic_output,
-    check_no_links,
     common_mode,
     copy_mode,
     disk_full,
-    make_private_dir,
     output_mode,
     reason,
-    refuse_overlap,
-    resolved,
 )
 from mlhpc.data.formats import (
     DataTools,
@@ -48,6 +44,7 @@ from mlhpc.data.formats import (
     tools_of,
 )
 from mlhpc.data.pool import run_all
+from mlhpc.data.trees import check_no_links, make_private_dir, refuse_overlap, resolved
 from mlhpc.errors import DataError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -196,7 +193,7 @@ def _close(writing: _Writing, jobs: list[tuple[str, Path, Path]],
 
 def _output_root(src: Path, dst: Path, what: str) -> None:
     """Check ``dst`` for a convert or prepare from ``src`` and create it (``0700``), with the
-    destination check every command shares (`mlhpc.data.files.make_private_dir`).
+    destination check every command shares (`mlhpc.data.trees.make_private_dir`).
 
     Raises:
         DataError: ``dst`` and ``src`` contain each other; ``dst`` is a link, a file, owned by

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from mlhpc.config import SEED_MAX
 from mlhpc.data import manifest
+from mlhpc.data.checksums import checksum
 from mlhpc.data.claims import (
     claim_problem,
     make_claimed_dir,
@@ -47,7 +48,7 @@ from mlhpc.data.claims import (
     remove_claimed,
     remove_leftovers,
 )
-from mlhpc.data.files import checksum, is_part_file, reason, write_text_atomic
+from mlhpc.data.files import is_part_file, reason, write_text_atomic
 from mlhpc.data.inputs import read_text_input
 from mlhpc.data.statefiles import recording
 from mlhpc.data.synthteam import QuietRankError, SynthTeam

@@ -83,7 +83,7 @@ def list_split(tools: DataTools, root: Path, split: str, form: str) -> list[Path
         DataError: the split holds no file of ``form``, or a listed file is a link or lies
             below one (named).
     """
-    from mlhpc.data.files import is_under, resolved
+    from mlhpc.data.trees import is_under, resolved
 
     folder = Path(root) / split
     files = tools.list_files(folder, form)

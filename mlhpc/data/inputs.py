@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from mlhpc.data.files import is_under, reason, resolved
+from mlhpc.data.files import reason
 from mlhpc.data.statefiles import file_kind
+from mlhpc.data.trees import is_under, resolved
 from mlhpc.errors import DataError, MlhpcError
 from mlhpc.text import clip
 

@@ -35,21 +35,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
+from mlhpc.data.checksums import CHECKSUM, checksum
 from mlhpc.data.files import (
-    CHECKSUM,
-    checksum,
     dest_error,
     is_part_file,
-    is_under,
     narrow_mode,
     reason,
-    resolved,
     safe_name,
     unlink_quietly,
     write_text_atomic,
 )
 from mlhpc.data.inputs import journal_objects, read_text_input
 from mlhpc.data.statefiles import open_state_file
+from mlhpc.data.trees import is_under, resolved
 from mlhpc.errors import DataError, MlhpcError, StagingError
 
 #: Staging's plan entries, job and shard (`mlhpc.data.stage`), named here only in annotations:

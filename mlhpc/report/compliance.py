@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlhpc import rules
-from mlhpc.data.files import make_private_dir, write_text_atomic
+from mlhpc.data.files import write_text_atomic
 from mlhpc.data.inputs import read_text_input
+from mlhpc.data.trees import make_private_dir
 from mlhpc.errors import ConfigError, DataError
 from mlhpc.log.parse import TOKEN, ParsedLog
 from mlhpc.log.summary import official_start_stop

@@ -17,7 +17,7 @@ an ordinary run of a submission). Where the logs' ``submission_org``/``submissio
 differ from ``--org``/``--system`` the result says so.
 
 The destination is checked as every data command checks its own
-(`mlhpc.data.files.make_private_dir`): created ``0700``, or an existing folder of the invoking
+(`mlhpc.data.trees.make_private_dir`): created ``0700``, or an existing folder of the invoking
 user that nobody else can write; everything is written through folders opened without
 following links (`mlhpc.data.files.write_under`), copies no wider than their sources.
 
@@ -43,22 +43,14 @@ from typing import Any
 import yaml
 
 from mlhpc import rules
-from mlhpc.data.files import (
-    PRIVATE_FILE_MODE,
-    copy_mode,
-    is_under,
-    make_private_dir,
-    reason,
-    refuse_overlap,
-    resolved,
-    write_under,
-)
+from mlhpc.data.files import PRIVATE_FILE_MODE, copy_mode, reason, write_under
 from mlhpc.data.inputs import open_input, read_text_input, walk_files
+from mlhpc.data.trees import is_under, make_private_dir, refuse_overlap, resolved
 from mlhpc.errors import ConfigError, LogFormatError
-from mlhpc.report.energy import POWER_DIR, is_power_log, power_folder
 from mlhpc.log.mlperf_adapter import package_checker_command
 from mlhpc.log.parse import MAX_LOG_BYTES, parse_log
 from mlhpc.log.summary import RunSummary, is_resumed, summarize_run, superseded_logs
+from mlhpc.report.energy import POWER_DIR, is_power_log, power_folder
 from mlhpc.report.folders import RESULT_RE, natural, sidecars
 from mlhpc.text import clip
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mlhpc.data.files import is_under, resolved
+from mlhpc.data.trees import is_under, resolved
 from mlhpc.errors import DataError
 from mlhpc.workload import SampleLocation, WorkloadDataset
 

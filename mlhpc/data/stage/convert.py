@@ -11,18 +11,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from mlhpc.data.files import (
-    common_mode,
-    copy_mode,
-    dest_error,
-    output_mode,
-    reason,
-    resolved,
-)
+from mlhpc.data.files import common_mode, copy_mode, dest_error, output_mode, reason
 from mlhpc.data.manifest import (
     MANIFEST_NAME,
-    Journal,
     Conversion,
+    Journal,
     conversion_reusable,
     describe_output,
     drop_journals,
@@ -36,6 +29,7 @@ from mlhpc.data.stage.copy import copy_file, run_all
 from mlhpc.data.stage.dest import make_parents, prune_to
 from mlhpc.data.stage.job import Copy, Counts
 from mlhpc.data.stage.plan import Planned
+from mlhpc.data.trees import resolved
 from mlhpc.errors import StagingError
 
 

@@ -11,22 +11,20 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from mlhpc.data import pool
+from mlhpc.data.checksums import checksum, new_digest, thread_buffers
 from mlhpc.data.files import (
-    checksum,
     copy_mode,
     dest_error,
-    new_digest,
     open_dir,
     open_root,
     part_path,
     reason,
-    resolved,
-    thread_buffers,
 )
 from mlhpc.data.manifest import Journal, identity
 from mlhpc.data.stage.dest import open_parents
 from mlhpc.data.stage.job import Copy, Counts
 from mlhpc.data.stage.plan import Planned
+from mlhpc.data.trees import resolved
 from mlhpc.errors import StagingError
 
 

@@ -2,7 +2,7 @@
 following links, and pruning it to the plan.
 
 A destination is created ``0700``; an existing one must belong to the invoking user and be
-writable by nobody else (`mlhpc.data.files.check_private_dir`), and be empty or a folder staging
+writable by nobody else (`mlhpc.data.trees.check_private_dir`), and be empty or a folder staging
 claimed (`mlhpc.data.claims`) holding nothing staging did not record, since staging prunes it
 to the plan and a run's end may remove it.
 """
@@ -21,18 +21,11 @@ from mlhpc.data.claims import (
     read_claim,
     write_claim,
 )
-from mlhpc.data.files import (
-    LOCK_NAME,
-    dest_error,
-    is_part_file,
-    make_private_dir,
-    node_lock,
-    open_dir,
-    open_root,
-    reason,
-)
+from mlhpc.data.files import dest_error, is_part_file, open_dir, open_root, reason
+from mlhpc.data.locks import LOCK_NAME, node_lock
 from mlhpc.data.manifest import journal_entries, load
 from mlhpc.data.stage.plan import Planned
+from mlhpc.data.trees import make_private_dir
 from mlhpc.errors import StagingError
 
 #: The claim kind of a staging destination (`mlhpc.data.claims`).

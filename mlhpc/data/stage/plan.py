@@ -23,15 +23,8 @@ from mlhpc.errors import StagingError
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from mlhpc.config import Config
     from mlhpc.runtime import Runtime
-from mlhpc.data.files import (
-    is_under,
-    reason,
-    refuse_overlap,
-    resolved,
-    safe_name,
-)
+from mlhpc.data.files import reason, safe_name
 from mlhpc.data.inputs import walk_files
-from mlhpc.data.partition import partition
 from mlhpc.data.manifest import (
     IDENTITY,
     converted_doc,
@@ -39,7 +32,9 @@ from mlhpc.data.manifest import (
     require_complete,
     valid_entry,
 )
+from mlhpc.data.partition import partition
 from mlhpc.data.stage.job import Copy
+from mlhpc.data.trees import is_under, refuse_overlap, resolved
 
 
 @dataclass(frozen=True)

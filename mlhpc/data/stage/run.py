@@ -21,7 +21,7 @@ from mlhpc.errors import StagingError
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from mlhpc.config import Config
     from mlhpc.runtime import Runtime
-from mlhpc.data.files import node_lock
+from mlhpc.data.locks import node_lock
 from mlhpc.data.manifest import (
     converted_doc,
     read_convert_state,
