@@ -17,7 +17,6 @@ import re
 import textwrap
 import typing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel

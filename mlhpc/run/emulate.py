@@ -56,7 +56,7 @@ from mlhpc.config import Config
 from mlhpc.config.emulation import time_per_sample_s
 from mlhpc.data.inputs import read_json_object
 from mlhpc.errors import ConfigError
-from mlhpc.log.writer import EMULATED_ACCELERATOR, EMULATED_COMPUTE, ComplianceLog
+from mlhpc.log.writer import EMULATED_COMPUTE, ComplianceLog
 from mlhpc.runtime import Runtime
 
 #: The published rates and the minimum AU per workload, with their sources.
