@@ -63,7 +63,7 @@ REFLECTION: dict[str, str] = {
     "mlhpc/store/engine.py::getattr(exc, 'orig', exc)": "SQLAlchemy's wrapped driver error",
     "mlhpc/store/engine.py::getattr(engine, 'mlhpc_read_only', False)": "a flag the store sets on "
         "its own SQLAlchemy engine when it opens a store read-only",
-    "mlhpc/report/figures.py::getattr(record, name)": "the report's own records (RunSummary, "
+    "mlhpc/report/figures.py::getattr(record, name)": "the report's own records (ReportedRun and its facts, "
         "FolderResult, ValidFlops, RcpVerdict), a figure's field by its name",
     "mlhpc/data/checksums.py::hasattr(_buffers, 'pair')": "a thread-local copy buffer made on first "
         "use in each thread",

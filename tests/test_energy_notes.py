@@ -22,7 +22,7 @@ def test_a_measured_run_that_does_not_count_gives_no_no_counter_note(tmp_path):
     _power_files(folder, [100.0, 300.0])
     report = build_report([folder], compliance=True)
     result = report.folders[0]
-    assert result.dropped and result.runs[0].energy_to_train_j is not None  # measured, not counted
+    assert result.dropped and result.runs[0].power.energy_to_train_j is not None  # measured, not counted
     text = to_text(report, "runs")
     assert "36.000" in text  # 90 s x 400 W = 36 kJ in the table
     assert "no power counter" not in text and "energy not measured" not in text

@@ -188,12 +188,12 @@ def test_counter_readings_give_the_closed_form_energy_in_report_and_official_int
     _result_log(tmp_path / "result_0.txt", start_ms, stop_ms)
 
     run = build_report([tmp_path], compliance=False).folders[0].runs[0]
-    assert run.energy_to_train_j == pytest.approx(expected, rel=1e-9)
-    assert run.mean_power_w == pytest.approx(expected / ((stop_ms - start_ms) / 1e3), rel=1e-9)
-    assert run.mean_epoch_energy_j == pytest.approx(expected, rel=1e-9)
+    assert run.power.energy_to_train_j == pytest.approx(expected, rel=1e-9)
+    assert run.power.mean_power_w == pytest.approx(expected / ((stop_ms - start_ms) / 1e3), rel=1e-9)
+    assert run.power.mean_epoch_energy_j == pytest.approx(expected, rel=1e-9)
     loglines, _ = parse_file(str(final), "3.0.0")
     official = _compute_power_node(loglines, stop_ms - start_ms)
-    assert official == pytest.approx(run.energy_to_train_j, rel=1e-3)
+    assert official == pytest.approx(run.power.energy_to_train_j, rel=1e-3)
     out = CliRunner().invoke(report_command, [str(tmp_path), "--format", "json", "--no-compliance"])
     data = json.loads(out.output)["folders"][0]["runs"][0]
     assert data["energy_to_train_j"] == pytest.approx(expected, rel=1e-9) and data["mean_power_w"] > p0
@@ -241,8 +241,8 @@ def test_official_result_summarizer_and_report_agree_on_energy(mlperf_results, t
     official_j = float(row["cosmoflow:Energy"])  # scored before its RCP check writes scaling.json
     assert folder.energy_olympic_j == pytest.approx(official_j, rel=1e-3)
     assert folder.energy_olympic_j == pytest.approx(official_j, rel=1e-9)  # the same arithmetic
-    assert all(r.energy_to_train_j and r.mean_power_w == pytest.approx(
-        r.energy_to_train_j / r.time_to_train_s) for r in folder.runs)
+    assert all(r.power.energy_to_train_j and r.power.mean_power_w == pytest.approx(
+        r.power.energy_to_train_j / r.facts.timing.time_to_train_s) for r in folder.runs)
     data = json.loads(report.output)
     assert data["folders"][0]["energy_olympic_j"] == pytest.approx(official_j, rel=1e-9)
     assert data["folders"][0]["runs"][0]["energy_to_train_j"] > 0 and data["price_per_kwh"] == 0.3

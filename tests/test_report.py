@@ -124,10 +124,10 @@ def test_parser_accepts_rank_prefixes_program_output_and_events_after_run_stop(t
     assert [e.key for e in parsed.events][:3] == ["submission_benchmark", "run_start", "epoch_start"]
     assert parsed.events[0].lineno == 2
     run = summarize_run(parsed)
-    assert run.benchmark == "deepcam" and run.status == "success"
-    assert run.time_to_train_s == pytest.approx(3.0)
-    assert run.train_epoch_s == [pytest.approx(2.0)]  # the epoch after run_stop is not timed
-    assert run.epochs_to_target == 1 and run.metric_series == [(1.0, 0.83)]
+    assert run.submission.benchmark == "deepcam" and run.timing.status == "success"
+    assert run.timing.time_to_train_s == pytest.approx(3.0)
+    assert run.training.train_epoch_s == [pytest.approx(2.0)]  # the epoch after run_stop is not timed
+    assert run.quality.epochs_to_target == 1 and run.quality.metric_series == [(1.0, 0.83)]
 
 
 def test_malformed_lines_are_listed_with_file_and_line_never_raised():
@@ -137,7 +137,7 @@ def test_malformed_lines_are_listed_with_file_and_line_never_raised():
     assert [m.lineno for m in parsed.malformed] == [2, 3, 4, 5]
     assert all(m.message.startswith(f"runs/result_3.txt:{m.lineno}: ") for m in parsed.malformed)
     run = summarize_run(parsed)
-    assert run.time_to_train_s == 60.0 and len(run.malformed) == 4
+    assert run.timing.time_to_train_s == 60.0 and len(run.malformed) == 4
 
 
 def test_unreadable_file_raises_log_format_error_naming_it(tmp_path):
@@ -160,21 +160,21 @@ def test_phases_status_resume_and_latency_metadata():
                    _rec("eval_error", t0 + 10000, 0.3 - 0.1 * i, epoch_num=i + 1)]
     run = summarize_run(parse_text(_log(*base, *epochs, _rec("resume", 33000),
                                         _rec("run_stop", 34000, status="aborted"))))
-    assert run.status == "aborted" and run.resumed and run.epochs_to_target is None
-    assert run.staging_s == 2.0 and run.init_s == 3.0 and run.time_to_train_s == 31.0
-    assert run.train_epoch_s == [8.0, 8.0, 8.0] and run.eval_s == [2.0, 2.0, 2.0]
-    assert run.residual_s == pytest.approx(1.0)
-    assert run.samples_per_s == pytest.approx(1000 / 8.0)
-    assert (run.global_batch_size, run.number_of_nodes, run.accelerators_per_node) == (32, 2, 4)
-    assert run.target == 0.124 and run.target_direction == "min"
+    assert run.timing.status == "aborted" and run.timing.resumed and run.quality.epochs_to_target is None
+    assert run.staging.staging_s == 2.0 and run.staging.init_s == 3.0 and run.timing.time_to_train_s == 31.0
+    assert run.training.train_epoch_s == [8.0, 8.0, 8.0] and run.training.eval_s == [2.0, 2.0, 2.0]
+    assert run.training.residual_s == pytest.approx(1.0)
+    assert run.training.samples_per_s == pytest.approx(1000 / 8.0)
+    assert (run.submission.global_batch_size, run.submission.number_of_nodes, run.submission.accelerators_per_node) == (32, 2, 4)
+    assert run.quality.target == 0.124 and run.quality.target_direction == "min"
     # no epoch/eval pairs: per-epoch latency metadata is used instead (NVIDIA v3.0 style)
     latency = [_rec("run_start", 0), _rec("epoch_stop", 5000, epoch_num=1, training_epoch_latency=4000.0,
                                           eval_epoch_latency=500.0), _rec("run_stop", 6000, status="success")]
     run = summarize_run(parse_text(_log(*latency)))
-    assert run.train_epoch_s == [4.0] and run.eval_s == [0.5] and run.residual_s == pytest.approx(1.5)
-    assert summarize_run(parse_text(_log(_rec("run_start", 0), _rec("x", 1, metadata_ok=1)))).status == "incomplete"
+    assert run.training.train_epoch_s == [4.0] and run.training.eval_s == [0.5] and run.training.residual_s == pytest.approx(1.5)
+    assert summarize_run(parse_text(_log(_rec("run_start", 0), _rec("x", 1, metadata_ok=1)))).timing.status == "incomplete"
     resumed = summarize_run(parse_text(_log(_rec("run_start", 0, None, resumed=True))))
-    assert resumed.resumed
+    assert resumed.timing.resumed
 
 
 def _official_verdict(path: Path, ruleset: str) -> bool:
@@ -216,14 +216,14 @@ def test_dropped_runs_count_as_slowest_and_two_make_the_result_invalid(tmp_path,
     shutil.copytree(mlperf_results / "hpc_results_v3.0/HPE+LBNL/results/perlmutter_512x4/strong/deepcam", folder)
     files = sorted(folder.glob("result_*.txt"))
     full = score_folder(folder, files)
-    ttt = sorted(r.time_to_train_min for r in full.runs)
+    ttt = sorted(r.facts.timing.time_to_train_min for r in full.runs)
     assert full.olympic_min == pytest.approx(sum(ttt[1:-1]) / 3, rel=1e-12)
-    slowest = max(full.runs, key=lambda r: r.time_to_train_s).path
-    fastest = min(full.runs, key=lambda r: r.time_to_train_s).path
+    slowest = max(full.runs, key=lambda r: r.facts.timing.time_to_train_s).path
+    fastest = min(full.runs, key=lambda r: r.facts.timing.time_to_train_s).path
     # the fastest run loses its run_stop: it is dropped and counts as the slowest
     Path(fastest).write_text("".join(l for l in Path(fastest).read_text().splitlines(True) if "run_stop" not in l))
     one = score_folder(folder, files)
-    remaining = sorted(r.time_to_train_min for r in one.runs if r.path != fastest)
+    remaining = sorted(r.facts.timing.time_to_train_min for r in one.runs if r.path != fastest)
     assert list(one.dropped) == [fastest]
     assert one.olympic_min == pytest.approx(sum(remaining[1:]) / 3, rel=1e-12)
     Path(slowest).write_text(Path(slowest).read_text() + ":::MLLOG {oops\n")
@@ -244,11 +244,11 @@ def test_openfold_samples_per_s_counts_the_samples_its_epochs_log():
                    _rec("eval_start", t0 + 40000, epoch_num=samples), _rec("eval_stop", t0 + 45000, epoch_num=samples),
                    _rec("eval_accuracy", t0 + 45000, 0.7, epoch_num=samples)]
     run = summarize_run(parse_text(_log(*base, *epochs, _rec("run_stop", 91000, status="aborted"))))
-    assert run.epoch_unit == "samples" and run.train_epoch_s == [40.0, 40.0]
-    assert run.samples_per_s == pytest.approx(20480 / 80.0)
+    assert run.training.epoch_unit == "samples" and run.training.train_epoch_s == [40.0, 40.0]
+    assert run.training.samples_per_s == pytest.approx(20480 / 80.0)
     resumed = summarize_run(parse_text(_log(*base, _rec("resume", 1000), *epochs,
                                             _rec("run_stop", 91000, status="aborted"))))
-    assert resumed.resumed and resumed.samples_per_s is None
+    assert resumed.timing.resumed and resumed.training.samples_per_s is None
 
 
 def test_ruleset_from_the_round_in_the_path():
@@ -263,8 +263,8 @@ def test_mini_run_folder_phase_table_json_csv_markdown():
     (folder,) = report.folders
     assert folder.kind == "runs" and folder.benchmark == "cosmoflow" and len(folder.runs) >= 3
     for run in folder.runs:
-        assert run.time_to_train_s > 0 and run.n_epochs >= 1 and run.residual_s is not None
-        assert run.staging_s is not None and run.target == 0.124
+        assert run.facts.timing.time_to_train_s > 0 and run.facts.training.n_epochs >= 1 and run.facts.training.residual_s is not None
+        assert run.facts.staging.staging_s is not None and run.facts.quality.target == 0.124
     text = render(report, "table")
     assert "result_0.txt" in text and "residual s" in text
     data = json.loads(render(report, "json"))
@@ -319,7 +319,7 @@ def test_run_tables_show_a_resumed_runs_total_time_labelled_unscored(tmp_path):
     (folder / "result_1.txt").write_text(_log(*resumed))
     report = build_report([folder], compliance=False)
     run = report.folders[0].runs[1]
-    assert run.time_to_train_s == 30.0 and run.time_to_train_total_s == 70.0
+    assert run.facts.timing.time_to_train_s == 30.0 and run.facts.timing.time_to_train_total_s == 70.0
     assert run.to_dict()["time_to_train_total_s"] == 70.0
     for text in (to_text(report, "runs"), to_markdown(report, "runs")):
         assert "yes: 70.00 s all attempts, unscored" in text
@@ -353,8 +353,8 @@ def test_concurrent_evaluation_is_overlap_not_subtracted(mlperf_results):
     """HPE+LBNL v3.0 OpenFold evaluates the previous checkpoint while the next epoch trains."""
     log = mlperf_results / "hpc_results_v3.0/HPE+LBNL/results/perlmutter_224x4/strong/openfold/result_1.txt"
     run = summarize_run(parse_log(log))
-    assert run.concurrent_eval and run.eval_overlap_s > 0.8 * run.total_eval_s
-    assert run.total_train_s > 0.85 * run.time_to_train_s  # epochs keep the time they overlapped
-    assert 0 <= run.residual_s < 0.05 * run.time_to_train_s
+    assert run.training.concurrent_eval and run.training.eval_overlap_s > 0.8 * run.training.total_eval_s
+    assert run.training.total_train_s > 0.85 * run.timing.time_to_train_s  # epochs keep the time they overlapped
+    assert 0 <= run.training.residual_s < 0.05 * run.timing.time_to_train_s
     serial = summarize_run(parse_log(MINI_RUNS / "result_0.txt"))
-    assert not serial.concurrent_eval and serial.eval_overlap_s == 0.0
+    assert not serial.training.concurrent_eval and serial.training.eval_overlap_s == 0.0

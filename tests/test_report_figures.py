@@ -68,7 +68,7 @@ def test_wide_table_markdown_csv_and_json_show_the_same_figures_with_the_same_va
     csv_rows = list(csv.DictReader(render(report, "csv", "runs").splitlines()))
     json_runs = json.loads(render(report, "json"))["folders"][0]["runs"]
     assert len(terminal[1]) == len(markdown[1]) == len(csv_rows) == len(json_runs) == len(folder.runs) == 3
-    assert folder.runs[0].energy_to_train_j and folder.runs[0].valid_flops.valid_flops_per_w  # measured
+    assert folder.runs[0].power.energy_to_train_j and folder.runs[0].valid_flops.valid_flops_per_w  # measured
     for run, shown, written, csv_row, json_run in zip(folder.runs, terminal[1], markdown[1], csv_rows, json_runs):
         row = Row(frame, folder, run)
         for figure, in_table, in_markdown in zip(figures, shown, written):

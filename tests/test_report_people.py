@@ -70,7 +70,7 @@ def test_compact_table_of_the_published_round_fits_100_columns_with_every_time_w
         assert f"{f.olympic_min:.2f}" in folders, f.path
     runs = to_text(report, "runs", width=100, wide=False)
     _assert_fits(runs)
-    times = [r.time_to_train_s for f in report.folders for r in f.runs if r.time_to_train_s]
+    times = [r.facts.timing.time_to_train_s for f in report.folders for r in f.runs if r.facts.timing.time_to_train_s]
     assert len(times) > 100
     for seconds in times:
         assert f"{seconds:,.2f}" in runs
@@ -85,7 +85,7 @@ def test_cli_table_fits_100_columns_by_default_and_wide_shows_every_column(tmp_p
     assert out.exit_code == 0, out.output
     _assert_fits(out.stdout)
     for run in build_report([folder], compliance=False).folders[0].runs:
-        assert f"{run.time_to_train_s:,.2f}" in out.stdout  # e.g. 101,234.57, never 101,2…
+        assert f"{run.facts.timing.time_to_train_s:,.2f}" in out.stdout  # e.g. 101,234.57, never 101,2…
     assert "mean power W" not in out.stdout
     narrow = runner.invoke(report_command, [str(folder), "--no-compliance"], env={"COLUMNS": "90"})
     _assert_fits(narrow.stdout, 90)
@@ -212,7 +212,7 @@ def test_energy_per_node_in_the_wide_table_and_markdown(tmp_path):
     _power_files(folder, [100.0, 300.0])
     report = build_report([folder], compliance=False)
     run = report.folders[0].runs[0]
-    assert run.node_energy_j == {"node_0": pytest.approx(9000.0), "node_1": pytest.approx(27000.0)}
+    assert run.power.node_energy_j == {"node_0": pytest.approx(9000.0), "node_1": pytest.approx(27000.0)}
     for text in (to_text(report, "runs"), to_markdown(report, "runs")):
         assert "node_0 9.000, node_1 27.000" in text and "energy per node kJ" in text
         assert "no power counter" not in text

@@ -5,19 +5,21 @@ side files mlhpc writes per run (``summary_N.json``, ...) are read."""
 from __future__ import annotations
 
 import shutil
+from dataclasses import FrozenInstanceError
 from pathlib import Path
 
 import pytest
 
 from mlhpc import rules
 from mlhpc.errors import ConfigError
-from mlhpc.log.summary import RunSummary
+from mlhpc.log.facts import RunSummary, Submission
 from mlhpc.report import compliance
 from mlhpc.report.compliance import FolderCheck, folder_check, ruleset_for
-from mlhpc.report.energy import folder_energy, with_energy
+from mlhpc.report.energy import RunPower, folder_energy, run_power
 from mlhpc.report.folders import Layout, folder_kind, judge, layout_of, read_log, run_target, sidecars
+from mlhpc.report.reported import ReportedRun
 from mlhpc.report.score import FolderResult, score_folder, score_strong, score_weak
-from mlhpc.report.validflops import folder_valid_flops, with_valid_flops
+from mlhpc.report.validflops import ValidFlops, folder_valid_flops, run_valid_flops
 
 MINI_RUNS = Path(__file__).parent / "data" / "report" / "cosmoflow-mini-runs"
 
@@ -30,16 +32,20 @@ def runs_folder(tmp_path) -> Path:
 
 
 def test_the_steps_return_new_values_and_change_nothing_they_are_given(runs_folder):
-    logs = [read_log(path, own=True, exponent=5.0) for path in sorted(runs_folder.glob("result_*.txt"))]
-    before = [log.run.to_dict() for log in logs]
-    verdicts = judge(logs, set(), FolderCheck(True, rules.ruleset().version), weak_layout=False)
-    assert [log.run.to_dict() for log in logs] == before  # the runs read are not touched
-    assert all(log.run.compliant is None for log in logs)
+    logs = [read_log(path, own=True) for path in sorted(runs_folder.glob("result_*.txt"))]
+    before = [log.facts.to_dict() for log in logs]
+    verdicts = judge(logs, set(), FolderCheck(True, rules.ruleset().version), weak_layout=False, exponent=5.0)
+    assert [log.facts.to_dict() for log in logs] == before  # the runs read are not touched
+    assert all(log.facts.to_dict()["compliant"] is None for log in logs)
     assert all(isinstance(run.compliant, bool) for run in verdicts.runs)  # the verdicts are on the new runs
+    assert [run.facts for run in verdicts.runs] == [log.facts for log in logs]  # the facts held as read
     assert [c.run for c in verdicts.counted] == [r for r in verdicts.runs if r.path not in verdicts.dropped]
-    run, path, events = logs[0].run, logs[0].path, logs[0].parsed.events
-    assert with_energy(run, path, events) is not run and with_valid_flops(run, path, events) is not run
-    assert [log.run.to_dict() for log in logs] == before
+    run, path, events = logs[0].facts, logs[0].path, logs[0].parsed.events
+    power = run_power(path, events)
+    assert isinstance(power, RunPower) and isinstance(run_valid_flops(run, power.mean_power_w, path, events), ValidFlops)
+    with pytest.raises(FrozenInstanceError):
+        run.timing.status = "success"  # type: ignore[misc]
+    assert [log.facts.to_dict() for log in logs] == before
     first = score_folder(runs_folder, sorted(runs_folder.glob("result_*.txt")))
     again = score_folder(runs_folder, sorted(runs_folder.glob("result_*.txt")))
     assert first.to_dict() == again.to_dict() and first.kind == "runs"
@@ -48,8 +54,8 @@ def test_the_steps_return_new_values_and_change_nothing_they_are_given(runs_fold
 def test_the_folder_kind_is_decided_once_from_the_layout_and_the_instances():
     own, weak = Layout("runs"), layout_of(Path("r/Org/results/sys/weak/deepcam"))
     assert weak == Layout("weak", "r", "Org", "sys", "deepcam")
-    one = [RunSummary(path="a", instance_id=None), RunSummary(path="b", instance_id=None)]
-    two = [RunSummary(path="a", instance_id=0), RunSummary(path="b", instance_id=1)]
+    one = [RunSummary("a", Submission(instance_id=None)), RunSummary("b", Submission(instance_id=None))]
+    two = [RunSummary("a", Submission(instance_id=0)), RunSummary("b", Submission(instance_id=1))]
     assert folder_kind(own, one) == "runs" and folder_kind(own, two) == "weak"
     assert folder_kind(Layout("strong"), two) == "strong" and folder_kind(weak, one) == "weak"
     v07 = layout_of(Path("hpc_results_v0.7/Org/results/sys/deepcam"))
@@ -65,11 +71,12 @@ def test_scores_energy_and_valid_flops_are_values():
     assert weak.notes == ("warning: 2 models x 4 nodes each (instance scale as logged) exceed the 4 nodes "
                           "of the system description",)
     assert score_weak([], None, 1, {}).notes == ("not enough converging weak-scaling runs: 0 < 1",)
-    runs = [RunSummary(path="a", energy_to_train_j=10.0), RunSummary(path="b", energy_to_train_j=30.0),
-            RunSummary(path="c", energy_to_train_j=20.0)]
-    counted = [(runs[0], 0.0, 1.0), (runs[1], 0.0, 3.0), (runs[2], 0.0, 2.0)]
-    assert folder_energy(counted, runs, "strong", 0, 1, 1.5).energy_j == pytest.approx(30.0)
-    assert folder_energy(counted, runs, "weak", 0, 1, 1.5).energy_j == pytest.approx(25.0)
+    runs = [ReportedRun(RunSummary(path), RunPower(energy_to_train_j=joules))
+            for path, joules in (("a", 10.0), ("b", 30.0), ("c", 20.0))]
+    power = [run.power for run in runs]
+    counted = [(power[0], 0.0, 1.0), (power[1], 0.0, 3.0), (power[2], 0.0, 2.0)]
+    assert folder_energy(counted, power, "strong", 0, 1, 1.5).energy_j == pytest.approx(30.0)
+    assert folder_energy(counted, power, "weak", 0, 1, 1.5).energy_j == pytest.approx(25.0)
     assert folder_valid_flops(runs, "strong", None) == (None, None)
 
 

@@ -89,7 +89,7 @@ def test_valid_flops_by_hand_accuracy_missing_its_target_and_error_reaching_it(t
     v = runs["deepcam"].valid_flops
     expected = _by_hand(accuracy / "result_0.txt", 4.0e9, 0.82, rising=True)
     assert v.valid_flops_per_s == pytest.approx(expected, rel=1e-12)
-    assert v.penalty == pytest.approx((0.70 / 0.82) ** 5) and v.penalty < 1 and runs["deepcam"].status == "aborted"
+    assert v.penalty == pytest.approx((0.70 / 0.82) ** 5) and v.penalty < 1 and runs["deepcam"].facts.timing.status == "aborted"
     assert v.samples_trained == 3 * 64 and v.flops_per_s == pytest.approx(4.0e9 * 192 / 7.0)
     assert v.valid_flops_per_w == pytest.approx(expected / 250.0, rel=1e-9)  # per watt: power measured
     e = runs["cosmo"].valid_flops

@@ -4,18 +4,20 @@ Definitions follow the MLPerf HPC rules (v3.0, "Timing") and MLCommons' result_s
 time to train is ``run_stop - run_start``; staging (``staging_start .. staging_stop``) happens
 before ``run_start`` and is reported on its own; convergence is counted as the rcp_checker
 counts it (``epoch_num`` of the last quality-metric record before a successful ``run_stop``).
+`summarize_run` makes the run's frozen record, `mlhpc.log.facts.RunSummary`, once, part by part.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mlhpc import rules
 from mlhpc.errors import LogFormatError
 from mlhpc.log.emulated import emulation_figures
+from mlhpc.log.facts import Quality, RunSummary, Staging, Submission, Timing, Training
 from mlhpc.log.mlperf_adapter import METRIC_KEYS, quality_target
 from mlhpc.log.parse import Event, ParsedLog, cap_field, log_mentions, parse_log
 from mlhpc.log.plausible import implausible
@@ -79,146 +81,6 @@ class Interval:
         return (self.stop_ms - self.start_ms) / 1000.0
 
 
-@dataclass
-class RunSummary:
-    """What one ``result_N.txt`` says about its run. Times in seconds unless named otherwise.
-
-    Attributes:
-        path: the log file.
-        benchmark / org / division / platform / status_submission: the ``submission_*`` values.
-        status: ``"success"``, ``"aborted"`` (run_stop with another status), ``"incomplete"``
-            (no run_stop, or no run_start) or ``"invalid"`` (an implausible time to train, e.g.
-            run_stop before run_start: `mlhpc.log.plausible`; ``reason`` says why).
-        run_start_ms / run_stop_ms: first ``run_start`` and first ``run_stop`` (ms since epoch).
-        time_to_train_s: ``run_stop_ms - run_start_ms`` in seconds (``None`` if either is missing).
-        staging_s / init_s: ``staging_start..staging_stop`` and ``init_start..init_stop``.
-        staging_in_run: staging began after run_start, so it is inside time to train (rules
-            before HPC v3.0) and part of the residual.
-        train_epochs: per-epoch training intervals (evaluation nested in an epoch is subtracted
-            from ``train_epoch_s``).
-        train_epoch_s / eval_s: training time per epoch and evaluation time per evaluation.
-        epochs_to_target: ``epoch_num`` of the last metric record before a successful run_stop
-            (as rcp_checker counts it), else ``None``; samples for OpenFold (``epoch_unit``).
-        samples_per_s: ``train_samples`` x epochs / training time, where train_samples is known.
-        residual_s: time to train - sum(train_epoch_s) - (sum(eval_s) - eval_overlap_s): set-up
-            inside the timed region, checkpoints, logging, anything not in an epoch or an
-            evaluation.
-        concurrent_eval / eval_overlap_s: evaluation ran while training went on (an evaluation
-            overlapping an epoch of another ``epoch_num``), and for how many seconds it overlapped
-            the epochs; such time is counted once, in the epochs.
-        metric_key / metric_series / target: the quality metric, ``[(epoch_num, value)]`` and
-            the target (from the run's ``summary_N.json``, else the closed-division target in
-            mlperf_logging's rule file, `quality_target`).
-        global_batch_size / number_of_nodes / accelerators_per_node / instance_id: as logged.
-        resumed: a ``resume`` event or ``"resumed": true`` metadata appears in the log.
-        earlier_attempts_s: a resumed run's timed seconds in the attempts before it
-            (`earlier_attempts_s`); ``time_to_train_total_s`` in `to_dict` adds them.
-        reason / last_epoch: ``run_stop``'s ``reason`` and ``epoch_num`` metadata, when logged.
-        eval_samples: as logged. staged_bytes: ``staging_stop``'s ``staged_bytes`` metadata.
-        staging_nodes: ``staging_stop``'s per-node figures when mlhpc logged them (``nodes``,
-            ``slowest_node_s``, ``mean_node_s``, ``node_gb_per_s``, ``aggregate_gb_per_s``,
-            ``node_staged_bytes``, ``placement``; `mlhpc.data.stage.StagingResult.node_summary`).
-        malformed: ``"file:line: reason"`` for every unreadable record line.
-        energy_to_train_j / mean_power_w: from ``power/result_N/node_K.txt`` beside the log, as
-            result_summarizer integrates them (`mlhpc.report.energy`); None where unmeasured.
-        node_energy_j: joules per node (and switch) file. mean_epoch_energy_j: the readings'
-            energy over each ``epoch_start .. epoch_stop``, averaged. power_note: why no energy.
-        valid_flops: HPC AI500's Valid FLOPS (per watt) of the run (`mlhpc.report.validflops`).
-        accelerator_utilization / emulation: a storage-mode run's AU (0..1) and its figures, per
-            node too (`mlhpc.log.emulated.emulation_figures`); None for any other run.
-    """
-
-    path: str
-    benchmark: str | None = None
-    org: str | None = None
-    division: str | None = None
-    platform: str | None = None
-    status_submission: str | None = None
-    status: str = "incomplete"
-    run_start_ms: float | None = None
-    run_stop_ms: float | None = None
-    time_to_train_s: float | None = None
-    staging_s: float | None = None
-    staging_in_run: bool = False
-    init_s: float | None = None
-    train_epoch_s: list[float] = field(default_factory=list)
-    eval_s: list[float] = field(default_factory=list)
-    n_epochs: int = 0
-    epochs_to_target: float | None = None
-    epoch_unit: str = "epochs"
-    train_samples: int | None = None
-    samples_per_s: float | None = None
-    residual_s: float | None = None
-    metric_key: str | None = None
-    metric_series: list[tuple[float, float]] = field(default_factory=list)
-    target: float | None = None
-    target_direction: str | None = None
-    global_batch_size: int | None = None
-    number_of_nodes: int | None = None
-    accelerators_per_node: int | None = None
-    instance_id: Any = None
-    resumed: bool = False
-    earlier_attempts_s: float | None = None
-    concurrent_eval: bool = False
-    eval_overlap_s: float = 0.0
-    reason: str | None = None
-    last_epoch: float | None = None
-    eval_samples: int | None = None
-    staged_bytes: int | None = None
-    staging_nodes: dict[str, Any] | None = None
-    malformed: list[str] = field(default_factory=list)
-    compliant: bool | None = None
-    compliance_messages: list[str] = field(default_factory=list)
-    energy_to_train_j: float | None = None
-    mean_power_w: float | None = None
-    node_energy_j: dict[str, float] = field(default_factory=dict)
-    mean_epoch_energy_j: float | None = None
-    power_note: str | None = None
-    valid_flops: Any = None  # a ValidFlops (mlhpc.report.validflops imports this module)
-    accelerator_utilization: float | None = None
-    emulation: dict[str, Any] | None = None
-
-    @property
-    def time_to_train_min(self) -> float | None:
-        return None if self.time_to_train_s is None else self.time_to_train_s / 60.0
-
-    @property
-    def mean_epoch_s(self) -> float | None:
-        return sum(self.train_epoch_s) / len(self.train_epoch_s) if self.train_epoch_s else None
-
-    @property
-    def start_metric(self) -> float | None:
-        """The starting point's evaluation, before the first step (``epoch_num`` 0, as OpenFold's
-        reference logs it), or None."""
-        return self.metric_series[0][1] if self.metric_series and self.metric_series[0][0] == 0 else None
-
-    @property
-    def total_eval_s(self) -> float:
-        return sum(self.eval_s)
-
-    @property
-    def total_train_s(self) -> float:
-        return sum(self.train_epoch_s)
-
-    @property
-    def time_to_train_total_s(self) -> float | None:
-        """Timed seconds across every attempt of a resumed run: this log's time to train plus
-        ``earlier_attempts_s`` (no score: the rules time a run as one unbroken period)."""
-        if self.time_to_train_s is None:
-            return None
-        return self.time_to_train_s + (self.earlier_attempts_s or 0.0)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict of every field plus the derived ``*_min``/mean/total values."""
-        out = {k: v for k, v in self.__dict__.items()}
-        out["metric_series"] = [list(p) for p in self.metric_series]
-        out["valid_flops"] = self.valid_flops.to_dict() if self.valid_flops is not None else None
-        out.update(time_to_train_min=self.time_to_train_min, mean_epoch_s=self.mean_epoch_s,
-                   total_train_s=self.total_train_s, total_eval_s=self.total_eval_s,
-                   time_to_train_total_s=self.time_to_train_total_s, start_metric=self.start_metric)
-        return out
-
-
 def read_summary(path: Path | str, target: float | None = None) -> dict[str, Any]:
     """`summarize_run` of the log at ``path`` as a dict (`RunSummary.to_dict`): what a run's
     own summary is made of. Raises LogFormatError: the log cannot be read."""
@@ -270,7 +132,7 @@ def official_instance_scale(events: list[Event]) -> int | None:
         return None
 
 
-def _pair(events: list[Event], start_key: str, stop_key: str) -> list[Interval]:
+def pair_intervals(events: list[Event], start_key: str, stop_key: str) -> list[Interval]:
     """Match starts and stops in order (by epoch_num where both carry one)."""
     open_: list[Event] = []
     out: list[Interval] = []
@@ -327,61 +189,59 @@ def _span_s(parsed: ParsedLog, start_key: str, stop_key: str) -> float | None:
     return (stop.time_ms - start.time_ms) / 1000.0
 
 
-def _read_submission(run: RunSummary, parsed: ParsedLog) -> None:
+def _read_submission(parsed: ParsedLog) -> Submission:
     """The ``submission_*`` names, sizes and instance id: each key's first value."""
     events = parsed.events
     first_values: dict[str, Any] = {}
     for event in events:
         first_values.setdefault(event.key, event.value)
     text = lambda key: cap_field(first_values[key]) if isinstance(first_values.get(key), str) else None  # noqa: E731
-    run.benchmark = text("submission_benchmark")
-    run.org, run.division = text("submission_org"), text("submission_division")
-    run.platform, run.status_submission = text("submission_platform"), text("submission_status")
-    run.global_batch_size = _int(first_values.get("global_batch_size"))
-    run.number_of_nodes = _int(first_values.get("number_of_nodes"))
-    run.accelerators_per_node = _int(first_values.get("accelerators_per_node"))
-    run.train_samples = _int(first_values.get("train_samples"))
-    run.eval_samples = _int(first_values.get("eval_samples"))
-    run.instance_id = first_values.get("instance_id")
-    if run.instance_id is None:
-        for event in events[:50]:
-            if "instance" in event.metadata:
-                run.instance_id = event.metadata["instance"]
-                break
-    if run.benchmark in rules.ruleset().sample_counted_epochs:
-        run.epoch_unit = "samples"
+    instance_id = first_values.get("instance_id")
+    if instance_id is None:
+        instance_id = next((event.metadata["instance"] for event in events[:50] if "instance" in event.metadata), None)
+    return Submission(
+        benchmark=text("submission_benchmark"), org=text("submission_org"), division=text("submission_division"),
+        platform=text("submission_platform"), status_submission=text("submission_status"),
+        global_batch_size=_int(first_values.get("global_batch_size")),
+        number_of_nodes=_int(first_values.get("number_of_nodes")),
+        accelerators_per_node=_int(first_values.get("accelerators_per_node")), instance_id=instance_id,
+        train_samples=_int(first_values.get("train_samples")), eval_samples=_int(first_values.get("eval_samples")))
 
 
-def _read_start_stop(run: RunSummary, parsed: ParsedLog) -> None:
-    """Time to train from the first ``run_start`` and ``run_stop``; status, reason, last epoch."""
+def _read_start_stop(parsed: ParsedLog) -> Timing:
+    """Time to train from the first ``run_start`` and ``run_stop``; status, reason, last epoch;
+    whether the run was resumed, and the earlier attempts' seconds."""
     start, stop = parsed.first("run_start"), parsed.first("run_stop")
-    run.run_start_ms = start.time_ms if start else None
-    run.run_stop_ms = stop.time_ms if stop else None
-    if start and stop:
-        run.time_to_train_s = (stop.time_ms - start.time_ms) / 1000.0
-        status = stop.metadata.get("status")
-        run.status = "success" if status == "success" else "aborted"
-        reason = stop.metadata.get("reason")
-        run.reason = reason if isinstance(reason, str) else None
-        problem = implausible("time_to_train_s", run.time_to_train_s)
-        if problem:  # never scored nor stored as a success (`mlhpc.log.plausible`)
-            early = " (run_stop before run_start)" if run.time_to_train_s < 0 else ""
-            run.status, run.reason, run.time_to_train_s = "invalid", f"refused: {problem}{early}", None
-        run.last_epoch = _number(stop.metadata.get("epoch_num"))
+    resumed, earlier = is_resumed(parsed), earlier_attempts_s(parsed)
+    if not (start and stop):
+        return Timing(run_start_ms=start.time_ms if start else None, run_stop_ms=stop.time_ms if stop else None,
+                      resumed=resumed, earlier_attempts_s=earlier)
+    time_to_train_s: float | None = (stop.time_ms - start.time_ms) / 1000.0
+    status = "success" if stop.metadata.get("status") == "success" else "aborted"
+    reason = stop.metadata.get("reason")
+    reason = reason if isinstance(reason, str) else None
+    problem = implausible("time_to_train_s", time_to_train_s)
+    if problem:  # never scored nor stored as a success (`mlhpc.log.plausible`)
+        early = " (run_stop before run_start)" if time_to_train_s < 0 else ""  # type: ignore[operator]
+        status, reason, time_to_train_s = "invalid", f"refused: {problem}{early}", None
+    return Timing(status, start.time_ms, stop.time_ms, time_to_train_s, reason,
+                  _number(stop.metadata.get("epoch_num")), resumed, earlier)
 
 
-def _read_staging_and_init(run: RunSummary, parsed: ParsedLog) -> None:
+def _read_staging_and_init(parsed: ParsedLog) -> Staging:
     """Staging and init spans, staged bytes, mlhpc's per-node staging figures."""
-    run.staging_s = _span_s(parsed, "staging_start", "staging_stop")
     staging_stop = parsed.first("staging_stop")
-    run.staged_bytes = _int(staging_stop.metadata.get("staged_bytes")) if staging_stop else None
+    nodes = None
     if staging_stop and isinstance(staging_stop.metadata.get("nodes"), int):
-        run.staging_nodes = {k: staging_stop.metadata.get(k) for k in (
+        nodes = {k: staging_stop.metadata.get(k) for k in (
             "nodes", "slowest_node_s", "mean_node_s", "node_gb_per_s", "aggregate_gb_per_s",
             "node_staged_bytes", "placement")}
     start, staging_start = parsed.first("run_start"), parsed.first("staging_start")
-    run.staging_in_run = bool(start and staging_start and staging_start.time_ms >= start.time_ms)
-    run.init_s = _span_s(parsed, "init_start", "init_stop")
+    return Staging(staging_s=_span_s(parsed, "staging_start", "staging_stop"),
+                   staging_in_run=bool(start and staging_start and staging_start.time_ms >= start.time_ms),
+                   init_s=_span_s(parsed, "init_start", "init_stop"),
+                   staged_bytes=_int(staging_stop.metadata.get("staged_bytes")) if staging_stop else None,
+                   staging_nodes=nodes)
 
 
 def _latencies_s(epoch_stops: list[Event], key: str) -> list[float]:
@@ -389,30 +249,34 @@ def _latencies_s(epoch_stops: list[Event], key: str) -> list[float]:
     return [float(e.metadata[key]) / 1000.0 for e in epoch_stops if _number(e.metadata.get(key)) is not None]
 
 
-def _read_epochs(run: RunSummary, events: list[Event]) -> None:
+def _read_epochs(events: list[Event], timing: Timing, train_samples: int | None, epoch_unit: str) -> Training:
     """Training time per epoch, evaluation time, residual and samples/s, from the records
     between run_start and the first run_stop (some logs go on training after run_stop)."""
     begin = next((i for i, e in enumerate(events) if e.key == "run_start"), -1)
     end = next((i for i, e in enumerate(events) if e.key == "run_stop"), len(events))
     timed = events[begin + 1:end] if begin < end else []
-    epochs = _pair(timed, "epoch_start", "epoch_stop")
-    evals = _pair(timed, "eval_start", "eval_stop")
+    epochs = pair_intervals(timed, "epoch_start", "epoch_stop")
+    evals = pair_intervals(timed, "eval_start", "eval_stop")
     epoch_stops = [e for e in timed if e.key == "epoch_stop"]
+    train_epoch_s: list[float] = []
+    eval_s: list[float] = []
+    overlap_s = 0.0
     if epochs:
-        run.train_epoch_s, run.eval_overlap_s = _split_epochs(epochs, evals)
-        run.concurrent_eval = run.eval_overlap_s > 0
+        train_epoch_s, overlap_s = _split_epochs(epochs, evals)
     elif any("training_epoch_latency" in e.metadata for e in epoch_stops):
-        run.train_epoch_s = _latencies_s(epoch_stops, "training_epoch_latency")
+        train_epoch_s = _latencies_s(epoch_stops, "training_epoch_latency")
     if evals:
-        run.eval_s = [ev.duration_s for ev in evals]
+        eval_s = [ev.duration_s for ev in evals]
     elif any("eval_epoch_latency" in e.metadata for e in epoch_stops):
-        run.eval_s = _latencies_s(epoch_stops, "eval_epoch_latency")
-    run.n_epochs = len(run.train_epoch_s)
-    if run.time_to_train_s is not None and (run.train_epoch_s or run.eval_s):
-        run.residual_s = run.time_to_train_s - run.total_train_s - (run.total_eval_s - run.eval_overlap_s)
-    trained = None if run.resumed and run.epoch_unit == "samples" else samples_trained(run, events)
-    if trained and run.total_train_s > 0:  # a resumed run's sample count began before its log
-        run.samples_per_s = trained / run.total_train_s
+        eval_s = _latencies_s(epoch_stops, "eval_epoch_latency")
+    total_train_s = sum(train_epoch_s)
+    residual_s = None
+    if timing.time_to_train_s is not None and (train_epoch_s or eval_s):
+        residual_s = timing.time_to_train_s - total_train_s - (sum(eval_s) - overlap_s)
+    trained = None if timing.resumed and epoch_unit == "samples" else _samples_trained(
+        epoch_unit, train_samples, len(train_epoch_s), events)
+    per_s = trained / total_train_s if trained and total_train_s > 0 else None  # a resumed run's count began before its log
+    return Training(train_epoch_s, eval_s, len(train_epoch_s), epoch_unit, per_s, residual_s, overlap_s > 0, overlap_s)
 
 
 def samples_trained(run: RunSummary, events: list[Event]) -> float | None:
@@ -421,8 +285,12 @@ def samples_trained(run: RunSummary, events: list[Event]) -> float | None:
     the reference logs it: the samples trained by the epoch's end) the largest ``epoch_num`` of
     an ``epoch_stop`` there; None where the log does not say. samples/s and Valid FLOPS
     (`mlhpc.report.validflops`) both count with it."""
-    if run.epoch_unit != "samples":
-        return float(run.train_samples * run.n_epochs) if run.train_samples and run.n_epochs else None
+    return _samples_trained(run.training.epoch_unit, run.submission.train_samples, run.training.n_epochs, events)
+
+
+def _samples_trained(epoch_unit: str, train_samples: int | None, n_epochs: int, events: list[Event]) -> float | None:
+    if epoch_unit != "samples":
+        return float(train_samples * n_epochs) if train_samples and n_epochs else None
     begin = next((i for i, e in enumerate(events) if e.key == "run_start"), None)
     end = next((i for i, e in enumerate(events) if e.key == "run_stop"), len(events))
     counts = [e.metadata.get("epoch_num") for e in events[(begin or 0) + 1:end]
@@ -432,36 +300,40 @@ def samples_trained(run: RunSummary, events: list[Event]) -> float | None:
     return max(counts) if counts else None
 
 
-def _read_metric(run: RunSummary, events: list[Event]) -> None:
-    """The quality metric's series, and epochs to target as rcp_checker counts them."""
-    last_metric_epoch = None
+def _read_metric(events: list[Event]) -> tuple[str | None, list[tuple[float, float]], float | None]:
+    """The quality metric's key and series, and epochs to target as rcp_checker counts them."""
+    key, series, to_target, last_metric_epoch = None, [], None, None
     for event in events:
         if event.key in METRIC_KEYS:
             value = _number(event.value)
             epoch = _number(event.metadata.get("epoch_num"))
-            if run.metric_key is None:
-                run.metric_key = event.key
-            if value is not None and event.key == run.metric_key:
-                run.metric_series.append((epoch if epoch is not None else float(len(run.metric_series) + 1), value))
+            if key is None:
+                key = event.key
+            if value is not None and event.key == key:
+                series.append((epoch if epoch is not None else float(len(series) + 1), value))
             if epoch is not None:
                 last_metric_epoch = round(epoch, 3)
         elif event.key == "run_stop":
             if event.metadata.get("status") == "success" and last_metric_epoch is not None:
-                run.epochs_to_target = last_metric_epoch
+                to_target = last_metric_epoch
             break
+    return key, series, to_target
 
 
-def _read_target(run: RunSummary, target: float | None) -> None:
-    """The target shown (``target``, else the rules' closed-division one) and its direction."""
-    reference = quality_target(run.benchmark)
-    if target is not None:
-        run.target = target
-    elif reference and (run.metric_key in (None, reference[0])):
-        run.target = reference[1]
-    if reference and run.metric_key in (None, reference[0]):
-        run.target_direction = reference[2]
-    elif run.metric_key:
-        run.target_direction = "min" if run.metric_key == "eval_error" else "max"
+def _read_quality(events: list[Event], benchmark: str | None, target: float | None) -> Quality:
+    """The quality metric, and the target shown (``target``, else the rules' closed-division
+    one) with its direction."""
+    metric_key, series, to_target = _read_metric(events)
+    reference = quality_target(benchmark)
+    shown = target
+    if target is None and reference and (metric_key in (None, reference[0])):
+        shown = reference[1]
+    direction = None
+    if reference and metric_key in (None, reference[0]):
+        direction = reference[2]
+    elif metric_key:
+        direction = "min" if metric_key == "eval_error" else "max"
+    return Quality(metric_key, series, shown, direction, to_target)
 
 
 def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
@@ -476,14 +348,12 @@ def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
         a `RunSummary`; a log missing keys yields ``None`` fields and status ``"incomplete"``,
         never an exception.
     """
-    run = RunSummary(path=parsed.path, malformed=[m.message for m in parsed.malformed])
-    run.resumed, run.earlier_attempts_s = is_resumed(parsed), earlier_attempts_s(parsed)
-    _read_submission(run, parsed)
-    _read_start_stop(run, parsed)
-    _read_staging_and_init(run, parsed)
-    _read_epochs(run, parsed.events)
-    run.emulation = emulation_figures(parsed.events, run.train_epoch_s)
-    run.accelerator_utilization = run.emulation["accelerator_utilization"] if run.emulation else None
-    _read_metric(run, parsed.events)
-    _read_target(run, target)
-    return run
+    submission = _read_submission(parsed)
+    timing = _read_start_stop(parsed)
+    epoch_unit = "samples" if submission.benchmark in rules.ruleset().sample_counted_epochs else "epochs"
+    training = _read_epochs(parsed.events, timing, submission.train_samples, epoch_unit)
+    return RunSummary(path=parsed.path, submission=submission, timing=timing,
+                      staging=_read_staging_and_init(parsed), training=training,
+                      quality=_read_quality(parsed.events, submission.benchmark, target),
+                      malformed=[m.message for m in parsed.malformed],
+                      emulation=emulation_figures(parsed.events, training.train_epoch_s))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import MlhpcError
-from mlhpc.log.summary import RunSummary
+from mlhpc.report.reported import ReportedRun
 from mlhpc.report.score import score_folder
 from mlhpc.text import one_line
 
@@ -84,7 +84,7 @@ def _ended(status: int | None, stderr: Path, command: str) -> str:
     return f"{command} exited {status}: " + (reason or f"no reason given (see {stderr})")
 
 
-def judge_run(stage_dir: Path, stderr: Path) -> RunSummary:
+def judge_run(stage_dir: Path, stderr: Path) -> ReportedRun:
     """The run of a check, if it passed: exit status 0 (target reached), one result log in
     ``stage_dir/results``, run_stop ``success`` and the log accepted by MLCommons' compliance
     checker (hpc ruleset of `mlhpc.report.compliance.ruleset_for`, as ``mlhpc report``).
@@ -107,9 +107,10 @@ def judge_run(stage_dir: Path, stderr: Path) -> RunSummary:
                           f"({', '.join(p.name for p in logs)})")
     folder = score_folder(results, logs)
     run = folder.runs[0]
-    if status != 0 or run.status != "success":
-        raise CheckFailed(f"{logs[0]}: the run missed its target (run_stop {run.status}"
-                          f"{': ' + run.reason if run.reason else ''}; mlhpc run exited {status})")
+    timing = run.facts.timing
+    if status != 0 or timing.status != "success":
+        raise CheckFailed(f"{logs[0]}: the run missed its target (run_stop {timing.status}"
+                          f"{': ' + timing.reason if timing.reason else ''}; mlhpc run exited {status})")
     if run.compliant is not True:
         said = run.compliance_messages[0] if run.compliance_messages else "?"
         raise CheckFailed(f"{logs[0]}: the official compliance checker (hpc {folder.ruleset}) "
@@ -117,18 +118,19 @@ def judge_run(stage_dir: Path, stderr: Path) -> RunSummary:
     return run
 
 
-def run_figures(run: RunSummary) -> list[Figure]:
+def run_figures(run: ReportedRun) -> list[Figure]:
     """A passed run's performance figures, those the log holds: time to train (min), staging
     (s), epochs to target (epochs, or samples where the benchmark counts them), throughput
     (samples/s, training samples per second of training epochs) and energy to train (kJ, where
     the ``power/`` side files measured it). The same values as ``mlhpc report --format json``
     (``time_to_train_s`` / 60, ``staging_s``, ``epochs_to_target``, ``samples_per_s``,
     ``energy_to_train_j`` / 1000)."""
-    energy_kj = None if run.energy_to_train_j is None else run.energy_to_train_j / 1e3
-    found = [Figure("time_to_train", run.time_to_train_min, "min"),  # type: ignore[arg-type]
-             Figure("staging", run.staging_s, "s"),  # type: ignore[arg-type]
-             Figure("epochs_to_target", run.epochs_to_target, run.epoch_unit),  # type: ignore[arg-type]
-             Figure("throughput", run.samples_per_s, "samples/s"),  # type: ignore[arg-type]
+    energy_j, facts = run.power.energy_to_train_j, run.facts
+    energy_kj = None if energy_j is None else energy_j / 1e3
+    found = [Figure("time_to_train", facts.timing.time_to_train_min, "min"),  # type: ignore[arg-type]
+             Figure("staging", facts.staging.staging_s, "s"),  # type: ignore[arg-type]
+             Figure("epochs_to_target", facts.quality.epochs_to_target, facts.training.epoch_unit),  # type: ignore[arg-type]
+             Figure("throughput", facts.training.samples_per_s, "samples/s"),  # type: ignore[arg-type]
              Figure("energy_to_train", energy_kj, "kJ")]  # type: ignore[arg-type]
     return [figure for figure in found if figure.value is not None]
 

@@ -4,6 +4,7 @@ Modules, one step each:
 
 - (the log package, `mlhpc.log`: `parse` reads ``:::MLLOG`` lines into events and `summary` one log
   into a `RunSummary`; the report reads through it, as the store does);
+- `reported`: a run as the report shows it, the log's facts beside what the report computes from them;
 - `energy`: the power logs beside a result -> energy to train, as result_summarizer integrates them;
 - `validflops`: HPC AI500's Valid FLOPS and Valid FLOPS per watt of each run and folder;
 - `compliance`: MLCommons' compliance checker per log; `rcp`: reference convergence points;
@@ -28,7 +29,8 @@ from mlhpc.errors import ConfigError
 from mlhpc.report.package import PackageResult, check_package, package_runs
 from mlhpc.log.parse import Event, Malformed, ParsedLog, parse_log, parse_text
 from mlhpc.report.render import render, tables
-from mlhpc.log.summary import RunSummary, summarize_run
+from mlhpc.log.facts import RunSummary
+from mlhpc.log.summary import summarize_run
 from mlhpc.report.score import FolderResult, Report, build_report
 from mlhpc.report.validflops import DEFAULT_EXPONENT, check_exponent
 

@@ -15,19 +15,15 @@ window) gives no energy, with the reason; it never gives a guess.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-
-from typing import TYPE_CHECKING
 
 from mlperf_logging.mllog import constants
 
 from mlhpc.errors import LogFormatError
 from mlhpc.log.parse import Event, parse_log
 from mlhpc.log.plausible import implausible
-
-if TYPE_CHECKING:
-    from mlhpc.log.summary import RunSummary
+from mlhpc.log.summary import official_start_stop, pair_intervals
 
 POWER_DIR = "power"
 CONVERSION_EFF = "conversion_eff"  # no constant in mlperf_logging.mllog.constants
@@ -176,27 +172,43 @@ def energy_between(energy: RunEnergy, start_ms: float, stop_ms: float) -> float 
     return total
 
 
-def with_energy(run: "RunSummary", log: Path, events: list[Event]) -> "RunSummary":
-    """``run`` with its energy fields from the power logs beside ``log`` (`run_energy`), with the
-    time to train as result_summarizer takes it (`official_start_stop`) and each epoch's energy
-    from the epoch records of ``events``: ``power_note`` always, ``energy_to_train_j`` (J),
-    ``mean_power_w`` (W), ``node_energy_j`` and ``mean_epoch_energy_j`` (J) where measured. A new
-    `RunSummary`; ``run`` is not changed."""
-    from mlhpc.log.summary import _pair, official_start_stop
+@dataclass(frozen=True)
+class RunPower:
+    """A run's energy as the report shows it (`run_power`); ``power_note`` says why there is
+    none, or what is partial.
 
+    Attributes:
+        energy_to_train_j / mean_power_w: joules over the time to train, and joules / seconds.
+        node_energy_j: joules per node (and switch) file.
+        mean_epoch_energy_j: the readings' energy over each ``epoch_start .. epoch_stop``, averaged.
+        power_note: why no energy (None where measured and whole).
+    """
+
+    energy_to_train_j: float | None = None
+    mean_power_w: float | None = None
+    node_energy_j: dict[str, float] = field(default_factory=dict)
+    mean_epoch_energy_j: float | None = None
+    power_note: str | None = None
+
+
+def run_power(log: Path, events: list[Event]) -> RunPower:
+    """The energy of the run logged in ``log`` (its records ``events``) from the power logs
+    beside it (`run_energy`), with the time to train as result_summarizer takes it
+    (`official_start_stop`) and each epoch's energy from the epoch records: ``power_note``
+    always, ``energy_to_train_j`` (J), ``mean_power_w`` (W), ``node_energy_j`` and
+    ``mean_epoch_energy_j`` (J) where measured."""
     start, stop = official_start_stop(events)
     ttt_ms = None if start is None or stop is None else stop - start
     energy = run_energy(log, ttt_ms)
     if energy.energy_j is None or not ttt_ms:
-        return replace(run, power_note=energy.note)
+        return RunPower(power_note=energy.note)
     begin = next((i for i, e in enumerate(events) if e.key == "run_start"), -1)
     end = next((i for i, e in enumerate(events) if e.key == "run_stop"), len(events))
     epochs = [energy_between(energy, iv.start_ms, iv.stop_ms)
-              for iv in _pair(events[begin + 1:end], "epoch_start", "epoch_stop")]
+              for iv in pair_intervals(events[begin + 1:end], "epoch_start", "epoch_stop")]
     per_epoch = sum(epochs) / len(epochs) if epochs and all(e is not None for e in epochs) else None  # type: ignore[arg-type]
-    return replace(run, power_note=energy.note, energy_to_train_j=energy.energy_j,
-                   mean_power_w=energy.energy_j / (ttt_ms / 1000.0), node_energy_j=dict(energy.node_energy_j),
-                   mean_epoch_energy_j=per_epoch)
+    return RunPower(energy.energy_j, energy.energy_j / (ttt_ms / 1000.0), dict(energy.node_energy_j), per_epoch,
+                    energy.note)
 
 
 @dataclass(frozen=True)
@@ -208,7 +220,7 @@ class FolderEnergy:
     notes: tuple[str, ...] = ()
 
 
-def folder_energy(counted: list[tuple["RunSummary", float, float]], runs: list["RunSummary"], kind: str,
+def folder_energy(counted: list[tuple[RunPower, float, float]], runs: list[RunPower], kind: str,
                   dropped: int, max_dropped: int, scaling_factor: float) -> FolderEnergy:
     """The energy score of a result folder as result_summarizer computes the power score:
     ``_index_olympic_average`` (strong: the runs' energies in the order of their times to train,
@@ -216,8 +228,8 @@ def folder_energy(counted: list[tuple["RunSummary", float, float]], runs: list["
     1, 1)`` (weak: the lowest dropped, no factor).
 
     Args:
-        counted: the runs that count, ``(run, run_start_ms, run_stop_ms)``.
-        runs: every run of the folder (a measured run that does not count is named in a note).
+        counted: the runs that count, ``(its power, run_start_ms, run_stop_ms)``.
+        runs: every run's power (a measured run that does not count is named in a note).
         kind: ``"strong"``, ``"weak"`` or ``"runs"``.
         dropped / max_dropped: runs dropped, and how many the ruleset allows.
         scaling_factor: ``scaling.json``'s factor.

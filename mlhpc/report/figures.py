@@ -22,7 +22,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable
 
-from mlhpc.log.summary import RunSummary
+from mlhpc.log.facts import RunSummary
+from mlhpc.report.reported import ReportedRun
 from mlhpc.report.score import FolderResult, Report
 from mlhpc.report.validflops import exponent_of
 
@@ -41,13 +42,13 @@ class Frame:
     scaling: str = "strong"
 
     @cached_property
-    def runs(self) -> list[RunSummary]:
+    def runs(self) -> list[ReportedRun]:
         return [r for f in self.folders for r in f.runs]
 
     @cached_property
     def energy_unit(self) -> tuple[str, float]:
         """``(unit, joules per unit)`` of the runs' energies (`energy_unit`)."""
-        return energy_unit(r.energy_to_train_j for r in self.runs)
+        return energy_unit(r.power.energy_to_train_j for r in self.runs)
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class Row:
 
     frame: Frame
     folder: FolderResult
-    run: RunSummary = field(default=None)  # type: ignore[assignment]
+    run: ReportedRun = field(default=None)  # type: ignore[assignment]
 
 @dataclass(frozen=True)
 class Figure:
@@ -65,9 +66,11 @@ class Figure:
     Attributes:
         name: the name with its unit, as CSV heads its column (``time_to_train_s``).
         level: ``run`` (one value per run) or ``folder`` (one per result folder).
-        value: where it comes from: the value of a `Row`, in the unit of ``name``.
+        value: where it comes from: the value of a `Row`, in the unit of ``name``: a run's
+            facts (`mlhpc.log.facts.RunSummary`) or the report's figures of it
+            (`mlhpc.report.reported.ReportedRun`), or its folder's (`FolderResult`).
         json: where the report's JSON holds the same value: of the run's dict
-            (`RunSummary.to_dict`) or the folder's (`FolderResult.to_dict`); None where JSON
+            (`ReportedRun.to_dict`) or the folder's (`FolderResult.to_dict`); None where JSON
             does not hold it (a cost: the prices are given when the report is shown).
         label: the heading in the tables, or a function of the `Frame` (a unit that depends on
             the runs shown).
@@ -107,7 +110,7 @@ def fmt(value: Any, digits: int = 2) -> str:
 
 def epoch_unit(f: FolderResult) -> str:
     """``epochs`` (or ``samples`` for OpenFold): the convergence unit of a folder's runs."""
-    return next((r.epoch_unit for r in f.runs), "epochs")
+    return next((r.facts.training.epoch_unit for r in f.runs), "epochs")
 
 
 def energy_unit(values: Iterable[float | None]) -> tuple[str, float]:
@@ -134,7 +137,7 @@ def node_energy(nodes: dict[str, float] | None, scale: float) -> str:
 
 def any_energy(report: Report) -> bool:
     """Some run of ``report`` has an energy to train (power readings beside its log)."""
-    return any(r.energy_to_train_j is not None for f in report.folders for r in f.runs)
+    return any(r.power.energy_to_train_j is not None for f in report.folders for r in f.runs)
 
 
 def cost(report: Report, nodes: int | None, minutes: float | None, energy_j: float | None) -> float | None:
@@ -176,7 +179,8 @@ def scale(f: FolderResult) -> str:
         nodes, acc = desc["number_of_nodes"], desc["accelerators_per_node"]
     else:
         nodes = f.nodes or "?"
-        acc = next((r.accelerators_per_node for r in f.runs if r.accelerators_per_node is not None), "?")
+        acc = next((r.facts.submission.accelerators_per_node for r in f.runs
+                    if r.facts.submission.accelerators_per_node is not None), "?")
     return f"{nodes} nodes, CPU only" if f.cpu_only else f"{nodes} x {acc}"
 
 
@@ -230,22 +234,24 @@ def energy_cell(report: Report, f: FolderResult) -> str:
 def resumed_cell(run: RunSummary) -> str:
     """``no``, or for a resumed run the timed seconds across all its attempts, labelled as such
     (a resumed run is never scored: the figure is not a time to train)."""
-    if not run.resumed:
+    timing = run.timing
+    if not timing.resumed:
         return "no"
-    if run.earlier_attempts_s is None or run.time_to_train_total_s is None:
+    if timing.earlier_attempts_s is None or timing.time_to_train_total_s is None:
         return "yes (earlier attempts not logged)"
-    return f"yes: {run.time_to_train_total_s:,.2f} s all attempts, unscored"
+    return f"yes: {timing.time_to_train_total_s:,.2f} s all attempts, unscored"
 
 
 def staged_nothing(run: RunSummary) -> bool:
     """The run copied nothing to node-local storage: a resumed run without staging records,
     staging off (``staging_stop`` with ``staged_bytes`` 0 and no per-node figures), or mlhpc's
     per-node figures showing no byte copied (the copy was already in place, as on a resume)."""
-    if run.staging_s is None:
-        return run.resumed
-    nodes = run.staging_nodes or {}
+    staging = run.staging
+    if staging.staging_s is None:
+        return run.timing.resumed
+    nodes = staging.staging_nodes or {}
     if not nodes.get("nodes"):
-        return run.staged_bytes == 0
+        return staging.staged_bytes == 0
     per_node = nodes.get("node_gb_per_s") or []
     return nodes.get("aggregate_gb_per_s") == 0 and not any(per_node)
 
@@ -255,12 +261,12 @@ def staging_cell(run: RunSummary, wide: bool = True) -> str:
     bandwidth of 0.00 GB/s. ``wide`` adds mlhpc's per-node figures ``(N nodes: slowest, mean s,
     aggregate GB/s, max GB per node)`` or, for a copy already in place, the seconds spent
     verifying it."""
-    nodes = run.staging_nodes or {}
+    staging_s, nodes = run.staging.staging_s, run.staging.staging_nodes or {}
     if staged_nothing(run):
-        if not wide or not nodes.get("nodes") or run.staging_s is None:
+        if not wide or not nodes.get("nodes") or staging_s is None:
             return "not staged"
-        return f"not staged: copy in place on {nodes['nodes']} nodes ({fmt(run.staging_s)} s verifying)"
-    text = fmt(run.staging_s)
+        return f"not staged: copy in place on {nodes['nodes']} nodes ({fmt(staging_s)} s verifying)"
+    text = fmt(staging_s)
     if not wide or not nodes.get("nodes"):
         return text
     per_node = nodes.get("node_staged_bytes") or [0]
@@ -280,7 +286,7 @@ def flops_text(value: float | None) -> str:
     return f"{value:.3g}"
 
 
-def valid_flops_header(runs: Iterable[RunSummary]) -> str:
+def valid_flops_header(runs: Iterable[ReportedRun]) -> str:
     """``valid FLOP/s (n=5)``: the column's name with the penalty's exponent beside it."""
     return f"valid FLOP/s (n={exponent_of(list(runs)):g})"
 
@@ -301,25 +307,24 @@ def _key(*path: str) -> Callable[[dict[str, Any]], Any]:
     return read
 
 
-def _field(record: Any, name: str) -> Any:
-    """A field of the report's own records by the figure's name; None for a missing record."""
-    return None if record is None else getattr(record, name)
+def _field(record: Any, path: str) -> Any:
+    """A field of the report's own records by its dotted path; None through a missing record."""
+    for name in path.split("."):
+        record = None if record is None else getattr(record, name)
+    return record
 
 
-def _run(name: str, value: Callable[[RunSummary], Any] | None = None, **how: Any) -> Figure:
-    """A run's figure; ``value`` of the run (default: its field ``name``), JSON at that field."""
-    get = value or (lambda run: _field(run, name))
-    return Figure(name, "run", lambda row: get(row.run), **{"json": _key(name) if value is None else None, **how})
+def _run(name: str, value: str | Callable[[ReportedRun], Any], **how: Any) -> Figure:
+    """A run's figure: ``value`` the dotted path of a field of the `ReportedRun` (JSON at the
+    run's key ``name`` unless ``json`` says), or a function of the run (JSON where ``json`` says)."""
+    get = (lambda run: _field(run, value)) if isinstance(value, str) else value
+    return Figure(name, "run", lambda row: get(row.run), **{"json": _key(name) if isinstance(value, str) else None, **how})
 
 
 def _folder(name: str, value: Callable[[FolderResult], Any] | None = None, **how: Any) -> Figure:
     """A folder's figure; ``value`` of the folder (default: its field ``name``)."""
     get = value or (lambda f: _field(f, name))
     return Figure(name, "folder", lambda row: get(row.folder), **{"json": _key(name) if value is None else None, **how})
-
-
-def _flops(attribute: str) -> Callable[[RunSummary], Any]:
-    return lambda run: _field(run.valid_flops, attribute)
 
 
 def _wide_or(test: Callable[[Report], bool]) -> Callable[[Frame], bool]:
@@ -341,7 +346,8 @@ def _fmt(digits: int) -> Callable[[Row, Any], str]:
 
 def _run_cost(row: Row) -> float | None:
     run = row.run
-    return cost(row.frame.report, run.number_of_nodes, run.time_to_train_min, run.energy_to_train_j)
+    return cost(row.frame.report, run.facts.submission.number_of_nodes, run.facts.timing.time_to_train_min,
+                run.power.energy_to_train_j)
 
 
 def _folder_cost(row: Row) -> float | None:
@@ -353,7 +359,7 @@ def _folder_gbs(f: FolderResult) -> int | None:
     """The RCP's global batch size, else the first run's that logged one."""
     rcp = f.rcp
     return (rcp.global_batch_size if rcp and rcp.global_batch_size else None) or next(
-        (r.global_batch_size for r in f.runs if r.global_batch_size), None)
+        (r.facts.submission.global_batch_size for r in f.runs if r.facts.submission.global_batch_size), None)
 
 
 def _compliance(row: Row) -> str:
@@ -370,51 +376,53 @@ _priced = lambda frame: priced(frame.report)  # noqa: E731 (a price given: a cos
 _RUN_FIGURES = (
     Figure("folder", "run", lambda row: row.folder.path),
     _run("file", lambda r: r.path.rsplit("/", 1)[-1], json=lambda d: d["path"].rsplit("/", 1)[-1], label="run",
-         views=ALL, column=10),
-    _run("benchmark"),
-    _run("status", label="status", views=ALL, column=20),
-    _run("compliant", label="compliant", views=ALL, column=30),
-    _run("resumed", label="resumed", text=lambda row, value: resumed_cell(row.run), views=ALL, column=190),
-    _run("time_to_train_s", label="time to train s", views=ALL, column=40),
-    _run("energy_to_train_j", label=_energy_label("energy"), text=_energy_text, views=ALL, column=50,
-         shown=_wide_or(any_energy)),
-    _run("mean_power_w", label="mean power W", text=_fmt(1), views=ALL - {COMPACT}, column=60),
-    _run("mean_epoch_energy_j", label=_energy_label("epoch energy"), text=_energy_text, views=ALL - {COMPACT},
-         column=130),
+         views=ALL, column=10), _run("benchmark", "facts.submission.benchmark"),
+    _run("status", "facts.timing.status", label="status", views=ALL, column=20),
+    _run("compliant", "compliant", label="compliant", views=ALL, column=30),
+    _run("resumed", "facts.timing.resumed", label="resumed", text=lambda row, value: resumed_cell(row.run.facts),
+         views=ALL, column=190),
+    _run("time_to_train_s", "facts.timing.time_to_train_s", label="time to train s", views=ALL, column=40),
+    _run("energy_to_train_j", "power.energy_to_train_j", label=_energy_label("energy"), text=_energy_text,
+         views=ALL, column=50, shown=_wide_or(any_energy)),
+    _run("mean_power_w", "power.mean_power_w", label="mean power W", text=_fmt(1), views=ALL - {COMPACT}, column=60),
+    _run("mean_epoch_energy_j", "power.mean_epoch_energy_j", label=_energy_label("epoch energy"), text=_energy_text,
+         views=ALL - {COMPACT}, column=130),
     Figure("cost_to_train", "run", _run_cost, label="cost", views=ALL, column=200, shown=_priced),
-    _run("staging_s", label="staging s", text=lambda row, value: staging_cell(row.run, row.frame.view != COMPACT),
-         views=ALL, column=80),
-    _run("init_s", label="init s", views=ALL - {COMPACT}, column=90),
-    _run("epochs", lambda r: r.n_epochs, json=_key("n_epochs"), label="epochs", views=ALL, column=100),
-    _run("epochs_to_target", label=lambda frame: f"{next((r.epoch_unit for r in frame.runs), 'epochs')} to target",
+    _run("staging_s", "facts.staging.staging_s", label="staging s",
+         text=lambda row, value: staging_cell(row.run.facts, row.frame.view != COMPACT), views=ALL, column=80),
+    _run("init_s", "facts.staging.init_s", label="init s", views=ALL - {COMPACT}, column=90),
+    _run("epochs", "facts.training.n_epochs", json=_key("n_epochs"), label="epochs", views=ALL, column=100),
+    _run("epochs_to_target", "facts.quality.epochs_to_target",
+         label=lambda frame: f"{next((r.facts.training.epoch_unit for r in frame.runs), 'epochs')} to target",
          text=_fmt(0), views=ALL - {COMPACT}, column=110),
-    _run("mean_epoch_s", label="mean epoch s", views=ALL - {COMPACT}, column=120),
-    _run("samples_per_s", label="samples/s", text=_fmt(1), views=ALL, column=140),
-    _run("eval_s", lambda r: r.total_eval_s if r.eval_s else None,
+    _run("mean_epoch_s", "facts.training.mean_epoch_s", label="mean epoch s", views=ALL - {COMPACT}, column=120),
+    _run("samples_per_s", "facts.training.samples_per_s", label="samples/s", text=_fmt(1), views=ALL, column=140),
+    _run("eval_s", lambda r: r.facts.training.total_eval_s if r.facts.training.eval_s else None,
          json=lambda d: d["total_eval_s"] if d["eval_s"] else None, label="eval s", views=ALL - {COMPACT}, column=170),
-    _run("residual_s", label="residual s", views=ALL - {COMPACT}, column=180),
-    _run("nodes", lambda r: r.number_of_nodes, json=_key("number_of_nodes")),
-    _run("accelerators_per_node"), _run("global_batch_size"),
-    _run("metric", lambda r: r.metric_key, json=_key("metric_key")),
-    _run("start_metric"),  # the starting point's evaluation (epoch_num 0)
-    _run("final_metric", lambda r: r.metric_series[-1][1] if r.metric_series else None,
-         json=lambda d: d["metric_series"][-1][1] if d["metric_series"] else None),
-    _run("target"), _run("malformed_lines", lambda r: len(r.malformed), json=lambda d: len(d["malformed"])),
-    _run("power_note"),
-    _run("train_flops_per_sample", _flops("train_flops_per_sample"),
+    _run("residual_s", "facts.training.residual_s", label="residual s", views=ALL - {COMPACT}, column=180),
+    _run("nodes", "facts.submission.number_of_nodes", json=_key("number_of_nodes")),
+    _run("accelerators_per_node", "facts.submission.accelerators_per_node"),
+    _run("global_batch_size", "facts.submission.global_batch_size"),
+    _run("metric", "facts.quality.metric_key", json=_key("metric_key")),
+    _run("start_metric", "facts.quality.start_metric"),  # the starting point's evaluation (epoch_num 0)
+    _run("final_metric", lambda r: r.facts.quality.metric_series[-1][1] if r.facts.quality.metric_series else None,
+         json=lambda d: d["metric_series"][-1][1] if d["metric_series"] else None), _run("target", "facts.quality.target"),
+    _run("malformed_lines", lambda r: len(r.facts.malformed), json=lambda d: len(d["malformed"])),
+    _run("power_note", "power.power_note"),
+    _run("train_flops_per_sample", "valid_flops.train_flops_per_sample",
          json=_key("valid_flops", "train_flops_per_sample")),
-    _run("samples_trained", _flops("samples_trained"), json=_key("valid_flops", "samples_trained")),
-    _run("valid_flops_per_s", _flops("valid_flops_per_s"), json=_key("valid_flops", "valid_flops_per_s"),
+    _run("samples_trained", "valid_flops.samples_trained", json=_key("valid_flops", "samples_trained")),
+    _run("valid_flops_per_s", "valid_flops.valid_flops_per_s", json=_key("valid_flops", "valid_flops_per_s"),
          label=lambda frame: valid_flops_header(frame.runs) if frame.view != COMPACT else "valid FLOP/s",
          text=lambda row, value: flops_text(value), views=ALL, column=150, shown=_wide_or(any_valid_flops)),
-    _run("valid_flops_per_w", _flops("valid_flops_per_w"), json=_key("valid_flops", "valid_flops_per_w"),
+    _run("valid_flops_per_w", "valid_flops.valid_flops_per_w", json=_key("valid_flops", "valid_flops_per_w"),
          label="valid FLOP/s per W", text=lambda row, value: flops_text(value), views=ALL, column=160,
          shown=_wide_or(lambda report: any_valid_flops(report, per_w=True))),
-    _run("valid_flops_exponent", _flops("exponent"), json=_key("valid_flops", "exponent")),
-    _run("flops_source", _flops("flops_source"), json=_key("valid_flops", "flops_source")),
-    _run("valid_flops_note", _flops("note"), json=_key("valid_flops", "note")),
-    _run("accelerator_utilization"),  # storage mode only
-    _run("node_energy_j", lambda r: r.node_energy_j or None, json=lambda d: d["node_energy_j"] or None,
+    _run("valid_flops_exponent", "valid_flops.exponent", json=_key("valid_flops", "exponent")),
+    _run("flops_source", "valid_flops.flops_source", json=_key("valid_flops", "flops_source")),
+    _run("valid_flops_note", "valid_flops.note", json=_key("valid_flops", "note")),
+    _run("accelerator_utilization", "facts.accelerator_utilization"),  # storage mode only
+    _run("node_energy_j", lambda r: r.power.node_energy_j or None, json=lambda d: d["node_energy_j"] or None,
          label=_energy_label("energy per node"), text=lambda row, value: node_energy(value, row.frame.energy_unit[1]),
          views=frozenset({WIDE, CSV}), column=70),  # joules per power file; CSV: a JSON object
 )

@@ -13,18 +13,19 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import DataError, LogFormatError
 from mlhpc.log.parse import ParsedLog, file_kind, parse_log
-from mlhpc.log.summary import (RunSummary, is_resumed, official_instance_scale, official_start_stop,
-                               summarize_run)
-from mlhpc.report.compliance import FolderCheck, round_of, run_check
-from mlhpc.report.energy import with_energy
-from mlhpc.report.validflops import with_valid_flops
+from mlhpc.log.facts import RunSummary
+from mlhpc.log.summary import is_resumed, official_instance_scale, official_start_stop, summarize_run
+from mlhpc.report.compliance import FolderCheck, RunCheck, round_of, run_check
+from mlhpc.report.energy import run_power
+from mlhpc.report.reported import ReportedRun
+from mlhpc.report.validflops import run_valid_flops
 
 RESULT_RE = re.compile(r"^result_.*\.txt$")
 PRUNED = "pruned_results"
@@ -150,44 +151,51 @@ def run_target(log: Path) -> float | None:
 
 @dataclass(frozen=True)
 class Log:
-    """One ``result_*.txt`` read: its path, its records and its run (`RunSummary` with energy and
-    Valid FLOPS)."""
+    """One ``result_*.txt`` read: its path, its records and what it says about its run."""
 
     path: Path
     parsed: ParsedLog
-    run: RunSummary
+    facts: RunSummary
 
 
-def read_log(path: Path, own: bool, exponent: float) -> Log:
-    """Parse and summarize one log (no link out of its folder, no FIFO), with its energy
-    (`mlhpc.report.energy.with_energy`) and Valid FLOPS (penalty exponent ``exponent``,
-    `mlhpc.report.validflops.with_valid_flops`); an mlhpc run folder's log (``own``) gets its
-    run's target (`run_target`).
+def read_log(path: Path, own: bool) -> Log:
+    """Parse and summarize one log (no link out of its folder, no FIFO); an mlhpc run folder's
+    log (``own``) gets its run's target (`run_target`).
 
     Raises:
         LogFormatError: the log cannot be read.
     """
     parsed = parse_log(path, root=path.parent)
-    run = summarize_run(parsed, target=run_target(path) if own else None)
-    run = with_valid_flops(with_energy(run, path, parsed.events), path, parsed.events, exponent)
-    return Log(path, parsed, run)
+    return Log(path, parsed, summarize_run(parsed, target=run_target(path) if own else None))
+
+
+def report_run(log: Log, verdict: RunCheck | None, exponent: float) -> ReportedRun:
+    """The `ReportedRun` of ``log``: its facts, its energy (`mlhpc.report.energy.run_power`), its
+    Valid FLOPS (penalty exponent ``exponent``, `mlhpc.report.validflops.run_valid_flops`) and its
+    compliance ``verdict`` (None: not checked, a run kept apart)."""
+    events = log.parsed.events
+    power = run_power(log.path, events)
+    flops = run_valid_flops(log.facts, power.mean_power_w, log.path, events, exponent)
+    if verdict is None:
+        return ReportedRun(log.facts, power, flops)
+    return ReportedRun(log.facts, power, flops, verdict.compliant, tuple(verdict.messages))
 
 
 def folder_kind(layout: Layout, runs: list[RunSummary]) -> str:
     """``"strong"``, ``"weak"`` or ``"runs"``: the layout's, except that an mlhpc run folder
     whose logs each name a different ``instance_id`` (a throughput run, ``--instances K``: one
     log per model instance) is scored as weak scaling."""
-    instances = {r.instance_id for r in runs}
-    if layout.own and len(instances) > 1 and all(r.instance_id is not None for r in runs):
+    instances = {r.submission.instance_id for r in runs}
+    if layout.own and len(instances) > 1 and all(r.submission.instance_id is not None for r in runs):
         return "weak"
     return layout.scaling
 
 
 @dataclass(frozen=True)
 class Counted:
-    """A run that counts: its summary, run_start and run_stop (ms) and instance scale."""
+    """A run that counts: the run, its run_start and run_stop (ms) and instance scale."""
 
-    run: RunSummary
+    run: ReportedRun
     start_ms: float
     stop_ms: float
     scale: int | None
@@ -205,7 +213,7 @@ class Verdicts:
         notes: weak-scaling logs whose instance scale differs from the first.
     """
 
-    runs: tuple[RunSummary, ...]
+    runs: tuple[ReportedRun, ...]
     resumed: tuple[str, ...]
     dropped: Mapping[str, str]
     counted: tuple[Counted, ...]
@@ -217,21 +225,22 @@ class Verdicts:
         return next((c.scale for c in self.counted if c.scale is not None), None)
 
 
-def judge(logs: list[Log], superseded: set[str], check: FolderCheck, weak_layout: bool) -> Verdicts:
-    """The `Verdicts` of a folder's ``logs``: a resumed log, or one in ``superseded`` (stopped
-    attempts a resumed log continues: `mlhpc.log.summary.superseded_logs`), is kept apart; the
-    others are checked (`mlhpc.report.compliance.run_check`) and, in a weak-scaling folder of
-    the MLCommons layout (``weak_layout``), one without an instance scale is dropped. Never
-    raises."""
+def judge(logs: list[Log], superseded: set[str], check: FolderCheck, weak_layout: bool,
+          exponent: float) -> Verdicts:
+    """The `Verdicts` of a folder's ``logs``, each run reported once (`report_run`): a resumed
+    log, or one in ``superseded`` (stopped attempts a resumed log continues:
+    `mlhpc.log.summary.superseded_logs`), is kept apart; the others are checked
+    (`mlhpc.report.compliance.run_check`) and, in a weak-scaling folder of the MLCommons layout
+    (``weak_layout``), one without an instance scale is dropped. Never raises."""
     runs, resumed, dropped, counted, notes = [], [], {}, [], []
     first_scale: int | None = None
     for log in logs:
         if is_resumed(log.parsed) or log.path.name in superseded:  # kept apart: never an ordinary run
-            runs.append(log.run)
+            runs.append(report_run(log, None, exponent))
             resumed.append(str(log.path))
             continue
         verdict = run_check(log.parsed, check)
-        run = replace(log.run, compliant=verdict.compliant, compliance_messages=list(verdict.messages))
+        run = report_run(log, verdict, exponent)
         runs.append(run)
         reason, scale = verdict.drop, official_instance_scale(log.parsed.events)
         if reason is None and weak_layout:

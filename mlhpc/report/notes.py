@@ -111,7 +111,7 @@ def emulation_notes(report: Report) -> list[str]:
     out = []
     for f in report.folders:
         for run in f.runs:
-            e = run.emulation
+            e = run.facts.emulation
             if not e:
                 continue
             minimum = e.get("min_accelerator_utilization")

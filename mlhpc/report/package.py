@@ -47,9 +47,10 @@ from mlhpc.data.files import PRIVATE_FILE_MODE, copy_mode, reason, write_under
 from mlhpc.data.inputs import open_input, read_text_input, walk_files
 from mlhpc.data.trees import is_under, make_private_dir, refuse_overlap, resolved
 from mlhpc.errors import ConfigError, LogFormatError
+from mlhpc.log.facts import RunSummary
 from mlhpc.log.mlperf_adapter import package_checker_command
 from mlhpc.log.parse import MAX_LOG_BYTES, parse_log
-from mlhpc.log.summary import RunSummary, is_resumed, summarize_run, superseded_logs
+from mlhpc.log.summary import is_resumed, summarize_run, superseded_logs
 from mlhpc.report.energy import POWER_DIR, is_power_log, power_folder
 from mlhpc.report.folders import RESULT_RE, natural, sidecars
 from mlhpc.text import clip
@@ -209,8 +210,8 @@ def _identify(runs: list[tuple[Path, RunSummary]], org: str | None, system: str 
     config = _read_mapping(_sidecar(first_log, "config", ".yaml"), "yaml")
     env = _read_mapping(_sidecar(first_log, "env", ".json"), "json")
     submission = config.get("submission") if isinstance(config.get("submission"), dict) else {}
-    org = org or first.org or submission.get("org")
-    system = system or first.platform or submission.get("platform")
+    org = org or first.submission.org or submission.get("org")
+    system = system or first.submission.platform or submission.get("platform")
     for label, name in (("--org", org), ("--system", system)):
         if not name or not SAFE_NAME.match(str(name)):
             raise ConfigError(f"--package: {label} {name!r} must be a folder name (letters, digits, _ . + -)")
@@ -219,24 +220,26 @@ def _identify(runs: list[tuple[Path, RunSummary]], org: str | None, system: str 
 
 def _check_alike(runs: list[tuple[Path, RunSummary]], sub: _Submission) -> None:
     """Every run names its benchmark, and all share one division and one node count."""
-    first_log, first = sub.first_log, sub.first
+    first_log, first = sub.first_log, sub.first.submission
     for log, run in runs:
-        if run.benchmark is None:
+        said = run.submission
+        if said.benchmark is None:
             raise LogFormatError(f"{log}: no submission_benchmark record; cannot place it in a package")
-        if not SAFE_NAME.match(run.benchmark) or run.benchmark in (".", ".."):  # becomes a folder name
-            raise LogFormatError(f"{log}: submission_benchmark {clip(run.benchmark, 80)!r} is not a folder "
+        if not SAFE_NAME.match(said.benchmark) or said.benchmark in (".", ".."):  # becomes a folder name
+            raise LogFormatError(f"{log}: submission_benchmark {clip(said.benchmark, 80)!r} is not a folder "
                                  "name (letters, digits, _ . + -); cannot place it in a package")
-        if first.division and run.division and run.division != first.division:
-            raise ConfigError(f"--package: {log} is {run.division} division, {first_log} is {first.division}")
-        if run.number_of_nodes != first.number_of_nodes:
-            raise ConfigError(f"--package: {log} ran on {run.number_of_nodes} nodes, {first_log} on "
+        if first.division and said.division and said.division != first.division:
+            raise ConfigError(f"--package: {log} is {said.division} division, {first_log} is {first.division}")
+        if said.number_of_nodes != first.number_of_nodes:
+            raise ConfigError(f"--package: {log} ran on {said.number_of_nodes} nodes, {first_log} on "
                               f"{first.number_of_nodes}; one system name per node count")
 
 
 def _name_warnings(sub: _Submission) -> list[str]:
     """A line per name given that differs from the one the logs carry."""
     warnings = []
-    for label, given, logged in (("--org", sub.org, sub.first.org), ("--system", sub.system, sub.first.platform)):
+    logged_as = sub.first.submission
+    for label, given, logged in (("--org", sub.org, logged_as.org), ("--system", sub.system, logged_as.platform)):
         if logged and given != logged:
             warnings.append(f"{label} {given} differs from the logs' "
                             f"{'submission_org' if label == '--org' else 'submission_platform'} {logged}")
@@ -331,7 +334,7 @@ def _copy_results(result: PackageResult, runs: list[tuple[Path, RunSummary]], sy
     root = result.root
     counters: dict[str, int] = {}
     for log, run in runs:
-        benchmark = str(run.benchmark)
+        benchmark = str(run.submission.benchmark)
         folder = root / "results" / system / "strong" / benchmark
         if benchmark not in counters:
             if folder.is_dir() and not folder.is_symlink() and any(folder.iterdir()):
@@ -342,7 +345,7 @@ def _copy_results(result: PackageResult, runs: list[tuple[Path, RunSummary]], sy
         result.result_files.append(_copy_into(root.parent, rel, log))
     _copy_power(result, runs)
     for benchmark in counters:
-        configs = [c for log, run in runs if run.benchmark == benchmark
+        configs = [c for log, run in runs if run.submission.benchmark == benchmark
                    for c in [_sidecar(log, "config", ".yaml")] if c is not None]
         _copy_sources(root, benchmark, sorted(set(configs)))
 
@@ -366,9 +369,9 @@ def _copy_power(result: PackageResult, runs: list[tuple[Path, RunSummary]]) -> N
     and ``sw_K.txt``) beside their packaged logs as ``power/result_<i>/``, the layout of MLPerf's
     power track. package_checker accepts a power folder only when every result of the benchmark
     has one, so a benchmark whose runs are not all measured gets none, with a warning."""
-    for benchmark in sorted({str(run.benchmark) for _, run in runs}):
+    for benchmark in sorted({str(run.submission.benchmark) for _, run in runs}):
         pairs = [(_power_logs(log), packaged) for (log, run), packaged in zip(runs, result.result_files)
-                 if str(run.benchmark) == benchmark]
+                 if str(run.submission.benchmark) == benchmark]
         measured = sum(1 for logs, _ in pairs if logs)
         if measured and measured < len(pairs):
             result.warnings.append(
@@ -385,12 +388,12 @@ def _copy_power(result: PackageResult, runs: list[tuple[Path, RunSummary]]) -> N
 def _write_system(result: PackageResult, sub: _Submission) -> None:
     """``ORG/systems/SYSTEM.json``; division and status fall back on the logs' values."""
     submission, first = sub.submission, sub.first
-    if first.division and not submission.get("division"):
-        submission = {**submission, "division": first.division}
-    if first.status_submission and not submission.get("status"):
-        submission = {**submission, "status": first.status_submission}
+    if first.submission.division and not submission.get("division"):
+        submission = {**submission, "division": first.submission.division}
+    if first.submission.status_submission and not submission.get("status"):
+        submission = {**submission, "status": first.submission.status_submission}
     desc = system_description(sub.org, sub.system, sub.env, {**sub.config, "submission": submission},
-                              first.number_of_nodes, first.accelerators_per_node)
+                              first.submission.number_of_nodes, first.submission.accelerators_per_node)
     rel = Path(result.root.name) / "systems" / f"{sub.system}.json"
     result.system_file = write_under(result.root.parent, rel, (json.dumps(desc, indent=4) + "\n").encode(),
                                      PRIVATE_FILE_MODE)

@@ -25,7 +25,8 @@ from matplotlib.figure import Figure
 
 from mlhpc.data.files import atomic_output, reason
 from mlhpc.errors import ConfigError
-from mlhpc.log.summary import RunSummary
+from mlhpc.log.facts import RunSummary
+from mlhpc.report.reported import ReportedRun
 from mlhpc.report.score import FolderResult, Report
 from mlhpc.text import file_name, plot_text
 
@@ -52,7 +53,7 @@ def _label(f: FolderResult, labels: dict[str, str]) -> str:
     return f"{labels.get(f.path, f.path)} {f.benchmark or '?'}"
 
 
-def _run_label(f: FolderResult, r: RunSummary, labels: dict[str, str]) -> str:
+def _run_label(f: FolderResult, r: ReportedRun, labels: dict[str, str]) -> str:
     """One run's series: folder, benchmark and log (``result_N.txt``)."""
     return f"{_label(f, labels)} {Path(r.path).name}"
 
@@ -60,23 +61,24 @@ def _run_label(f: FolderResult, r: RunSummary, labels: dict[str, str]) -> str:
 def _phases_min(runs: list[RunSummary]) -> tuple[float, float, float, float, float] | None:
     """Mean minutes of staging, training epochs, evaluation outside the epochs, residual, and
     evaluation concurrent with the epochs (drawn over them, not added)."""
-    usable = [r for r in runs if r.time_to_train_s is not None and r.residual_s is not None]
+    usable = [r for r in runs if r.timing.time_to_train_s is not None and r.training.residual_s is not None]
     if not usable:
         return None
     n = len(usable)
     # Staging inside the timed region (rules before v3.0) is carved out of the residual.
-    inside = [(r.staging_s or 0.0) if r.staging_in_run else 0.0 for r in usable]
-    return (sum((r.staging_s or 0.0) for r in usable) / n / 60,
-            sum(r.total_train_s for r in usable) / n / 60,
-            sum(r.total_eval_s - r.eval_overlap_s for r in usable) / n / 60,
-            sum(r.residual_s - s for r, s in zip(usable, inside)) / n / 60,  # type: ignore[operator]
-            sum(r.eval_overlap_s for r in usable) / n / 60)
+    inside = [(r.staging.staging_s or 0.0) if r.staging.staging_in_run else 0.0 for r in usable]
+    trained = [r.training for r in usable]
+    return (sum((r.staging.staging_s or 0.0) for r in usable) / n / 60,
+            sum(t.total_train_s for t in trained) / n / 60,
+            sum(t.total_eval_s - t.eval_overlap_s for t in trained) / n / 60,
+            sum(t.residual_s - s for t, s in zip(trained, inside)) / n / 60,  # type: ignore[operator]
+            sum(t.eval_overlap_s for t in trained) / n / 60)
 
 
 def time_split_figure(report: Report) -> Figure | None:
     """Stacked bars of staging / epochs / evaluation / residual: minutes (seconds for runs under
     5 minutes) on the left, shares of the total on the right. Evaluation that ran concurrently
-    with training (detected from the timestamps, `RunSummary.eval_overlap_s`) is drawn hatched
+    with training (detected from the timestamps, `mlhpc.log.facts.Training.eval_overlap_s`) is drawn hatched
     over the epochs it overlapped, never subtracted from them. Each bar is named by its folder
     (`folder_labels`), benchmark and, for a run, its log. None: no run to show."""
     labels: list[str] = []
@@ -85,12 +87,12 @@ def time_split_figure(report: Report) -> Figure | None:
     for f in report.folders:
         if f.kind == "runs":
             for r in f.runs:
-                split = _phases_min([r])
+                split = _phases_min([r.facts])
                 if split:
-                    labels.append(f"{_run_label(f, r, names)} ({r.status})")
+                    labels.append(f"{_run_label(f, r, names)} ({r.facts.timing.status})")
                     values.append(split)
         elif f.kind == "strong":
-            split = _phases_min([r for r in f.runs if r.path not in f.dropped])
+            split = _phases_min([r.facts for r in f.runs if r.path not in f.dropped])
             if split:
                 labels.append(_label(f, names))
                 values.append(split)
@@ -138,7 +140,7 @@ def convergence_figure(report: Report) -> Figure | None:
     no quality-metric records."""
     by_bench: dict[str, list[FolderResult]] = {}
     for f in report.folders:
-        if f.kind in ("strong", "runs") and any(r.metric_series for r in f.runs):
+        if f.kind in ("strong", "runs") and any(r.facts.quality.metric_series for r in f.runs):
             by_bench.setdefault(f.benchmark or "?", []).append(f)
     if not by_bench:
         return None
@@ -157,7 +159,8 @@ def convergence_figure(report: Report) -> Figure | None:
         metric, unit = None, "epoch"
         line = 0
         for i, f in enumerate(folders):
-            for j, r in enumerate(f.runs):
+            for j, run in enumerate(f.runs):
+                r = run.facts.quality
                 if not r.metric_series:
                     continue
                 # one colour per result folder; per run where runs are shown one by one
@@ -165,11 +168,11 @@ def convergence_figure(report: Report) -> Figure | None:
                 line += 1
                 xs, ys = zip(*r.metric_series)
                 ax.plot(xs, ys, color=color, alpha=0.8, lw=1.2, marker="." if f.kind == "runs" else None,
-                        label=(_label(f, names) if f.kind != "runs" else _run_label(f, r, names))
+                        label=(_label(f, names) if f.kind != "runs" else _run_label(f, run, names))
                         if j == 0 or f.kind == "runs" else None)
                 target = r.target if r.target is not None else target
                 metric = metric or r.metric_key
-                unit = "samples" if r.epoch_unit == "samples" else "epoch"
+                unit = "samples" if run.facts.training.epoch_unit == "samples" else "epoch"
         if target is not None:
             ax.axhline(target, color="black", ls="--", lw=1, label=f"target {target:g}")
         ax.set_title(bench)

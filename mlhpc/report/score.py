@@ -45,12 +45,14 @@ from typing import Any, Iterable, Mapping
 
 from mlhpc import rules
 from mlhpc.log.parse import read_scaling_factor
-from mlhpc.log.summary import RunSummary, superseded_logs
+from mlhpc.log.facts import RunSummary
+from mlhpc.log.summary import superseded_logs
 from mlhpc.report.compliance import folder_check
 from mlhpc.report.energy import folder_energy
 from mlhpc.report.folders import (Layout, Verdicts, find_result_folders, folder_kind, judge, layout_of, read_log,
                                   system_description)
 from mlhpc.report.rcp import RcpVerdict, check_folder
+from mlhpc.report.reported import ReportedRun
 from mlhpc.report.validflops import DEFAULT_EXPONENT, folder_valid_flops
 
 
@@ -97,7 +99,7 @@ class FolderResult:
     division: str | None = None
     ruleset: str | None = rules.ruleset().version
     ruleset_note: str | None = None
-    runs: list[RunSummary] = field(default_factory=list)
+    runs: list[ReportedRun] = field(default_factory=list)
     dropped: dict[str, str] = field(default_factory=dict)
     scaling_factor: float = 1.0
     olympic_min: float | None = None
@@ -121,16 +123,17 @@ class FolderResult:
     @property
     def nodes(self) -> int | None:
         for run in self.runs:
-            if run.number_of_nodes:
-                return run.number_of_nodes
+            if run.facts.submission.number_of_nodes:
+                return run.facts.submission.number_of_nodes
         return None
 
     @property
     def accelerators(self) -> int | None:
         """Accelerators used by one model: number_of_nodes x max(accelerators_per_node, 1)."""
         for run in self.runs:
-            if run.number_of_nodes:
-                return run.number_of_nodes * max(run.accelerators_per_node or 0, 1)
+            sub = run.facts.submission
+            if sub.number_of_nodes:
+                return sub.number_of_nodes * max(sub.accelerators_per_node or 0, 1)
         return None
 
     @property
@@ -144,7 +147,8 @@ class FolderResult:
     @property
     def cpu_only(self) -> bool:
         """Every run logs ``accelerators_per_node`` 0 (e.g. Fugaku's A64FX): no accelerators."""
-        values = [r.accelerators_per_node for r in self.runs if r.accelerators_per_node is not None]
+        values = [r.facts.submission.accelerators_per_node for r in self.runs
+                  if r.facts.submission.accelerators_per_node is not None]
         if not values and self.system_desc.get("accelerators_per_node") not in (None, ""):
             values = [_int_or_none(self.system_desc.get("accelerators_per_node"))]
         return bool(values) and all(v == 0 for v in values)
@@ -175,7 +179,7 @@ class Report:
 
     @property
     def malformed(self) -> list[str]:
-        return [m for f in self.folders for r in f.runs for m in r.malformed]
+        return [m for f in self.folders for r in f.runs for m in r.facts.malformed]
 
     def to_dict(self) -> dict[str, Any]:
         return {"compliance_checked": self.compliance_checked, "elapsed_s": self.elapsed_s,
@@ -275,13 +279,14 @@ class Names:
 
 def names_of(folder: Path, layout: Layout, runs: tuple[RunSummary, ...], desc: Mapping[str, Any]) -> Names:
     """The `Names` of ``folder``: the layout's, else the first log that names each."""
-    division = next((r.division for r in runs if r.division), None) or (
+    subs = [r.submission for r in runs]
+    division = next((s.division for s in subs if s.division), None) or (
         str(desc.get("division")) if desc.get("division") else None)
-    benchmark = layout.benchmark or next((r.benchmark for r in runs if r.benchmark), None)
+    benchmark = layout.benchmark or next((s.benchmark for s in subs if s.benchmark), None)
     if not layout.own:
         return Names(benchmark, division, layout.system, layout.submitter)
-    return Names(benchmark, division, next((r.platform for r in runs if r.platform), folder.name),
-                 next((r.org for r in runs if r.org), None))
+    return Names(benchmark, division, next((s.platform for s in subs if s.platform), folder.name),
+                 next((s.org for s in subs if s.org), None))
 
 
 def folder_rcp(folder: Path, files: list[Path], verdicts: Verdicts, names: Names, ruleset: str | None) -> RcpVerdict:
@@ -316,10 +321,10 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
     check = folder_check(folder, layout.round, layout.v07, ruleset, compliance)
     desc = system_description(folder, layout)
     superseded = superseded_logs(files)  # stopped attempts that a resumed log continues
-    logs = [read_log(path, layout.own, valid_flops_exponent) for path in files]
-    kind = folder_kind(layout, [log.run for log in logs])
-    verdicts = judge(logs, superseded, check, layout.scaling == "weak")
-    names = names_of(folder, layout, verdicts.runs, desc.data)
+    logs = [read_log(path, layout.own) for path in files]
+    kind = folder_kind(layout, [log.facts for log in logs])
+    verdicts = judge(logs, superseded, check, layout.scaling == "weak", valid_flops_exponent)
+    names = names_of(folder, layout, tuple(r.facts for r in verdicts.runs), desc.data)
     scaling_factor = read_scaling_factor(folder)
     table = rules.of_round(check.ruleset, layout.round)
     if kind == "weak":
@@ -331,7 +336,8 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
         score = score_strong([(c.stop_ms - c.start_ms) / 60 / 1000 for c in verdicts.counted],
                              len(verdicts.dropped), table.max_dropped, scaling_factor)
         rcp = folder_rcp(folder, files, verdicts, names, check.ruleset)
-    energy = folder_energy([(c.run, c.start_ms, c.stop_ms) for c in verdicts.counted], list(verdicts.runs),
+    energy = folder_energy([(c.run.power, c.start_ms, c.stop_ms) for c in verdicts.counted],
+                           [r.power for r in verdicts.runs],
                            kind, len(verdicts.dropped), table.max_dropped, scaling_factor)
     flops = folder_valid_flops([r for r in verdicts.runs if r.path not in verdicts.resumed], kind, score.ttta_min)
     resumed_note = (f"{len(verdicts.resumed)} resumed run(s) kept apart, not scored: "

@@ -18,7 +18,7 @@ past its target gets its FLOPS, no bonus (the cap at 1 keeps a relaxed target fr
 the figure). It is a system figure, not an MLPerf score: MLPerf ranks by time to train to a
 fixed target, with no credit for FLOPs.
 
-From one log (`mlhpc.log.summary.RunSummary`): time to train (run_stop - run_start); the
+From one log (`mlhpc.log.facts.RunSummary`): time to train (run_stop - run_start); the
 quality reached (the last quality-metric record before run_stop) and its target; samples
 trained, counted as the report counts samples/s: ``train_samples`` x the epochs in the timed
 region, or for a benchmark whose ``epoch_num`` counts samples (OpenFold) the ``epoch_num`` of the
@@ -44,7 +44,7 @@ and a comparison only between systems running the same model.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +55,8 @@ from mlhpc.log.plausible import implausible, out_of_range
 from mlhpc.log.summary import samples_trained
 
 if TYPE_CHECKING:
-    from mlhpc.log.summary import RunSummary
+    from mlhpc.log.facts import RunSummary
+    from mlhpc.report.reported import ReportedRun
 
 #: HPC AI500's exponent of the quality penalty.
 DEFAULT_EXPONENT = 5.0
@@ -149,31 +150,33 @@ def flops_per_sample(run: "RunSummary", log: Path) -> tuple[float | None, str]:
     counted = side_file_flops(log)
     if counted is not None:
         return counted, SIDE_FILE_SOURCE
-    reference = reference_flops(run.benchmark or "")
+    benchmark = run.submission.benchmark
+    reference = reference_flops(benchmark or "")
     if reference is None:
-        return None, f"no counted FLOPs per sample for {run.benchmark or 'an unnamed benchmark'}"
-    if (run.division or "closed") != "closed":
+        return None, f"no counted FLOPs per sample for {benchmark or 'an unnamed benchmark'}"
+    if (run.submission.division or "closed") != "closed":
         return None, "open division: the model may differ from the reference, FLOPs not known"
-    return reference[0], f"mlhpc's count of the {run.benchmark} reference model ({reference[1]})"
+    return reference[0], f"mlhpc's count of the {benchmark} reference model ({reference[1]})"
 
 
 def valid_flops(run: "RunSummary", per_sample: float | None, source: str, samples: float | None,
-                exponent: float = DEFAULT_EXPONENT) -> ValidFlops:
-    """`ValidFlops` of ``run`` with ``per_sample`` training FLOPs per sample from ``source`` and
-    ``samples`` trained (`samples_trained`).
+                mean_power_w: float | None, exponent: float = DEFAULT_EXPONENT) -> ValidFlops:
+    """`ValidFlops` of ``run`` with ``per_sample`` training FLOPs per sample from ``source``,
+    ``samples`` trained (`samples_trained`) and the run's mean power in W (None: not measured).
 
     A run that stopped short of its target is penalised, not dropped; a run with no time to
     train (incomplete, invalid), no quality record, no target or no sample count gets none,
     and ``note`` says why; so does a run whose last quality value is not a finite number (NaN,
     Infinity: a malformed value, never credited) or whose FLOP/s overflow. Never raises.
     """
+    quality = run.quality
     base = ValidFlops(exponent=exponent, train_flops_per_sample=per_sample, flops_source=source,
-                      target=run.target, direction=run.target_direction,
-                      achieved=run.metric_series[-1][1] if run.metric_series else None)
+                      target=quality.target, direction=quality.target_direction,
+                      achieved=quality.metric_series[-1][1] if quality.metric_series else None)
     why = _missing(run, per_sample, source, samples)
     if why:
         return _with(base, note=why, samples_trained=samples)
-    flops = per_sample * samples / run.time_to_train_s  # type: ignore[operator]
+    flops = per_sample * samples / run.timing.time_to_train_s  # type: ignore[operator]
     if (problem := out_of_range(flops, 0.0)) is not None:  # a product of two in-range values can overflow
         return _with(base, note=f"refused: training FLOP/s {problem}", samples_trained=samples)
     try:
@@ -183,7 +186,7 @@ def valid_flops(run: "RunSummary", per_sample: float | None, source: str, sample
         return _with(base, note=str(exc), flops_per_s=flops, samples_trained=samples)
     if not math.isfinite(value):
         return _with(base, note="the penalty is not finite", flops_per_s=flops, samples_trained=samples)
-    per_w = value / run.mean_power_w if run.mean_power_w else None
+    per_w = value / mean_power_w if mean_power_w else None
     return _with(base, valid_flops_per_s=value, valid_flops_per_w=per_w, flops_per_s=flops,
                  penalty=penalty, samples_trained=samples)
 
@@ -194,30 +197,31 @@ def _with(base: ValidFlops, **changes: Any) -> ValidFlops:
 
 def _missing(run: "RunSummary", per_sample: float | None, source: str, samples: float | None) -> str | None:
     """Why ``run`` has no Valid FLOPS, or None."""
-    if run.resumed:
+    timing, quality = run.timing, run.quality
+    if timing.resumed:
         return "a resumed run: its log times one attempt only"
-    if run.time_to_train_s is None or run.time_to_train_s <= 0:
-        return f"no time to train (run {run.status})"
+    if timing.time_to_train_s is None or timing.time_to_train_s <= 0:
+        return f"no time to train (run {timing.status})"
     if per_sample is None:
         return source
     if not samples:
         return "samples trained not in the log (train_samples, epoch records)"
-    if not run.metric_series or run.target is None or run.target_direction is None:
+    if not quality.metric_series or quality.target is None or quality.target_direction is None:
         return "no quality record or no target"
-    problem = out_of_range(run.metric_series[-1][1])  # Infinity would pass every target: a malformed value
-    return f"refused: {run.metric_key or 'the quality reached'} {problem}" if problem else None
+    problem = out_of_range(quality.metric_series[-1][1])  # Infinity would pass every target: a malformed value
+    return f"refused: {quality.metric_key or 'the quality reached'} {problem}" if problem else None
 
 
-def with_valid_flops(run: "RunSummary", log: Path, events: list[Event],
-                     exponent: float = DEFAULT_EXPONENT) -> "RunSummary":
-    """``run`` with ``valid_flops`` (a `ValidFlops`) from the figures of the log (its ``events``),
-    its energy fields (`mlhpc.report.energy.with_energy`) and the FLOPs per sample its side file
-    or the reference table gives (`flops_per_sample`). A new `RunSummary`; ``run`` is not changed."""
+def run_valid_flops(run: "RunSummary", mean_power_w: float | None, log: Path, events: list[Event],
+                    exponent: float = DEFAULT_EXPONENT) -> ValidFlops:
+    """The `ValidFlops` of ``run`` from the figures of its log (its ``events``), its mean power in
+    W (`mlhpc.report.energy.run_power`; None: not measured) and the FLOPs per sample its side
+    file or the reference table gives (`flops_per_sample`)."""
     per_sample, source = flops_per_sample(run, log)
-    return replace(run, valid_flops=valid_flops(run, per_sample, source, samples_trained(run, events), exponent))
+    return valid_flops(run, per_sample, source, samples_trained(run, events), mean_power_w, exponent)
 
 
-def folder_valid_flops(runs: list["RunSummary"], kind: str,
+def folder_valid_flops(runs: list["ReportedRun"], kind: str,
                        ttta_min: float | None) -> tuple[float | None, float | None]:
     """A result folder's ``(Valid FLOPS, Valid FLOPS per watt)`` in FLOP/s and FLOP/s per W
     (None where there is none) from ``runs`` (its runs that count for the figure, resumed runs
@@ -232,13 +236,14 @@ def folder_valid_flops(runs: list["RunSummary"], kind: str,
     if kind == "weak":
         if not ttta_min:
             return None, None
-        return sum(r.valid_flops.valid_flops_per_s * r.time_to_train_s for r in runs) / (ttta_min * 60.0), None
+        return sum(r.valid_flops.valid_flops_per_s * r.facts.timing.time_to_train_s  # type: ignore[union-attr, operator]
+                   for r in runs) / (ttta_min * 60.0), None
     per_s = sum(r.valid_flops.valid_flops_per_s for r in runs) / len(runs)
     per_w = [r.valid_flops.valid_flops_per_w for r in runs]
     return per_s, (sum(per_w) / len(per_w) if all(w is not None for w in per_w) else None)
 
 
-def exponent_of(runs: list["RunSummary"]) -> float:
+def exponent_of(runs: list["ReportedRun"]) -> float:
     """The penalty's exponent the runs' figures were made with (`DEFAULT_EXPONENT` without any)."""
     return next((r.valid_flops.exponent for r in runs if r.valid_flops is not None), DEFAULT_EXPONENT)
 

@@ -27,8 +27,8 @@ from mlhpc.data.inputs import SIDE_FILE_BYTES, read_input, read_json_object
 from mlhpc.errors import DataError, LogFormatError
 from mlhpc.log.parse import ParsedLog, decode_log, read_log
 from mlhpc.log.plausible import out_of_range
-from mlhpc.log.summary import RunSummary
 from mlhpc.report.folders import find_result_folders, sidecars
+from mlhpc.report.reported import ReportedRun
 from mlhpc.report.score import FolderResult, score_folder
 from mlhpc.store import schema
 from mlhpc.store.engine import Store, retrying
@@ -103,7 +103,7 @@ def _text(value: Any, limit: int = 256) -> str | None:
     return None if value is None else str(value)[:limit]
 
 
-def _valid_flops(run: RunSummary) -> dict[str, Any]:
+def _valid_flops(run: ReportedRun) -> dict[str, Any]:
     """HPC AI500's figures of the run (`mlhpc.report.validflops`, n = 5), None where unknown."""
     v = run.valid_flops
     if v is None or v.valid_flops_per_s is None:
@@ -112,32 +112,34 @@ def _valid_flops(run: RunSummary) -> dict[str, Any]:
             "valid_flops_exponent": v.exponent}
 
 
-def run_row(folder: FolderResult, run: RunSummary, log: _Log, campaign_id: str | None) -> dict[str, Any]:
+def run_row(folder: FolderResult, run: ReportedRun, log: _Log, campaign_id: str | None) -> dict[str, Any]:
     """The ``runs`` row of one summarised log (see `mlhpc.store.schema.runs`)."""
     path = Path(run.path)
     own = folder.kind == "runs"
     software = _software(path) if own else {}
     host = software.pop("_host", {})
-    nodes = run.number_of_nodes
+    facts = run.facts
+    said, timing = facts.submission, facts.timing
+    nodes = said.number_of_nodes
     description = folder.system_desc if not own else host
     return {
         "log_sha256": log.parsed.sha256, "source": "own" if own else "published",
-        "benchmark": _text(folder.benchmark or run.benchmark, 64), "division": _text(run.division or folder.division, 16),
+        "benchmark": _text(folder.benchmark or said.benchmark, 64), "division": _text(said.division or folder.division, 16),
         "system": _text(folder.system), "system_description": json.dumps(description, sort_keys=True) if description else None,
         "submitter": _text(folder.submitter), "round": _text(folder.round, 64), "scaling": folder.kind,
         "folder": str(path.parent), "log_name": path.name,
-        "nodes": nodes, "accelerators_per_node": run.accelerators_per_node,
-        "accelerators": nodes * max(run.accelerators_per_node or 0, 1) if nodes else None,
-        "global_batch_size": run.global_batch_size, "seed": _seed(log.parsed),
+        "nodes": nodes, "accelerators_per_node": said.accelerators_per_node,
+        "accelerators": nodes * max(said.accelerators_per_node or 0, 1) if nodes else None,
+        "global_batch_size": said.global_batch_size, "seed": _seed(log.parsed),
         "config_hash": _config_hash(path) if own else None,
         "departs_from_reference": _departures(path) if own else None,
         **{k: _text(v, 64) for k, v in software.items()},
-        "status": run.status, "dropped_reason": folder.dropped.get(run.path),
-        "run_start_ms": run.run_start_ms, "run_stop_ms": run.run_stop_ms,
-        "time_to_train_s": run.time_to_train_s, "staging_s": run.staging_s, "init_s": run.init_s,
-        "epochs_to_target": run.epochs_to_target, "metric_key": run.metric_key,
-        "final_metric": _finite(run.metric_series[-1][1]) if run.metric_series else None,
-        "samples_per_s": run.samples_per_s, "energy_to_train_j": run.energy_to_train_j,
+        "status": timing.status, "dropped_reason": folder.dropped.get(run.path),
+        "run_start_ms": timing.run_start_ms, "run_stop_ms": timing.run_stop_ms,
+        "time_to_train_s": timing.time_to_train_s, "staging_s": facts.staging.staging_s, "init_s": facts.staging.init_s,
+        "epochs_to_target": facts.quality.epochs_to_target, "metric_key": facts.quality.metric_key,
+        "final_metric": _finite(facts.quality.metric_series[-1][1]) if facts.quality.metric_series else None,
+        "samples_per_s": facts.training.samples_per_s, "energy_to_train_j": run.power.energy_to_train_j,
         **_valid_flops(run),
         "campaign_id": campaign_id, "ingested_at": schema.now_utc(),
         "log_bytes": len(log.data), "log_zlib": zlib.compress(log.data, 6),
@@ -210,7 +212,7 @@ def ingest_folder(store: Store, folder: Path, files: list[Path], campaign_id: st
         log = logs[run.path]
         if log.parsed.sha256 in present:
             result.already += 1
-        elif not (scored.benchmark or run.benchmark):
+        elif not (scored.benchmark or run.facts.submission.benchmark):
             result.refused.append(f"{run.path}: names no benchmark (no submission_benchmark record)")
         else:
             row = run_row(scored, run, log, campaign_id)
