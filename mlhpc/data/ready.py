@@ -38,7 +38,8 @@ def ensure_data(config: "Config", workload: "Workload", rt: "Runtime",
     ``data.synthesize_if_missing`` allows it. Data that no longer match their synthesis manifest
     are refused, never deleted.
 
-    Rank 0 writes (telling ``on_progress`` what it does: `SynthWatch`); every rank first
+    Rank 0 writes (telling ``on_progress`` what it is about to make, a ``synthesis`` event, then
+    what it does: `SynthWatch`); every rank first
     looks, then waits, then checks the result. A folder without a record that holds data (a real
     dataset) is used as it is; so is a complete synthesis under a config that may not synthesise
     (``data.synthesize_if_missing: false``), whatever its settings: a reference config reading a
@@ -83,6 +84,10 @@ def ensure_data(config: "Config", workload: "Workload", rt: "Runtime",
             raise DataError(f"{path}: {reason}; set data.synthesize_if_missing: true to "
                             "synthesise it, or data.path")
         if rt.is_main:
+            if on_progress is not None:  # what is about to be made, and how big
+                counts = config.synth.model_dump() if config.synth is not None else {}
+                on_progress({"kind": "synthesis", "path": str(path), "state": state, "workload": workload.name,
+                             "samples": {k: v for k, v in counts.items() if k.endswith("_samples")}})
             synthesize(path, workload, config.synth, config.data.synth_seed, on_progress)
         runtime.barrier(rt)
     _require_splits(path, workload, state)

@@ -26,7 +26,7 @@ from typing import Any
 
 from mlhpc import runtime
 from mlhpc.config import Config
-from mlhpc.data import embedded, ready
+from mlhpc.data import ready
 from mlhpc.data import stage as staging
 from mlhpc.data.stage.copies import release
 from mlhpc.data.inputs import read_text_input
@@ -126,13 +126,6 @@ def ensure_source(config: Config, workload: Workload, world: Runtime, progress: 
                and staging.staged_copy_present(config, world))
     if runtime.all_reduce([float(not present)], world, op="max")[0] == 0.0:
         return 0.0
-    state = embedded.describe(Path(config.data.path))
-    if world.is_main and config.data.synthesize_if_missing and state not in ("complete", "unmarked"):
-        synth = config.synth  # what ensure_data is about to make, and how big
-        progress({"kind": "synthesis", "path": str(config.data.path), "state": state,
-                  "workload": workload.name,
-                  "samples": {k: v for k, v in (synth.model_dump() if synth is not None else {}).items()
-                              if k.endswith("_samples")}})
     seconds = ready.ensure_data(config, workload, world, progress)
     if world.is_main and seconds > 0:
         progress({"kind": "synthesised", "path": str(config.data.path), "seconds": seconds})
