@@ -196,7 +196,7 @@ def test_v07_published_logs_one_row_per_result_folder(tmp_path):
         assert all(r.compliant is None for r in f.runs) and not f.dropped
         (run,) = f.runs
         assert run.facts.submission.platform == "Piz Daint GPU"
-        assert run.facts.timing.time_to_train_min == pytest.approx(_raw_time_to_train_min(Path(run.path)), abs=1e-9)
+        assert run.facts.timing.time_to_train_min == pytest.approx(_raw_time_to_train_min(Path(run.facts.path)), abs=1e-9)
         assert f.olympic_min is None and any("no olympic mean: 1 scored runs" in n for n in f.notes)
     assert by_system["daint_gpu_n128_tf2.2.0"].runs[0].facts.submission.global_batch_size == 256
     assert by_system["daint_gpu_n256_tf2.2.0"].runs[0].facts.submission.global_batch_size == 512

@@ -14,11 +14,11 @@ from mlhpc import rules
 from mlhpc.errors import ConfigError
 from mlhpc.log.facts import RunSummary, Submission
 from mlhpc.report import compliance
-from mlhpc.report.compliance import FolderCheck, folder_check, ruleset_for
+from mlhpc.report.compliance import FolderCheck, folder_check, ruleset_for, run_check
 from mlhpc.report.energy import RunPower, folder_energy, run_power
-from mlhpc.report.folders import Layout, folder_kind, judge, layout_of, read_log, run_target, sidecars
-from mlhpc.report.reported import ReportedRun
-from mlhpc.report.score import FolderResult, score_folder, score_strong, score_weak
+from mlhpc.report.folders import Layout, layout_of, read_log, run_target, sidecars
+from mlhpc.report.reported import ReportedRun, report_run
+from mlhpc.report.score import FolderResult, folder_kind, judge, score_folder, score_strong, score_weak
 from mlhpc.report.validflops import ValidFlops, folder_valid_flops, run_valid_flops
 
 MINI_RUNS = Path(__file__).parent / "data" / "report" / "cosmoflow-mini-runs"
@@ -34,12 +34,14 @@ def runs_folder(tmp_path) -> Path:
 def test_the_steps_return_new_values_and_change_nothing_they_are_given(runs_folder):
     logs = [read_log(path, own=True) for path in sorted(runs_folder.glob("result_*.txt"))]
     before = [log.facts.to_dict() for log in logs]
-    verdicts = judge(logs, set(), FolderCheck(True, rules.ruleset().version), weak_layout=False, exponent=5.0)
+    checks = [run_check(log.parsed, FolderCheck(True, rules.ruleset().version)) for log in logs]
+    runs = [report_run(log.facts, log.path, log.parsed.events, check, 5.0) for log, check in zip(logs, checks)]
+    verdicts = judge(logs, runs, checks, weak_layout=False)
     assert [log.facts.to_dict() for log in logs] == before  # the runs read are not touched
     assert all(log.facts.to_dict()["compliant"] is None for log in logs)
     assert all(isinstance(run.compliant, bool) for run in verdicts.runs)  # the verdicts are on the new runs
     assert [run.facts for run in verdicts.runs] == [log.facts for log in logs]  # the facts held as read
-    assert [c.run for c in verdicts.counted] == [r for r in verdicts.runs if r.path not in verdicts.dropped]
+    assert [c.run for c in verdicts.counted] == [r for r in verdicts.runs if r.facts.path not in verdicts.dropped]
     run, path, events = logs[0].facts, logs[0].path, logs[0].parsed.events
     power = run_power(path, events)
     assert isinstance(power, RunPower) and isinstance(run_valid_flops(run, power.mean_power_w, path, events), ValidFlops)

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import LogFormatError
 from mlhpc.log.plausible import log_value_problem
 
@@ -391,20 +390,3 @@ def parse_log(path: Path | str, root: Path | str | None = None) -> ParsedLog:
         return parsed
     raise AssertionError("Latin-1 decodes every byte")
 
-
-def read_scaling_factor(folder: Path) -> float:
-    """``scaling_factor`` from ``folder/scaling.json``; 1.0 when the file is absent.
-
-    Raises:
-        LogFormatError: the file exists but is not JSON with a numeric ``scaling_factor``.
-    """
-    path = folder / "scaling.json"
-    if not path.is_file():
-        return 1.0
-    try:
-        value = float(json.loads(read_text_input(path, root=folder, error=LogFormatError))["scaling_factor"])
-    except (ValueError, KeyError, TypeError, RecursionError):
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise LogFormatError(f"{path}: expected JSON {{\"scaling_factor\": <positive number>}}") from None
-    return value

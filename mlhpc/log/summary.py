@@ -10,6 +10,7 @@ counts it (``epoch_num`` of the last quality-metric record before a successful `
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,19 +183,16 @@ def _split_epochs(epochs: list[Interval], evals: list[Interval]) -> tuple[list[f
     return train_s, concurrent_ms / 1000.0
 
 
-def _span_s(parsed: ParsedLog, start_key: str, stop_key: str) -> float | None:
-    start, stop = parsed.first(start_key), parsed.first(stop_key)
+def _span_s(first: Mapping[str, Event], start_key: str, stop_key: str) -> float | None:
+    start, stop = first.get(start_key), first.get(stop_key)
     if start is None or stop is None:
         return None
     return (stop.time_ms - start.time_ms) / 1000.0
 
 
-def _read_submission(parsed: ParsedLog) -> Submission:
+def _read_submission(events: list[Event], first: Mapping[str, Event]) -> Submission:
     """The ``submission_*`` names, sizes and instance id: each key's first value."""
-    events = parsed.events
-    first_values: dict[str, Any] = {}
-    for event in events:
-        first_values.setdefault(event.key, event.value)
+    first_values = {key: event.value for key, event in first.items()}
     text = lambda key: cap_field(first_values[key]) if isinstance(first_values.get(key), str) else None  # noqa: E731
     instance_id = first_values.get("instance_id")
     if instance_id is None:
@@ -208,11 +206,10 @@ def _read_submission(parsed: ParsedLog) -> Submission:
         train_samples=_int(first_values.get("train_samples")), eval_samples=_int(first_values.get("eval_samples")))
 
 
-def _read_start_stop(parsed: ParsedLog) -> Timing:
+def _read_start_stop(first: Mapping[str, Event], resumed: bool, earlier: float | None) -> Timing:
     """Time to train from the first ``run_start`` and ``run_stop``; status, reason, last epoch;
     whether the run was resumed, and the earlier attempts' seconds."""
-    start, stop = parsed.first("run_start"), parsed.first("run_stop")
-    resumed, earlier = is_resumed(parsed), earlier_attempts_s(parsed)
+    start, stop = first.get("run_start"), first.get("run_stop")
     if not (start and stop):
         return Timing(run_start_ms=start.time_ms if start else None, run_stop_ms=stop.time_ms if stop else None,
                       resumed=resumed, earlier_attempts_s=earlier)
@@ -228,18 +225,18 @@ def _read_start_stop(parsed: ParsedLog) -> Timing:
                   _number(stop.metadata.get("epoch_num")), resumed, earlier)
 
 
-def _read_staging_and_init(parsed: ParsedLog) -> Staging:
+def _read_staging_and_init(first: Mapping[str, Event]) -> Staging:
     """Staging and init spans, staged bytes, mlhpc's per-node staging figures."""
-    staging_stop = parsed.first("staging_stop")
+    staging_stop = first.get("staging_stop")
     nodes = None
     if staging_stop and isinstance(staging_stop.metadata.get("nodes"), int):
         nodes = {k: staging_stop.metadata.get(k) for k in (
             "nodes", "slowest_node_s", "mean_node_s", "node_gb_per_s", "aggregate_gb_per_s",
             "node_staged_bytes", "placement")}
-    start, staging_start = parsed.first("run_start"), parsed.first("staging_start")
-    return Staging(staging_s=_span_s(parsed, "staging_start", "staging_stop"),
+    start, staging_start = first.get("run_start"), first.get("staging_start")
+    return Staging(staging_s=_span_s(first, "staging_start", "staging_stop"),
                    staging_in_run=bool(start and staging_start and staging_start.time_ms >= start.time_ms),
-                   init_s=_span_s(parsed, "init_start", "init_stop"),
+                   init_s=_span_s(first, "init_start", "init_stop"),
                    staged_bytes=_int(staging_stop.metadata.get("staged_bytes")) if staging_stop else None,
                    staging_nodes=nodes)
 
@@ -279,13 +276,14 @@ def _read_epochs(events: list[Event], timing: Timing, train_samples: int | None,
     return Training(train_epoch_s, eval_s, len(train_epoch_s), epoch_unit, per_s, residual_s, overlap_s > 0, overlap_s)
 
 
-def samples_trained(run: RunSummary, events: list[Event]) -> float | None:
+def samples_trained(training: Training, train_samples: int | None, events: list[Event]) -> float | None:
     """Samples the timed run trained on: ``train_samples`` x epochs (the epochs counted between
     run_start and run_stop), or for a benchmark whose ``epoch_num`` counts samples (OpenFold, as
     the reference logs it: the samples trained by the epoch's end) the largest ``epoch_num`` of
     an ``epoch_stop`` there; None where the log does not say. samples/s and Valid FLOPS
-    (`mlhpc.report.validflops`) both count with it."""
-    return _samples_trained(run.training.epoch_unit, run.submission.train_samples, run.training.n_epochs, events)
+    (`mlhpc.report.validflops`) both count with it. ``training`` and ``train_samples``: the run's
+    (`RunSummary.training`, ``RunSummary.submission.train_samples``)."""
+    return _samples_trained(training.epoch_unit, train_samples, training.n_epochs, events)
 
 
 def _samples_trained(epoch_unit: str, train_samples: int | None, n_epochs: int, events: list[Event]) -> float | None:
@@ -348,12 +346,15 @@ def summarize_run(parsed: ParsedLog, target: float | None = None) -> RunSummary:
         a `RunSummary`; a log missing keys yields ``None`` fields and status ``"incomplete"``,
         never an exception.
     """
-    submission = _read_submission(parsed)
-    timing = _read_start_stop(parsed)
+    first: dict[str, Event] = {}  # each key's first record, found in one pass
+    for event in parsed.events:
+        first.setdefault(event.key, event)
+    submission = _read_submission(parsed.events, first)
+    timing = _read_start_stop(first, is_resumed(parsed), earlier_attempts_s(parsed))
     epoch_unit = "samples" if submission.benchmark in rules.ruleset().sample_counted_epochs else "epochs"
     training = _read_epochs(parsed.events, timing, submission.train_samples, epoch_unit)
     return RunSummary(path=parsed.path, submission=submission, timing=timing,
-                      staging=_read_staging_and_init(parsed), training=training,
+                      staging=_read_staging_and_init(first), training=training,
                       quality=_read_quality(parsed.events, submission.benchmark, target),
                       malformed=[m.message for m in parsed.malformed],
                       emulation=emulation_figures(parsed.events, training.train_epoch_s))

@@ -375,7 +375,7 @@ ALL = TABLES | {CSV}
 _priced = lambda frame: priced(frame.report)  # noqa: E731 (a price given: a cost column)
 _RUN_FIGURES = (
     Figure("folder", "run", lambda row: row.folder.path),
-    _run("file", lambda r: r.path.rsplit("/", 1)[-1], json=lambda d: d["path"].rsplit("/", 1)[-1], label="run",
+    _run("file", lambda r: r.facts.path.rsplit("/", 1)[-1], json=lambda d: d["path"].rsplit("/", 1)[-1], label="run",
          views=ALL, column=10), _run("benchmark", "facts.submission.benchmark"),
     _run("status", "facts.timing.status", label="status", views=ALL, column=20),
     _run("compliant", "compliant", label="compliant", views=ALL, column=30),

@@ -4,13 +4,15 @@ description, its logs as runs, and which runs count, as MLCommons' result_summar
 Source followed: ``mlperf_logging/result_summarizer/result_summarizer.py`` (hpc usage): a log
 that fails the compliance checker, has a malformed record line, or lacks run_start/run_stop is
 dropped; a weak-scaling log without an instance scale (``_query_instance_scale``) is dropped.
-``pruned_results/`` is never read. Each function returns what it found; `mlhpc.report.score`
-scores the values.
+``pruned_results/`` is never read. Each function returns what it found; `read_folder` reads a
+folder once, every log with its facts, energy, Valid FLOPS and compliance check (`FolderRead`);
+`mlhpc.report.score` decides which runs count and scores them.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -19,13 +21,17 @@ from typing import Any, Iterable, Mapping
 
 from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import DataError, LogFormatError
-from mlhpc.log.parse import ParsedLog, file_kind, parse_log
 from mlhpc.log.facts import RunSummary
-from mlhpc.log.summary import is_resumed, official_instance_scale, official_start_stop, summarize_run
-from mlhpc.report.compliance import FolderCheck, RunCheck, round_of, run_check
-from mlhpc.report.energy import run_power
-from mlhpc.report.reported import ReportedRun
-from mlhpc.report.validflops import run_valid_flops
+from mlhpc.log.parse import ParsedLog, file_kind, parse_log
+from mlhpc.log.summary import is_resumed, resumed_from, summarize_run
+from mlhpc.report.compliance import (
+    FolderCheck,
+    RunCheck,
+    folder_check,
+    round_of,
+    run_check,
+)
+from mlhpc.report.reported import ReportedRun, report_run
 
 RESULT_RE = re.compile(r"^result_.*\.txt$")
 PRUNED = "pruned_results"
@@ -127,6 +133,24 @@ def system_description(folder: Path, layout: Layout) -> SystemDescription:
     return SystemDescription(data if isinstance(data, dict) else {})
 
 
+def read_scaling_factor(folder: Path) -> float:
+    """``scaling_factor`` from ``folder/scaling.json``; 1.0 when the file is absent.
+
+    Raises:
+        LogFormatError: the file exists but is not JSON with a numeric ``scaling_factor``.
+    """
+    path = folder / "scaling.json"
+    if not path.is_file():
+        return 1.0
+    try:
+        value = float(json.loads(read_text_input(path, root=folder, error=LogFormatError))["scaling_factor"])
+    except (ValueError, KeyError, TypeError, RecursionError):
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise LogFormatError(f"{path}: expected JSON {{\"scaling_factor\": <positive number>}}") from None
+    return value
+
+
 def sidecars(log: Path, stem: str, suffix: str) -> list[Path]:
     """The file beside ``result_<N>.txt`` that belongs to its run, ``<stem>_<N><suffix>``, when it
     exists (mlhpc writes ``summary_N.json``, ``config_N.yaml``, ``env_N.json``, ``measured_N.json``
@@ -165,94 +189,53 @@ def read_log(path: Path, own: bool) -> Log:
     Raises:
         LogFormatError: the log cannot be read.
     """
+    target = run_target(path) if own else None
     parsed = parse_log(path, root=path.parent)
-    return Log(path, parsed, summarize_run(parsed, target=run_target(path) if own else None))
-
-
-def report_run(log: Log, verdict: RunCheck | None, exponent: float) -> ReportedRun:
-    """The `ReportedRun` of ``log``: its facts, its energy (`mlhpc.report.energy.run_power`), its
-    Valid FLOPS (penalty exponent ``exponent``, `mlhpc.report.validflops.run_valid_flops`) and its
-    compliance ``verdict`` (None: not checked, a run kept apart)."""
-    events = log.parsed.events
-    power = run_power(log.path, events)
-    flops = run_valid_flops(log.facts, power.mean_power_w, log.path, events, exponent)
-    if verdict is None:
-        return ReportedRun(log.facts, power, flops)
-    return ReportedRun(log.facts, power, flops, verdict.compliant, tuple(verdict.messages))
-
-
-def folder_kind(layout: Layout, runs: list[RunSummary]) -> str:
-    """``"strong"``, ``"weak"`` or ``"runs"``: the layout's, except that an mlhpc run folder
-    whose logs each name a different ``instance_id`` (a throughput run, ``--instances K``: one
-    log per model instance) is scored as weak scaling."""
-    instances = {r.submission.instance_id for r in runs}
-    if layout.own and len(instances) > 1 and all(r.submission.instance_id is not None for r in runs):
-        return "weak"
-    return layout.scaling
+    return Log(path, parsed, summarize_run(parsed, target=target))
 
 
 @dataclass(frozen=True)
-class Counted:
-    """A run that counts: the run, its run_start and run_stop (ms) and instance scale."""
-
-    run: ReportedRun
-    start_ms: float
-    stop_ms: float
-    scale: int | None
-
-
-@dataclass(frozen=True)
-class Verdicts:
-    """Which runs of a folder count.
+class FolderRead:
+    """One result folder as `read_folder` read it: everything its score needs.
 
     Attributes:
-        runs: every log's run in file order, with its compliance verdict.
-        resumed: logs kept apart (resumed, or a stopped attempt a resumed log continues).
-        dropped: ``{log: reason}`` of the runs that do not count.
-        counted: the runs that do, in file order.
-        notes: weak-scaling logs whose instance scale differs from the first.
+        path / files: the folder and its ``result_*.txt`` files.
+        layout / check / desc: its place in the MLCommons layout, the ruleset its logs are
+            checked against, its system description.
+        scaling_factor: ``scaling.json``'s factor (1.0 without one).
+        logs / runs / checks: each log read, its run as the report shows it, and its compliance
+            check (None: kept apart, a resumed log or a stopped attempt a resumed log continues).
     """
 
+    path: Path
+    files: tuple[Path, ...]
+    layout: Layout
+    check: FolderCheck
+    desc: SystemDescription
+    scaling_factor: float
+    logs: tuple[Log, ...]
     runs: tuple[ReportedRun, ...]
-    resumed: tuple[str, ...]
-    dropped: Mapping[str, str]
-    counted: tuple[Counted, ...]
-    notes: tuple[str, ...]
-
-    @property
-    def instance_scale(self) -> int | None:
-        """The first counted run's instance scale that is logged."""
-        return next((c.scale for c in self.counted if c.scale is not None), None)
+    checks: tuple[RunCheck | None, ...]
 
 
-def judge(logs: list[Log], superseded: set[str], check: FolderCheck, weak_layout: bool,
-          exponent: float) -> Verdicts:
-    """The `Verdicts` of a folder's ``logs``, each run reported once (`report_run`): a resumed
-    log, or one in ``superseded`` (stopped attempts a resumed log continues:
-    `mlhpc.log.summary.superseded_logs`), is kept apart; the others are checked
-    (`mlhpc.report.compliance.run_check`) and, in a weak-scaling folder of the MLCommons layout
-    (``weak_layout``), one without an instance scale is dropped. Never raises."""
-    runs, resumed, dropped, counted, notes = [], [], {}, [], []
-    first_scale: int | None = None
-    for log in logs:
-        if is_resumed(log.parsed) or log.path.name in superseded:  # kept apart: never an ordinary run
-            runs.append(report_run(log, None, exponent))
-            resumed.append(str(log.path))
-            continue
-        verdict = run_check(log.parsed, check)
-        run = report_run(log, verdict, exponent)
-        runs.append(run)
-        reason, scale = verdict.drop, official_instance_scale(log.parsed.events)
-        if reason is None and weak_layout:
-            if scale is None:
-                reason = "number_of_nodes or accelerators_per_node not recorded"
-            elif first_scale is None:
-                first_scale = scale
-            elif scale != first_scale:
-                notes.append(f"{log.path.name}: instance scale {scale} differs from {first_scale}")
-        if reason is not None:
-            dropped[str(log.path)] = reason
-            continue
-        start, stop = official_start_stop(log.parsed.events)
-        counted.append(Counted(run, start, stop, scale))  # type: ignore[arg-type]
-    return Verdicts(tuple(runs), tuple(resumed), dropped, tuple(counted), tuple(notes))
+def read_folder(folder: Path, files: list[Path], *, compliance: bool = True, ruleset: str | None = None,
+                exponent: float) -> FolderRead:
+    """Read one result folder once: its layout, system description and ``scaling.json``, every
+    log with its facts, energy and Valid FLOPS (penalty exponent ``exponent``,
+    `mlhpc.report.reported.report_run`) and, unless kept apart, its compliance check
+    (``compliance``: run MLCommons' checker; ``ruleset``: an override).
+
+    Raises:
+        LogFormatError: a log or ``scaling.json`` cannot be read.
+        ConfigError: an unknown ruleset.
+    """
+    layout = layout_of(folder)
+    desc, scaling_factor = system_description(folder, layout), read_scaling_factor(folder)
+    logs = [read_log(path, layout.own) for path in files]
+    superseded = {name for log in logs if (name := resumed_from(log.parsed))}  # stopped attempts
+    apart = [is_resumed(log.parsed) or log.path.name in superseded for log in logs]
+    check = folder_check(folder, layout.round, layout.v07, ruleset, compliance)
+    checks = [None if kept else run_check(log.parsed, check) for log, kept in zip(logs, apart)]
+    runs = [report_run(log.facts, log.path, log.parsed.events, verdict, exponent) for log, verdict in zip(logs, checks)]
+    return FolderRead(folder, tuple(files), layout, check, desc, scaling_factor, tuple(logs), tuple(runs),
+                      tuple(checks))

@@ -121,7 +121,7 @@ def emulation_notes(report: Report) -> list[str]:
             per_node = "; per node: " + ", ".join(
                 f"node {n['node']} {100 * n['accelerator_utilization']:.1f}% {fmt(n['samples_per_s'], 1)} samples/s"
                 for n in nodes) if len(nodes) > 1 else ""
-            out.append(f"{run.path.rsplit('/', 1)[-1]}: storage mode, {e.get('ranks')} emulated "
+            out.append(f"{run.facts.path.rsplit('/', 1)[-1]}: storage mode, {e.get('ranks')} emulated "
                        f"{e.get('accelerator')} ({1e3 * (e.get('time_per_sample_s') or 0):.3g} ms per sample): "
                        f"accelerator utilization {100 * e['accelerator_utilization']:.1f}%{verdict}, "
                        f"{fmt(e.get('samples_per_s'), 1)} samples/s{per_node}")

@@ -55,7 +55,7 @@ def _label(f: FolderResult, labels: dict[str, str]) -> str:
 
 def _run_label(f: FolderResult, r: ReportedRun, labels: dict[str, str]) -> str:
     """One run's series: folder, benchmark and log (``result_N.txt``)."""
-    return f"{_label(f, labels)} {Path(r.path).name}"
+    return f"{_label(f, labels)} {Path(r.facts.path).name}"
 
 
 def _phases_min(runs: list[RunSummary]) -> tuple[float, float, float, float, float] | None:
@@ -92,7 +92,7 @@ def time_split_figure(report: Report) -> Figure | None:
                     labels.append(f"{_run_label(f, r, names)} ({r.facts.timing.status})")
                     values.append(split)
         elif f.kind == "strong":
-            split = _phases_min([r.facts for r in f.runs if r.path not in f.dropped])
+            split = _phases_min([r.facts for r in f.runs if r.facts.path not in f.dropped])
             if split:
                 labels.append(_label(f, names))
                 values.append(split)

@@ -3,18 +3,21 @@
 `ReportedRun` holds the log's `mlhpc.log.facts.RunSummary` as it was read, beside the figures
 the report computes: energy from the power logs (`mlhpc.report.energy.run_power`), HPC AI500's
 Valid FLOPS (`mlhpc.report.validflops.run_valid_flops`) and MLCommons' compliance verdict
-(`mlhpc.report.compliance.run_check`). Built once per log by `mlhpc.report.folders.read_folder`;
-the facts are never changed.
+(`mlhpc.report.compliance.run_check`). Built once per log (`report_run`, called by
+`mlhpc.report.folders.read_folder`); the facts are never changed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mlhpc.log.facts import RunSummary
-from mlhpc.report.energy import RunPower
-from mlhpc.report.validflops import ValidFlops
+from mlhpc.log.parse import Event
+from mlhpc.report.compliance import RunCheck
+from mlhpc.report.energy import RunPower, run_power
+from mlhpc.report.validflops import ValidFlops, run_valid_flops
 
 
 @dataclass(frozen=True)
@@ -36,11 +39,6 @@ class ReportedRun:
     compliant: bool | None = None
     compliance_messages: tuple[str, ...] = ()
 
-    @property
-    def path(self) -> str:
-        """The log file (``facts.path``): the run's name in the folder's verdicts."""
-        return self.facts.path
-
     def to_dict(self) -> dict[str, Any]:
         """The facts' dict (`RunSummary.to_dict`) with the report's figures in their keys
         (`mlhpc.log.facts.REPORT_KEYS`, same order): the run in ``mlhpc report --format json``."""
@@ -52,3 +50,16 @@ class ReportedRun:
                    power_note=power.power_note,
                    valid_flops=self.valid_flops.to_dict() if self.valid_flops is not None else None)
         return out
+
+
+def report_run(facts: RunSummary, log: Path, events: list[Event], verdict: RunCheck | None,
+               exponent: float) -> ReportedRun:
+    """The `ReportedRun` of the log ``log`` (its ``facts`` and records ``events``): its energy
+    (`mlhpc.report.energy.run_power`), its Valid FLOPS (penalty exponent ``exponent``,
+    `mlhpc.report.validflops.run_valid_flops`) and its compliance ``verdict`` (None: not
+    checked, a run kept apart). Never raises for a log that was read."""
+    power = run_power(log, events)
+    flops = run_valid_flops(facts, power.mean_power_w, log, events, exponent)
+    if verdict is None:
+        return ReportedRun(facts, power, flops)
+    return ReportedRun(facts, power, flops, verdict.compliant, tuple(verdict.messages))

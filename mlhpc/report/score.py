@@ -28,12 +28,11 @@ continues (`mlhpc.log.summary.superseded_logs`), which is not a failed run of th
 mlhpc's own run folders (any other folder holding ``result_*.txt``) are scored like a strong
 result and shown run by run.
 
-Each step is a function that returns what it computes: `mlhpc.report.folders` gives the folder's
-layout, system description, runs and which of them count (`Verdicts`); `score_strong` and
-`score_weak` a `Score`; `mlhpc.report.rcp.check_folder` an RCP verdict;
+Each step is a function that returns what it computes: `mlhpc.report.folders.read_folder` reads
+a folder once (`FolderRead`: its layout, system description, logs and runs); `folder_kind` its
+kind and `judge` which runs count (`Verdicts`); `score_strong` and `score_weak` a `Score`; `mlhpc.report.rcp.check_folder` an RCP verdict;
 `mlhpc.report.energy.folder_energy` and `mlhpc.report.validflops.folder_valid_flops` the energy
-and Valid FLOPS; `score_folder` decides the folder's kind once, then assembles one
-`FolderResult` from those values.
+and Valid FLOPS; `score_read` assembles one `FolderResult` from those values.
 """
 
 from __future__ import annotations
@@ -44,13 +43,11 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from mlhpc import rules
-from mlhpc.log.parse import read_scaling_factor
 from mlhpc.log.facts import RunSummary
-from mlhpc.log.summary import superseded_logs
-from mlhpc.report.compliance import folder_check
+from mlhpc.log.summary import official_instance_scale, official_start_stop
+from mlhpc.report.compliance import RunCheck
 from mlhpc.report.energy import folder_energy
-from mlhpc.report.folders import (Layout, Verdicts, find_result_folders, folder_kind, judge, layout_of, read_log,
-                                  system_description)
+from mlhpc.report.folders import FolderRead, Layout, Log, find_result_folders, read_folder
 from mlhpc.report.rcp import RcpVerdict, check_folder
 from mlhpc.report.reported import ReportedRun
 from mlhpc.report.validflops import DEFAULT_EXPONENT, folder_valid_flops
@@ -72,7 +69,7 @@ class FolderResult:
             description's).
         ruleset: the hpc ruleset the logs were checked against (default `mlhpc.rules`' current
             one; ``None``: mlperf_logging has none for the round; ``ruleset_note`` then says so).
-        runs: one `RunSummary` per ``result_*.txt``, sorted by file name.
+        runs: one `mlhpc.report.reported.ReportedRun` per ``result_*.txt``, sorted by file name.
         dropped: ``{file: reason}`` for runs that do not count (compliance, parse, no stop).
         scaling_factor: from ``scaling.json`` (1.0 when absent).
         olympic_min: strong/runs score in minutes (``None``: invalid or too few runs).
@@ -187,6 +184,78 @@ class Report:
                 "folders": [f.to_dict() for f in self.folders]}
 
 
+def folder_kind(layout: Layout, runs: list[RunSummary]) -> str:
+    """``"strong"``, ``"weak"`` or ``"runs"``: the layout's, except that an mlhpc run folder
+    whose logs each name a different ``instance_id`` (a throughput run, ``--instances K``: one
+    log per model instance) is scored as weak scaling."""
+    instances = {r.submission.instance_id for r in runs}
+    if layout.own and len(instances) > 1 and all(r.submission.instance_id is not None for r in runs):
+        return "weak"
+    return layout.scaling
+
+
+@dataclass(frozen=True)
+class Counted:
+    """A run that counts: the run, its run_start and run_stop (ms) and instance scale."""
+
+    run: ReportedRun
+    start_ms: float
+    stop_ms: float
+    scale: int | None
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """Which runs of a folder count.
+
+    Attributes:
+        runs: every log's run in file order, with its compliance verdict.
+        resumed: logs kept apart (resumed, or a stopped attempt a resumed log continues).
+        dropped: ``{log: reason}`` of the runs that do not count.
+        counted: the runs that do, in file order.
+        notes: weak-scaling logs whose instance scale differs from the first.
+    """
+
+    runs: tuple[ReportedRun, ...]
+    resumed: tuple[str, ...]
+    dropped: Mapping[str, str]
+    counted: tuple[Counted, ...]
+    notes: tuple[str, ...]
+
+    @property
+    def instance_scale(self) -> int | None:
+        """The first counted run's instance scale that is logged."""
+        return next((c.scale for c in self.counted if c.scale is not None), None)
+
+
+def judge(logs: list[Log], runs: list[ReportedRun], checks: list[RunCheck | None], weak_layout: bool) -> Verdicts:
+    """The `Verdicts` of a folder's ``logs`` and their ``runs``, by each log's compliance check
+    (``checks``, `mlhpc.report.compliance.run_check`; None: kept apart, a resumed log or a
+    stopped attempt that a resumed log continues): a run whose check drops it does not count,
+    nor, in a weak-scaling folder of the MLCommons layout (``weak_layout``), one without an
+    instance scale. Never raises."""
+    resumed, dropped, counted, notes = [], {}, [], []
+    first_scale: int | None = None
+    for log, run, verdict in zip(logs, runs, checks):
+        if verdict is None:  # kept apart: never an ordinary run
+            resumed.append(str(log.path))
+            continue
+        reason, scale = verdict.drop, official_instance_scale(log.parsed.events)
+        if reason is None and weak_layout:
+            if scale is None:
+                reason = "number_of_nodes or accelerators_per_node not recorded"
+            elif first_scale is None:
+                first_scale = scale
+            elif scale != first_scale:
+                notes.append(f"{log.path.name}: instance scale {scale} differs from {first_scale}")
+        if reason is not None:
+            dropped[str(log.path)] = reason
+            continue
+        start, stop = official_start_stop(log.parsed.events)
+        counted.append(Counted(run, start, stop, scale))  # type: ignore[arg-type]
+    return Verdicts(tuple(runs), tuple(resumed), dropped, tuple(counted), tuple(notes))
+
+
 def compute_olympic_average(scores: list[float], dropped: int,
                             max_dropped: int | None = None) -> float | None:
     """result_summarizer's ``_compute_olympic_average``: sort, drop ``max_dropped`` fastest and
@@ -289,18 +358,19 @@ def names_of(folder: Path, layout: Layout, runs: tuple[RunSummary, ...], desc: M
                  next((s.org for s in subs if s.org), None))
 
 
-def folder_rcp(folder: Path, files: list[Path], verdicts: Verdicts, names: Names, ruleset: str | None) -> RcpVerdict:
+def folder_rcp(read: FolderRead, verdicts: Verdicts, names: Names) -> RcpVerdict:
     """rcp_checker's verdict on the folder's logs that are not kept apart (`mlhpc.report.rcp`);
     not checked where the folder holds resumed runs."""
-    if verdicts.resumed:
+    resumed = verdicts.resumed
+    if resumed:
         return RcpVerdict(None, "not checked: the folder holds resumed runs")
-    return check_folder(folder, benchmark=names.benchmark, ruleset=ruleset, division=names.division,
-                        files=[Path(p) for p in files if str(p) not in verdicts.resumed])
+    return check_folder(read.path, benchmark=names.benchmark, ruleset=read.check.ruleset, division=names.division,
+                        files=[Path(p) for p in read.files if str(p) not in resumed])
 
 
 def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
                  ruleset: str | None = None, valid_flops_exponent: float = DEFAULT_EXPONENT) -> FolderResult:
-    """Parse, check and score one result folder.
+    """Parse, check and score one result folder: `score_read` of `mlhpc.report.folders.read_folder`.
 
     Args:
         folder: the folder; its place in the MLCommons layout decides strong/weak/runs.
@@ -317,16 +387,19 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
         LogFormatError: a log or ``scaling.json`` cannot be read.
         ConfigError: an unknown ruleset.
     """
-    layout = layout_of(folder)
-    check = folder_check(folder, layout.round, layout.v07, ruleset, compliance)
-    desc = system_description(folder, layout)
-    superseded = superseded_logs(files)  # stopped attempts that a resumed log continues
-    logs = [read_log(path, layout.own) for path in files]
-    kind = folder_kind(layout, [log.facts for log in logs])
-    verdicts = judge(logs, superseded, check, layout.scaling == "weak", valid_flops_exponent)
-    names = names_of(folder, layout, tuple(r.facts for r in verdicts.runs), desc.data)
-    scaling_factor = read_scaling_factor(folder)
-    table = rules.of_round(check.ruleset, layout.round)
+    return score_read(read_folder(folder, files, compliance=compliance, ruleset=ruleset,
+                                  exponent=valid_flops_exponent))
+
+
+def score_read(read: FolderRead) -> FolderResult:
+    """The `FolderResult` of a folder read once (`mlhpc.report.folders.read_folder`): its kind
+    (`folder_kind`), which runs count (`judge`), its names, its score (strong or weak), RCP
+    verdict, energy and Valid FLOPS. Reads no file but the RCP checker's."""
+    layout, desc = read.layout, read.desc
+    kind = folder_kind(layout, [log.facts for log in read.logs])
+    verdicts = judge(list(read.logs), list(read.runs), list(read.checks), layout.scaling == "weak")
+    names = names_of(read.path, layout, tuple(r.facts for r in verdicts.runs), desc.data)
+    table = rules.of_round(read.check.ruleset, layout.round)
     if kind == "weak":
         needed = 1 if layout.own else table.runs.get(names.benchmark or "", 1)
         score = score_weak([(c.start_ms, c.stop_ms) for c in verdicts.counted], verdicts.instance_scale,
@@ -334,18 +407,19 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
         rcp = None
     else:
         score = score_strong([(c.stop_ms - c.start_ms) / 60 / 1000 for c in verdicts.counted],
-                             len(verdicts.dropped), table.max_dropped, scaling_factor)
-        rcp = folder_rcp(folder, files, verdicts, names, check.ruleset)
+                             len(verdicts.dropped), table.max_dropped, read.scaling_factor)
+        rcp = folder_rcp(read, verdicts, names)
     energy = folder_energy([(c.run.power, c.start_ms, c.stop_ms) for c in verdicts.counted],
-                           [r.power for r in verdicts.runs],
-                           kind, len(verdicts.dropped), table.max_dropped, scaling_factor)
-    flops = folder_valid_flops([r for r in verdicts.runs if r.path not in verdicts.resumed], kind, score.ttta_min)
+                           [r.power for r in verdicts.runs], kind, len(verdicts.dropped), table.max_dropped,
+                           read.scaling_factor)
+    flops = folder_valid_flops([r for r in verdicts.runs if r.facts.path not in verdicts.resumed], kind,
+                               score.ttta_min)
     resumed_note = (f"{len(verdicts.resumed)} resumed run(s) kept apart, not scored: "
                     + ", ".join(Path(p).name for p in verdicts.resumed),) if verdicts.resumed else ()
     return FolderResult(
-        path=str(folder), kind=kind, round=layout.round, submitter=names.submitter, system=names.system,
-        benchmark=names.benchmark, division=names.division, ruleset=check.ruleset, ruleset_note=check.note,
-        runs=list(verdicts.runs), dropped=dict(verdicts.dropped), scaling_factor=scaling_factor,
+        path=str(read.path), kind=kind, round=layout.round, submitter=names.submitter, system=names.system,
+        benchmark=names.benchmark, division=names.division, ruleset=read.check.ruleset, ruleset_note=read.check.note,
+        runs=list(verdicts.runs), dropped=dict(verdicts.dropped), scaling_factor=read.scaling_factor,
         olympic_min=score.olympic_min, raw_olympic_min=score.raw_olympic_min, ttta_min=score.ttta_min,
         number_of_models=score.number_of_models, models_per_min=score.models_per_min,
         instance_scale=score.instance_scale, rcp=rcp, resumed=list(verdicts.resumed),
@@ -356,7 +430,8 @@ def score_folder(folder: Path, files: list[Path], *, compliance: bool = True,
 
 def build_report(paths: Iterable[Path | str], *, compliance: bool = True, ruleset: str | None = None,
                  valid_flops_exponent: float = DEFAULT_EXPONENT) -> Report:
-    """Find every result folder under ``paths`` and score each (see the module docstring).
+    """Find every result folder under ``paths``, read each once and score it (see the module
+    docstring).
 
     Args:
         paths: round trees, submitter trees, result folders, mlhpc run folders or single logs.
@@ -373,7 +448,8 @@ def build_report(paths: Iterable[Path | str], *, compliance: bool = True, rulese
         ConfigError: an unknown ruleset.
     """
     started = time.perf_counter()
-    folders = [score_folder(folder, files, compliance=compliance, ruleset=ruleset,
-                            valid_flops_exponent=valid_flops_exponent) for folder, files in find_result_folders(paths)]
+    folders = [score_read(read_folder(folder, files, compliance=compliance, ruleset=ruleset,
+                                      exponent=valid_flops_exponent))
+               for folder, files in find_result_folders(paths)]
     return Report(folders=folders, compliance_checked=compliance,
                   elapsed_s=time.perf_counter() - started)

@@ -218,7 +218,8 @@ def run_valid_flops(run: "RunSummary", mean_power_w: float | None, log: Path, ev
     W (`mlhpc.report.energy.run_power`; None: not measured) and the FLOPs per sample its side
     file or the reference table gives (`flops_per_sample`)."""
     per_sample, source = flops_per_sample(run, log)
-    return valid_flops(run, per_sample, source, samples_trained(run, events), mean_power_w, exponent)
+    samples = samples_trained(run.training, run.submission.train_samples, events)
+    return valid_flops(run, per_sample, source, samples, mean_power_w, exponent)
 
 
 def folder_valid_flops(runs: list["ReportedRun"], kind: str,

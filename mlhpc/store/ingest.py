@@ -114,7 +114,7 @@ def _valid_flops(run: ReportedRun) -> dict[str, Any]:
 
 def run_row(folder: FolderResult, run: ReportedRun, log: _Log, campaign_id: str | None) -> dict[str, Any]:
     """The ``runs`` row of one summarised log (see `mlhpc.store.schema.runs`)."""
-    path = Path(run.path)
+    path = Path(run.facts.path)
     own = folder.kind == "runs"
     software = _software(path) if own else {}
     host = software.pop("_host", {})
@@ -134,7 +134,7 @@ def run_row(folder: FolderResult, run: ReportedRun, log: _Log, campaign_id: str 
         "config_hash": _config_hash(path) if own else None,
         "departs_from_reference": _departures(path) if own else None,
         **{k: _text(v, 64) for k, v in software.items()},
-        "status": timing.status, "dropped_reason": folder.dropped.get(run.path),
+        "status": timing.status, "dropped_reason": folder.dropped.get(facts.path),
         "run_start_ms": timing.run_start_ms, "run_stop_ms": timing.run_stop_ms,
         "time_to_train_s": timing.time_to_train_s, "staging_s": facts.staging.staging_s, "init_s": facts.staging.init_s,
         "epochs_to_target": facts.quality.epochs_to_target, "metric_key": facts.quality.metric_key,
@@ -209,15 +209,15 @@ def ingest_folder(store: Store, folder: Path, files: list[Path], campaign_id: st
         return result
     rows = []
     for run in scored.runs:
-        log = logs[run.path]
+        log = logs[run.facts.path]
         if log.parsed.sha256 in present:
             result.already += 1
         elif not (scored.benchmark or run.facts.submission.benchmark):
-            result.refused.append(f"{run.path}: names no benchmark (no submission_benchmark record)")
+            result.refused.append(f"{run.facts.path}: names no benchmark (no submission_benchmark record)")
         else:
             row = run_row(scored, run, log, campaign_id)
             if problem := _row_problem(row):
-                result.refused.append(f"{run.path}: {problem} (not stored)")
+                result.refused.append(f"{run.facts.path}: {problem} (not stored)")
             else:
                 rows.append(row)
     if rows:
