@@ -30,8 +30,10 @@ def size_text(n_bytes: float) -> str:
 
 
 def rate_text(bytes_per_s: float) -> str:
-    """A data rate for people: ``"1.23 GB/s"``, ``"45.6 MB/s"`` (powers of 1000)."""
-    return f"{bytes_per_s / 1e9:.2f} GB/s" if bytes_per_s >= 1e9 else f"{bytes_per_s / 1e6:.1f} MB/s"
+    """A data rate for people: ``"1.23 GB/s"``, ``"45.6 MB/s"``, ``"38 kB/s"`` (powers of 1000)."""
+    if bytes_per_s >= 1e9:
+        return f"{bytes_per_s / 1e9:.2f} GB/s"
+    return f"{bytes_per_s / 1e6:.1f} MB/s" if bytes_per_s >= 1e6 else f"{bytes_per_s / 1e3:.0f} kB/s"
 
 
 class SynthLines:

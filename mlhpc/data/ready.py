@@ -84,14 +84,21 @@ def ensure_data(config: "Config", workload: "Workload", rt: "Runtime",
             raise DataError(f"{path}: {reason}; set data.synthesize_if_missing: true to "
                             "synthesise it, or data.path")
         if rt.is_main:
-            if on_progress is not None:  # what is about to be made, and how big
-                counts = config.synth.model_dump() if config.synth is not None else {}
-                on_progress({"kind": "synthesis", "path": str(path), "state": state, "workload": workload.name,
-                             "samples": {k: v for k, v in counts.items() if k.endswith("_samples")}})
-            synthesize(path, workload, config.synth, config.data.synth_seed, on_progress)
+            _synthesize(config, workload, state, on_progress)
         runtime.barrier(rt)
     _require_splits(path, workload, state)
     return time.perf_counter() - start if work else 0.0
+
+
+def _synthesize(config: "Config", workload: "Workload", state: str, on_progress: ProgressFn | None) -> None:
+    """Rank 0's synthesis of ``data.path``, said first (a ``synthesis`` event: what is about to
+    be made, and how big)."""
+    path = Path(config.data.path)
+    if on_progress is not None:
+        counts = config.synth.model_dump() if config.synth is not None else {}
+        on_progress({"kind": "synthesis", "path": str(path), "state": state, "workload": workload.name,
+                     "samples": {k: v for k, v in counts.items() if k.endswith("_samples")}})
+    synthesize(path, workload, config.synth, config.data.synth_seed, on_progress)
 
 
 def _holds_files(folder: Path) -> bool:
