@@ -112,7 +112,7 @@ class SynthLines:
         else:  # a workload that computes samples before it writes them: say so, not "0 kB"
             parts.append("no data on disk yet")
         parts.append(f"{event['elapsed_s']:.0f} s")
-        if written and event["elapsed_s"] > 0:
+        if written >= 1000 and event["elapsed_s"] > 0:  # a rate of data on disk, never "0 kB/s"
             parts.append(rate_text(written / event["elapsed_s"]))
         if event.get("eta_s") is not None:
             parts.append(f"about {event['eta_s']:.0f} s left")

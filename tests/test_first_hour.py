@@ -56,7 +56,7 @@ def test_piped_data_synth_says_what_how_big_and_how_far(tmp_path):
                                       for line in lines[2:-1]) if m]
     assert len(done) == len(lines) - 3 and done == sorted(done) and done[-1] == 10, proc.stderr
     # the end: the files (10 and stats.h5), their bytes, the time and the rate
-    assert re.fullmatch(r"synthesised 11 files, [\d.]+ [kM]B in [\d.]+ s: [\d.]+ [MG]B/s in all",
+    assert re.fullmatch(r"synthesised 11 files, [\d.]+ [kM]B in [\d.]+ s: [\d.]+ [kMG]B/s in all",
                         lines[-1]), lines[-1]
     assert len(done) >= 5  # a line at least every tenth of the samples (or every 5 s)
     assert proc.stdout.strip() == f"wrote deepcam data to {out}"
