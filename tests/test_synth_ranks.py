@@ -163,3 +163,11 @@ def test_the_reference_config_reads_a_fraction_it_could_not_have_synthesised(tmp
     mini = cfg.load(repo / "configs" / "cosmoflow-mini.yaml", overrides=(f"data.path={data}",))
     with pytest.raises(DataError, match="data were synthesised with"):
         ready.ensure_data(mini, get("cosmoflow"), Runtime())
+
+
+def test_a_data_set_whose_parent_folders_are_missing_is_made_with_them(tmp_path):
+    """``data.path`` under folders that do not exist yet (a fresh working folder): they are made,
+    as before the ranks shared the synthesis."""
+    proc = synth("cosmoflow", tmp_path / "work" / "deeper" / "data", *COSMO, "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "work" / "deeper" / "data" / "train").is_dir()

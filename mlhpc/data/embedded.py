@@ -243,6 +243,8 @@ def synthesize(path: Path, workload: "Workload", synth: Any, seed: int,
     path = Path(path)
     wanted = _settings(workload.name, synth, seed)
     try:
+        if team.is_main:  # the lock is taken on the parent folder
+            path.parent.mkdir(parents=True, exist_ok=True)
         with _lock(path) if team.is_main else nullcontext():
             if not _on_main(team, _prepared, path, wanted):
                 return False
@@ -285,7 +287,6 @@ def _picklable(value: Any) -> Any:
 def _prepared(path: Path, wanted: dict[str, Any]) -> bool:
     """Rank 0's first step: False when ``path`` is complete with these settings (its claim
     released if a rename was interrupted), else True with the hidden folder ready to write."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     if not _needs_synthesis(path, wanted):
         if claim_problem(path, SYNTH_KIND) is None:  # renamed into place, not yet released
             _finish(path)
