@@ -192,8 +192,9 @@ class MlhpcRunBase(_MlhpcBase):
     def _performance(self) -> None:
         figures = verdict.run_figures(self._run)
         self.perf_variables = {f.name: sn.make_performance_function(sn.defer(f.value), f.unit) for f in figures}
-        if self.references and self._run.benchmark:
-            self.reference = reference_table(self.references, self._run.benchmark)
+        benchmark = self._run.facts.submission.benchmark
+        if self.references and benchmark:
+            self.reference = reference_table(self.references, benchmark)
 
 
 class MlhpcStageBase(_MlhpcBase):
