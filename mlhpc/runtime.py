@@ -46,6 +46,15 @@ def single_process_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in _LAUNCHER_ENV and not k.startswith(_MPI_PREFIXES)}
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (a launcher's binding), else the
+    node's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def die_with_parent() -> None:
     """In a child process before exec (``preexec_fn``): SIGTERM when the process that started it
     dies (Linux ``PR_SET_PDEATHSIG``), so that no run outlives its worker or sweep on a shared

@@ -124,4 +124,6 @@ def _end_of(folder: Path, study: StudyFile) -> float:
 
 def default_threads(workers: int) -> int:
     """Torch threads per trial when ``workers`` share this node's cores."""
-    return max(1, len(os.sched_getaffinity(0)) // max(workers, 1))
+    from mlhpc.runtime import usable_cpus
+
+    return max(1, usable_cpus() // max(workers, 1))

@@ -41,7 +41,7 @@ from mlhpc.data.files import write_text_atomic
 from mlhpc.data.statefiles import open_state_file
 from mlhpc.data.trees import make_private_dir
 from mlhpc.errors import ConfigError, OutputError
-from mlhpc.runtime import single_process_env
+from mlhpc.runtime import single_process_env, usable_cpus
 
 #: A trial's folder in the search's folder, by its Optuna trial number.
 TRIAL_DIR = "trial_{number:04d}"
@@ -64,7 +64,7 @@ def worker_name() -> str:
 def trial_threads(config: Config) -> int:
     """``automl.trial_threads``, or every core this worker may use."""
     assert config.automl is not None
-    return config.automl.trial_threads or max(1, len(os.sched_getaffinity(0)))
+    return config.automl.trial_threads or usable_cpus()
 
 
 def rank_threads(config: Config) -> int:

@@ -67,19 +67,11 @@ class SynthTeam:
         return self.everyone(value)[0]
 
 
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 def cpu_share(local_ranks: int) -> int:
     """This rank's share of its node's CPUs: its affinity mask where the launcher bound it to
     fewer CPUs than the node has (srun --cpu-bind), else the node's CPUs over its ``local_ranks``
     (torchrun, mpiexec without binding); at least 1."""
-    mine, node = usable_cpus(), os.cpu_count() or 1
+    mine, node = runtime.usable_cpus(), os.cpu_count() or 1
     return max(1, mine if mine < node else node // max(1, local_ranks))
 
 

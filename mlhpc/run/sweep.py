@@ -134,11 +134,8 @@ def sweep_rows(counts: Sequence[int], measure: Callable[[int], Row],
 
 
 def default_max_accelerators() -> int:
-    """The CPUs this process may use (its affinity; else the node's count): one rank each."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    """The CPUs this process may use (`mlhpc.runtime.usable_cpus`): one rank each."""
+    return runtime.usable_cpus()
 
 
 @dataclass(frozen=True)

@@ -64,12 +64,12 @@ the missing files.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import h5py
 import numpy as np
 
+from mlhpc.runtime import usable_cpus
 from mlhpc.workload import NO_PROGRESS, SynthProgress
 from mlhpc.data.files import atomic_output, write_text_atomic
 from mlhpc.data.inputs import read_text_input
@@ -233,15 +233,8 @@ def estimated_bytes(cfg: SynthConfig, file_samples: list[int]) -> int:
     return sum(n * per_sample + FILE_OVERHEAD_BYTES for n in file_samples)
 
 
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 def _execute(tasks: list, workers: int, progress: SynthProgress) -> None:
-    workers = min(workers or _usable_cpus(), len(tasks))
+    workers = min(workers or usable_cpus(), len(tasks))
     try:
         if workers <= 1 or len(tasks) < 4:
             for task in tasks:
