@@ -19,7 +19,7 @@ from test_report_people import _folder
 from test_store import make_runs
 
 from mlhpc.cli import main
-from mlhpc.report.figures import strong_cell
+from mlhpc.report.cells import strong_cell
 from mlhpc.report.cli import report_command
 from mlhpc.report.rcp import RcpVerdict
 from mlhpc.report.score import FolderResult

@@ -331,10 +331,10 @@ def test_cli_renders_the_table_once(monkeypatch):
 
     monkeypatch.setenv("COLUMNS", "100")  # the width of a pipe, whatever the runner's stdout is
 
-    render_module = importlib.import_module("mlhpc.report.render")  # the package's `render` is the function
+    views_module = importlib.import_module("mlhpc.report.views")
     calls = []
-    views = render_module._views
-    monkeypatch.setattr(render_module, "_views", lambda *a, **k: calls.append(1) or views(*a, **k))
+    views = views_module._tables
+    monkeypatch.setattr(views_module, "_tables", lambda *a, **k: calls.append(1) or views(*a, **k))
     result = CliRunner().invoke(report_command, [str(MINI_RUNS), "--no-compliance"])
     assert result.exit_code == 0, result.output
     assert "time to train s" in result.stdout and len(calls) == 1

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from mlhpc.power.sampler import mllog_line
 from mlhpc.report import build_report
-from mlhpc.report.figures import CSV, FIGURES, TABLES, WIDE, Frame, Row, selected
+from mlhpc.report.figures import CSV, FIGURES, TABLES, WIDE, Frame, Row
+from mlhpc.report.views import selected
 from mlhpc.report.render import csv_cell, render, to_markdown, to_text
 
 MINI_RUNS = Path(__file__).parent / "data" / "report" / "cosmoflow-mini-runs"

@@ -118,7 +118,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         "supported, after checking that no file has the final name",
     ("mlhpc/power/sources.py", "read_text"): "sysfs powercap files (energy_uj, name, "
         "max_energy_range_uj): kernel files of a few bytes",
-    ("mlhpc/report/package.py", "shutil.copytree"): "copies the package mlhpc just wrote (write_under, "
+    ("mlhpc/report/package_check.py", "shutil.copytree"): "copies the package mlhpc just wrote (write_under, "
         "no link followed) into a fresh private temporary folder for package_checker",
     ("mlhpc/log/mlperf_adapter.py", "read_text"): "mlperf_logging's own rule files, read from its installed "
         "package",

@@ -114,10 +114,11 @@ def _progress(event: dict[str, Any]) -> None:
 def _score(folder: Path) -> int:
     """The search's score as ``mlhpc report FOLDER`` prints it (`mlhpc.report.automl_render`);
     0 when its gates passed, else 1."""
+    from mlhpc.report.automl import score_folder
     from mlhpc.report.automl_render import automl_report
     from mlhpc.text import console
 
-    outcome = automl_report(folder, "table", None)
+    outcome = automl_report(score_folder(folder), "table", None)
     for line in outcome.score.warnings:
         echo(f"warning: {line}", err=True)
     console().print(outcome.output)

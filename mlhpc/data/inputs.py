@@ -31,7 +31,7 @@ from typing import Any, BinaryIO
 
 from mlhpc.data.files import reason
 from mlhpc.data.statefiles import file_kind
-from mlhpc.data.trees import is_under, resolved
+from mlhpc.data.trees import descriptor_path, is_under, resolved
 from mlhpc.errors import DataError, MlhpcError
 from mlhpc.text import clip
 
@@ -45,13 +45,6 @@ _FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 class InputRefused(DataError):
     """A file mlhpc was asked to read is refused: a link out of its tree, not a regular file, or
     over its size cap (the message names the file and which)."""
-
-
-def _real_path(fd: int, fallback: Path) -> Path:
-    try:
-        return Path(os.readlink(f"/proc/self/fd/{fd}"))
-    except OSError:
-        return resolved(fallback)
 
 
 def open_input(path: Path | str, cap_bytes: int, root: Path | str | None = None,
@@ -82,7 +75,7 @@ def open_input(path: Path | str, cap_bytes: int, root: Path | str | None = None,
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise error(f"{what} is {file_kind(info.st_mode)}, not a regular file; refused", path=path)
-        if top is not None and not is_under(_real_path(fd, path), top):
+        if top is not None and not is_under(descriptor_path(fd, path), top):
             raise error(f"{what} is a symbolic link out of {root}; refused", path=path)
         if info.st_size > cap_bytes:
             raise error(f"{what} of {info.st_size} bytes, over the {cap_bytes} bytes "

@@ -31,6 +31,24 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from mlhpc.workload import Workload
 
 
+def ensure_source(config: "Config", workload: "Workload", world: "Runtime", progress: ProgressFn) -> float:
+    """`ensure_data` on ``data.path``, unless the source is gone and every node
+    already holds its complete staged copy (`mlhpc.data.stage.staged_copy_present`): a run after a
+    separate ``mlhpc stage`` step then needs no source (and synthesises none). Every rank of the
+    job (``world``) takes the same branch. Returns the seconds spent synthesising."""
+    from mlhpc import runtime
+    from mlhpc.data import stage as staging  # the staging package reads datasets this module makes
+
+    present = (not Path(config.data.path).exists()
+               and staging.staged_copy_present(config, world))
+    if runtime.all_reduce([float(not present)], world, op="max")[0] == 0.0:
+        return 0.0
+    seconds = ensure_data(config, workload, world, progress)
+    if world.is_main and seconds > 0:
+        progress({"kind": "synthesised", "path": str(config.data.path), "seconds": seconds})
+    return seconds
+
+
 def ensure_data(config: "Config", workload: "Workload", rt: "Runtime",
                 on_progress: ProgressFn | None = None) -> float:
     """Make sure ``config.data.path`` holds a complete dataset before anything reads it;

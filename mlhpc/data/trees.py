@@ -27,6 +27,15 @@ def resolved(path: Path) -> Path:
         return Path(path).absolute()
 
 
+def descriptor_path(fd: int, fallback: Path) -> Path:
+    """The real path of the file open as ``fd`` (Linux's ``/proc/self/fd``), else ``fallback``
+    resolved (`resolved`): where a file opened through links really is."""
+    try:
+        return Path(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        return resolved(fallback)
+
+
 def is_under(path: Path, root: Path) -> bool:
     """Whether ``path`` equals ``root`` or lies below it (lexically)."""
     try:

@@ -10,29 +10,31 @@ Modules, one step each:
 - `compliance`: MLCommons' compliance checker per log; `rcp`: reference convergence points;
 - `score`: result folders -> strong (olympic mean) and weak (models/min) scores, exactly as
   MLCommons' result_summarizer;
-- `figures`: the table of the report's figures (name with unit, level, value, views) and each
-  cell's text; `render`: the views selected from it (tables, JSON, CSV, Markdown), with the
-  titles and notes of `notes`; `plots`: PNG figures;
-  `package`: mlhpc run folders -> a submission package.
+- `figures`: the table of the report's figures (name with unit, level, value, views), each
+  cell's text from `cells`; `views`: what a report shows, selected from it (tables, CSV
+  records), with the titles and notes of `notes`; `render`: those laid out (rich tables, JSON,
+  CSV, Markdown); `plots`: PNG figures;
+  `package`: a report's runs -> a submission package, judged by `package_check`.
 
 `run_report` is the only call the CLI makes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Group
 
 from mlhpc.errors import ConfigError
-from mlhpc.report.package import PackageResult, check_package, package_runs
-from mlhpc.log.parse import Event, Malformed, ParsedLog, parse_log, parse_text
-from mlhpc.report.render import render, tables
 from mlhpc.log.facts import RunSummary
+from mlhpc.log.parse import Event, Malformed, ParsedLog, parse_log, parse_text
 from mlhpc.log.summary import summarize_run
+from mlhpc.report.package import PackageOptions, PackageResult, check_package, package_report, package_runs
+from mlhpc.report.render import natural_width, output, render
 from mlhpc.report.score import FolderResult, Report, build_report
 from mlhpc.report.validflops import DEFAULT_EXPONENT, check_exponent
+from mlhpc.report.views import shown
 
 __all__ = [
     "Event", "FolderResult", "Malformed", "Outcome", "PackageOptions", "PackageResult", "ParsedLog",
@@ -42,19 +44,6 @@ __all__ = [
 
 
 PRICE_KEYS = ("price_per_node_hour", "price_per_kwh")  # the command line's options, systems/*.json keys
-
-
-@dataclass(frozen=True)
-class PackageOptions:
-    """Lay the runs out as a submission: `package_runs` into ``out`` under ``org``/``system``
-    (default: the logs' names), then `check_package` on a scratch copy when ``check``, with
-    ``--rcp-bypass`` only when ``rcp_bypass``."""
-
-    out: Path
-    org: str | None = None
-    system: str | None = None
-    check: bool = True
-    rcp_bypass: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,8 +78,10 @@ class ReportOptions:
 
 @dataclass
 class Outcome:
-    """What `run_report` produced: the report, its output, plots (and why any was left out:
-    `mlhpc.report.plots.PlotFiles`), package.
+    """What `run_report` produced: the report, its output (and the columns a console needs to
+    show it: ``width``), plots (and why any was left out: `mlhpc.report.plots.PlotFiles`),
+    package; ``warnings`` as an AutoML report has them (none here: a results report says what
+    it leaves out in its notes).
 
     ``output`` is the report rendered once in the asked format: text for ``json``, ``csv`` and
     ``markdown``; for ``table``, rich tables (`mlhpc.report.render.tables`) for a console to
@@ -99,9 +90,11 @@ class Outcome:
 
     report: Report
     output: str | Group
+    width: int = 100
     plots: list[Path] = field(default_factory=list)
     plots_skipped: list[str] = field(default_factory=list)
     package: PackageResult | None = None
+    warnings: tuple[str, ...] = ()
 
 
 def run_report(paths: list[Path], options: ReportOptions | None = None) -> Outcome:
@@ -126,57 +119,17 @@ def run_report(paths: list[Path], options: ReportOptions | None = None) -> Outco
     except ValueError as exc:
         raise ConfigError(f"--valid-flops-exponent {exc}") from None
     report = build_report(paths, compliance=options.compliance, ruleset=options.ruleset,
-                          valid_flops_exponent=exponent)
-    report = replace(report, **{name: _price(report, options, name) for name in PRICE_KEYS})
-    output = (tables(report, options.level, options.wide, options.width) if options.fmt == "table"
-              else render(report, options.fmt, options.level))
-    outcome = Outcome(report=report, output=output)
+                          valid_flops_exponent=exponent, price_per_node_hour=options.price_per_node_hour,
+                          price_per_kwh=options.price_per_kwh)
+    seen = shown(report, options.level, options.wide or options.fmt == "markdown", options.fmt)
+    text = output(report, seen, options.fmt, options.wide, options.width)
+    outcome = Outcome(report=report, output=text, width=max(options.width, natural_width(text))
+                      if options.wide and not isinstance(text, str) else options.width)
     if options.plots_dir is not None:
         from mlhpc.report.plots import write_plots
 
         files = write_plots(report, options.plots_dir)
         outcome.plots, outcome.plots_skipped = files.written, files.skipped
     if options.package is not None:
-        outcome.package = _package(report, paths, options.package)
+        outcome.package = package_report(report, options.package)
     return outcome
-
-
-def _price(report: Report, options: ReportOptions, name: str) -> float | None:
-    """The price ``name`` (``price_per_node_hour`` or ``price_per_kwh``) for the cost to train:
-    the command line's when given; else the one the scored folders' system descriptions
-    (``systems/<system>.json``, key ``name``, a number or a numeric string) give, when every
-    description that names a price gives the same; else None (no cost shown).
-
-    Raises:
-        ConfigError: a description's price is not a finite number >= 0, or two descriptions
-            give different prices (one report has one price: give it on the command line).
-    """
-    if getattr(options, name) is not None:
-        return getattr(options, name)
-    found: dict[float, str] = {}
-    for folder in report.folders:
-        raw = folder.system_desc.get(name)
-        if raw is None or raw == "":
-            continue
-        where = f"system description {folder.system}.json of {folder.path}"
-        try:
-            value = float(raw) if not isinstance(raw, bool) else float("nan")
-        except (TypeError, ValueError):
-            value = float("nan")
-        if not 0 <= value < float("inf"):
-            raise ConfigError(f"{where}: {name} {raw!r}: expected a finite price >= 0")
-        found.setdefault(value, where)
-    if len(found) > 1:
-        (a, first), (b, second) = list(found.items())[:2]
-        raise ConfigError(f"{name}: {first} gives {a:g}, {second} gives {b:g}; report the systems "
-                          f"apart or give --{name.replace('_', '-')}")
-    return next(iter(found), None)
-
-
-def _package(report: Report, paths: list[Path], options: PackageOptions) -> PackageResult:
-    if any(f.kind != "runs" for f in report.folders):
-        raise ConfigError("--package: give mlhpc run folders, not an MLCommons results tree")
-    package = package_runs(paths, options.out, org=options.org, system=options.system)
-    if options.check:
-        check_package(package, rcp_bypass=options.rcp_bypass)
-    return package

@@ -53,9 +53,9 @@ from typing import Any
 
 from mlhpc.data.inputs import read_json_object
 from mlhpc.errors import ConfigError
-from mlhpc.report.automl_folder import Study, TrialLog, automl_folder, read_study, read_trials
+from mlhpc.report.automl_folder import Search, Study, TrialLog, automl_folder, read_search
 
-__all__ = ["AutomlScore", "BestTrial", "Gate", "Mark", "Study", "automl_folder", "score_folder"]
+__all__ = ["AutomlScore", "BestTrial", "Gate", "Mark", "Study", "automl_folder", "score_folder", "score_search"]
 
 #: The most time marks one report holds (a year at 316 s marks).
 MAX_MARKS = 100_000
@@ -145,25 +145,31 @@ class AutomlScore:
 
 
 def score_folder(folder: Path | str) -> AutomlScore:
-    """AIPerf's score of the AutoML folder ``folder`` at each time mark, its gates and its best
-    trial, from the folder's files alone (see the module docstring).
+    """AIPerf's score of the AutoML folder ``folder`` (`score_search` of `read_search`).
 
     Raises:
         ConfigError: ``study.json`` is refused (`mlhpc.report.automl_folder.read_study`), the
             folder cannot be listed, or the marks would be more than `MAX_MARKS`.
     """
-    folder = Path(folder)
-    study = read_study(folder)
-    warnings: list[str] = []
-    logs, total, without = read_trials(folder, study, warnings)
+    return score_search(read_search(folder))
+
+
+def score_search(search: Search) -> AutomlScore:
+    """AIPerf's score of a search read from its folder (`read_search`) at each time mark, its
+    gates and its best trial, from the folder's files alone (see the module docstring).
+
+    Raises:
+        ConfigError: the marks would be more than `MAX_MARKS`.
+    """
+    study, logs = search.study, list(search.logs)
     duration_s = search_duration(study, logs)
     best = _best_event(study, logs, duration_s)
     gates = (duration_gate(study, duration_s), quality_gate(study, best and best[3]),
              precision_gate(logs))
-    return AutomlScore(folder=folder, study=study, duration_s=duration_s,
+    return AutomlScore(folder=search.folder, study=study, duration_s=duration_s,
                        marks=score_marks(study, logs, duration_s), gates=gates,
-                       best_trial=_best_trial(best), trials_total=total,
-                       trials_without_flops=without, warnings=tuple(warnings))
+                       best_trial=_best_trial(best), trials_total=search.trials_total,
+                       trials_without_flops=search.trials_without_flops, warnings=search.warnings)
 
 
 def search_duration(study: Study, logs: list[TrialLog]) -> float:

@@ -23,8 +23,8 @@ from rich.console import Group
 from rich.table import Table
 
 from mlhpc.errors import ConfigError
-from mlhpc.report.automl import AutomlScore, score_folder
-from mlhpc.report.figures import flops_text
+from mlhpc.report.automl import AutomlScore
+from mlhpc.report.cells import flops_text
 from mlhpc.report.render import csv_cell, finite
 from mlhpc.text import cell, joined, styled
 
@@ -38,23 +38,28 @@ PLOT_NAME = "automl-scores.png"
 @dataclass
 class AutomlOutcome:
     """What `automl_report` produced: the score, its output (text, or rich tables for ``table``),
-    the PNGs written and why any was not."""
+    the PNGs written and why any was not; ``width``, ``package`` and ``warnings`` as
+    `mlhpc.report.Outcome` has them (no width of its own, no package; the score's warnings)."""
 
     score: AutomlScore
     output: str | Group
     plots: list[Path] = field(default_factory=list)
     plots_skipped: list[str] = field(default_factory=list)
+    width: int = 0
+    package: None = None
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return self.score.warnings
 
 
-def automl_report(folder: Path, fmt: str, plots_dir: Path | None) -> AutomlOutcome:
-    """The report of the AutoML folder ``folder`` (`mlhpc.report.automl.automl_folder` finds it
-    among the command's paths) in ``fmt``, with its PNG written under ``plots_dir`` when given.
+def automl_report(score: AutomlScore, fmt: str, plots_dir: Path | None) -> AutomlOutcome:
+    """An AutoML folder's score (`mlhpc.report.automl.score_search`) in ``fmt``, with its PNG
+    written under ``plots_dir`` when given.
 
     Raises:
-        ConfigError: its ``study.json`` is refused (`mlhpc.report.automl.score_folder`), an
-            unknown ``fmt``, or the PNG cannot be written.
+        ConfigError: an unknown ``fmt``, or the PNG cannot be written.
     """
-    score = score_folder(folder)
     renderers = {"table": automl_tables, "json": automl_json, "csv": automl_csv, "markdown": automl_markdown}
     if fmt not in renderers:
         raise ConfigError(f"--format {fmt}: expected one of {', '.join(renderers)}")

@@ -11,7 +11,8 @@ from mlhpc.report.render import FORMATS, LEVELS
 from mlhpc.text import console, echo, one_line
 
 if TYPE_CHECKING:
-    from mlhpc.report.package import PackageResult
+    from mlhpc.report import Outcome, ReportOptions
+    from mlhpc.report.automl_render import AutomlOutcome
 
 
 @click.command("report", context_settings={"help_option_names": ["-h", "--help"]})  # also when invoked alone
@@ -65,87 +66,76 @@ def report_command(paths: tuple[Path, ...], fmt: str, level: str, wide: bool, co
     it: score and regulated score per time mark, the gates, the best trial; --format and --plots
     (automl-scores.png) apply, --package, --org, --system, --rcp-bypass and the prices are
     refused, the other options are not used."""
-    from mlhpc.errors import ConfigError, MlhpcError
-    from mlhpc.report import PackageOptions, ReportOptions, run_report
+    from mlhpc.errors import MlhpcError
+    from mlhpc.report import PackageOptions, ReportOptions
 
     width = _console_width()
     refused = [name for name, value in (("--package", package_dir), ("--org", org), ("--system", system_name),
                                         ("--price-per-node-hour", price_per_node_hour),
                                         ("--price-per-kwh", price_per_kwh), ("--rcp-bypass", rcp_bypass or None))
                if value is not None]
-    if _report_automl(paths, fmt, plots_dir, width, refused):
-        return
     try:
         if package_dir is None and (org is not None or system_name is not None or rcp_bypass):
-            raise ConfigError("--org/--system/--rcp-bypass: only used with --package OUT")
+            refused.append("")  # an AutoML folder refuses them all; a results report names them below
         package = None if package_dir is None else PackageOptions(
             package_dir, org=org, system=system_name, check=check_package, rcp_bypass=rcp_bypass)
-        outcome = run_report(list(paths), ReportOptions(fmt=fmt, level=level, compliance=compliance,
-                                                        ruleset=ruleset, plots_dir=plots_dir, package=package,
-                                                        price_per_node_hour=price_per_node_hour,
-                                                        price_per_kwh=price_per_kwh, wide=wide,
-                                                        width=width, valid_flops_exponent=valid_flops_exponent))
+        options = ReportOptions(fmt=fmt, level=level, compliance=compliance, ruleset=ruleset, plots_dir=plots_dir,
+                                package=package, price_per_node_hour=price_per_node_hour,
+                                price_per_kwh=price_per_kwh, wide=wide, width=width,
+                                valid_flops_exponent=valid_flops_exponent)
+        outcome = _outcome(list(paths), options, refused)
     except MlhpcError as exc:  # the project's convention: one line on stderr, exit status 2
         echo(f"mlhpc: error: {one_line(exc)}", err=True)
         raise SystemExit(2) from None
-    if isinstance(outcome.output, str):
-        echo(outcome.output, nl=not outcome.output.endswith("\n"))
-    else:
-        from mlhpc.report.render import natural_width
-
-        console(width=max(width, natural_width(outcome.output)) if wide else width).print(outcome.output)
-    for path in outcome.plots:
-        echo(f"wrote {path}", err=True)
-    for line in outcome.plots_skipped:
-        echo(line, err=True)
-    if outcome.package is not None:
-        _echo_package(outcome.package)
+    _print(outcome, width)
 
 
-def _report_automl(paths: tuple[Path, ...], fmt: str, plots_dir: Path | None, width: int,
-                   refused: list[str]) -> bool:
-    """Print the AutoML report when ``paths`` is an AutoML folder (`mlhpc.report.automl_render`)
-    and say so; False otherwise. Bad input: one line, exit status 2."""
-    from mlhpc.errors import ConfigError, MlhpcError
-    from mlhpc.report.automl import automl_folder
+def _outcome(paths: list[Path], options: ReportOptions, refused: list[str]) -> Outcome | AutomlOutcome:
+    """The report of ``paths``: an AutoML folder's (one holding ``study.json``) read
+    (`mlhpc.report.automl_folder.read_search`), scored (`mlhpc.report.automl.score_search`) and
+    shown (`mlhpc.report.automl_render.automl_report`); else result logs scored and shown
+    (`mlhpc.report.run_report`).
+
+    Raises:
+        ConfigError: an option in ``refused`` given for an AutoML folder, --org, --system or
+            --rcp-bypass without --package, or bad input (`run_report`, `read_search`).
+    """
+    from mlhpc.errors import ConfigError
+    from mlhpc.report import run_report
+    from mlhpc.report.automl import score_search
+    from mlhpc.report.automl_folder import automl_folder, read_search
     from mlhpc.report.automl_render import automl_report
 
-    try:
-        folder = automl_folder(list(paths))
-        if folder is None:
-            return False
-        if refused:
-            raise ConfigError(f"{', '.join(refused)}: not used for an AutoML folder ({folder})")
-        outcome = automl_report(folder, fmt, plots_dir)
-    except MlhpcError as exc:
-        echo(f"mlhpc: error: {one_line(exc)}", err=True)
-        raise SystemExit(2) from None
-    for line in outcome.score.warnings:
+    folder = automl_folder(paths)
+    if folder is not None:
+        if [name for name in refused if name]:
+            raise ConfigError(f"{', '.join(name for name in refused if name)}: not used for an AutoML folder "
+                              f"({folder})")
+        search = read_search(folder)
+        score = score_search(search)
+        return automl_report(score, options.fmt, options.plots_dir)
+    if "" in refused:
+        raise ConfigError("--org/--system/--rcp-bypass: only used with --package OUT")
+    return run_report(paths, options)
+
+
+def _print(outcome: Outcome | AutomlOutcome, width: int) -> None:
+    """A report's warnings (stderr), its output (stdout: text as it is, tables on a console as
+    wide as they need, at least ``width`` columns), the PNGs written and why any was not
+    (stderr), then what was packaged and the package checker's verdict (exit 1 if it rejects)."""
+    for line in outcome.warnings:
         echo(f"warning: {line}", err=True)
     if isinstance(outcome.output, str):
         echo(outcome.output, nl=not outcome.output.endswith("\n"))
     else:
-        console(width=width).print(outcome.output)
+        console(width=max(width, outcome.width)).print(outcome.output)
     for path in outcome.plots:
         echo(f"wrote {path}", err=True)
     for line in outcome.plots_skipped:
         echo(line, err=True)
-    return True
-
-
-def _console_width() -> int:
-    """Columns for the table: the terminal's width on a terminal, else ``$COLUMNS`` when set,
-    else 100."""
-    import os
-
-    probe = console()
-    if probe.is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
-        return max(probe.width, 20)
-    return 100
-
-
-def _echo_package(package: PackageResult) -> None:
-    """What was packaged, its warnings and the package checker's verdict (exit 1 if it rejects)."""
+    package = outcome.package
+    if package is None:
+        return
     echo(f"packaged {len(package.result_files)} runs into {package.root}", err=True)
     for warning in package.warnings:
         echo(f"warning: {warning}", err=True)
@@ -157,3 +147,14 @@ def _echo_package(package: PackageResult) -> None:
         echo(f"mlhpc: error: package_checker ({how}) rejected {package.root}: {first}", err=True)
         raise SystemExit(1)
     echo(f"package_checker ({how}): accepted", err=True)
+
+
+def _console_width() -> int:
+    """Columns for the table: the terminal's width on a terminal, else ``$COLUMNS`` when set,
+    else 100."""
+    import os
+
+    probe = console()
+    if probe.is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
+        return max(probe.width, 20)
+    return 100

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import yaml
+
 from mlhpc.data.inputs import read_text_input
-from mlhpc.errors import DataError, LogFormatError
+from mlhpc.errors import ConfigError, DataError, LogFormatError
 from mlhpc.log.facts import RunSummary
 from mlhpc.log.parse import ParsedLog, file_kind, parse_log
 from mlhpc.log.summary import is_resumed, resumed_from, summarize_run
@@ -158,6 +160,31 @@ def sidecars(log: Path, stem: str, suffix: str) -> list[Path]:
     match = re.match(r"^result_(.+)\.txt$", log.name)
     candidate = log.parent / f"{stem}_{match.group(1)}{suffix}" if match else None
     return [candidate] if candidate is not None and candidate.is_file() else []
+
+
+def read_mapping(path: Path | None, kind: str) -> dict[str, Any]:
+    """The mapping in a run's file ``path`` (``kind`` ``json``: JSON, else YAML; ``kind`` names
+    it in messages), read inside its folder (`mlhpc.data.inputs.read_text_input`); ``{}`` when
+    ``path`` is None or the file holds no mapping.
+
+    Raises:
+        ConfigError: the reader refuses the file, or it is not JSON/YAML (one line naming it).
+    """
+    if path is None:
+        return {}
+    try:
+        text = read_text_input(path, root=path.parent, what=f"run's {kind} file", error=ConfigError)
+        data = json.loads(text) if kind == "json" else yaml.safe_load(text)
+    except (ValueError, RecursionError, yaml.YAMLError):
+        raise ConfigError(f"{path}: cannot read this run's {kind} file") from None
+    return data if isinstance(data, dict) else {}
+
+
+def side_mapping(log: Path, stem: str, suffix: str) -> dict[str, Any]:
+    """`read_mapping` of the side file ``<stem>_<N><suffix>`` of ``log`` (`sidecars`; JSON for
+    ``.json``, else YAML); ``{}`` when the run has none."""
+    found = sidecars(log, stem, suffix)
+    return read_mapping(found[0] if found else None, "json" if suffix == ".json" else "yaml")
 
 
 def run_target(log: Path) -> float | None:

@@ -1,4 +1,4 @@
-"""The text around the report's tables: their titles and the notes under them.
+"""The text around the report's tables: their titles (`titles`) and the notes under them (`notes`).
 
 The notes say what the figures leave out or how they were made: each folder's notes, RCP
 verdicts, compliance, dropped runs, malformed lines, Valid FLOPS (HPC AI500), storage mode's
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from mlhpc.report.energy import POWER_NOTE_PREFIX
-from mlhpc.report.figures import any_energy, epoch_unit, fmt
+from mlhpc.report.cells import any_energy, epoch_unit, fmt, priced, valid_flops_header
 from mlhpc.report.score import FolderResult, Report
 
 #: The line the human formats give when no run of a report has power readings.
@@ -21,6 +21,22 @@ NO_POWER_COUNTER = ("no power counter: no run has power readings (power/result_N
 STRONG_TITLE = ("Strong scaling: time to train, olympic mean in minutes as published (* one run "
                 "dropped; raw mean x factor where scaling.json applies one), then rcp_checker's verdict")
 WEAK_TITLE = "Weak scaling: throughput, models/min (M models x accelerators each)"
+ENERGY_TITLE = ("Energy to train, kWh: olympic mean as result_summarizer scores power (- : no power "
+                "readings)")
+VALID_FLOPS_TITLE = ("HPC AI500: mean over each folder's runs, a system figure, not an MLPerf score (- : "
+                     "FLOPs per sample not known)")
+
+
+def titles(report: Report, tables: list[tuple[str, tuple[FolderResult, ...]]]) -> list[str]:
+    """The title of each table of ``tables``, given as ``(kind, its folders)``: ``runs`` (one
+    mlhpc run folder's runs: `run_view_title`), ``strong`` and ``weak`` (scores), ``energy``
+    (with the cost to train where prices are given) and ``valid_flops`` (with the penalty's
+    exponent of the report's runs)."""
+    runs = [r for f in report.folders for r in f.runs]
+    fixed = {"strong": STRONG_TITLE, "weak": WEAK_TITLE,
+             "energy": ENERGY_TITLE + ("; cost to train" if priced(report) else ""),
+             "valid_flops": f"{valid_flops_header(runs)}, {VALID_FLOPS_TITLE}"}
+    return [run_view_title(folders[0]) if kind == "runs" else fixed[kind] for kind, folders in tables]
 
 
 def notes(report: Report) -> list[str]:

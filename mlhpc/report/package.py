@@ -21,10 +21,8 @@ The destination is checked as every data command checks its own
 user that nobody else can write; everything is written through folders opened without
 following links (`mlhpc.data.files.write_under`), copies no wider than their sources.
 
-`check_package` runs ``python -m mlperf_logging.package_checker ORG hpc <ruleset>`` (default
-`mlhpc.rules`' current one, 3.0.0) on a scratch copy
-(the checker writes ``scaling.json`` into what it checks), as a submitter would: without
-``--rcp-bypass`` unless asked, and the result records which.
+`package_report` lays out the runs of a report, read once (`report_runs`), then has MLCommons'
+package checker check the result (`mlhpc.report.package_check.check_package`).
 """
 
 from __future__ import annotations
@@ -32,31 +30,24 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from mlhpc import rules
 from mlhpc.data.files import PRIVATE_FILE_MODE, copy_mode, reason, write_under
-from mlhpc.data.inputs import open_input, read_text_input, walk_files
+from mlhpc.data.inputs import open_input, walk_files
 from mlhpc.data.trees import is_under, make_private_dir, refuse_overlap, resolved
 from mlhpc.errors import ConfigError, LogFormatError
 from mlhpc.log.facts import RunSummary
-from mlhpc.log.mlperf_adapter import package_checker_command
 from mlhpc.log.parse import MAX_LOG_BYTES, parse_log
 from mlhpc.log.summary import is_resumed, summarize_run, superseded_logs
 from mlhpc.report.energy import POWER_DIR, is_power_log, power_folder
-from mlhpc.report.folders import RESULT_RE, natural, sidecars
+from mlhpc.report.folders import RESULT_RE, natural, read_mapping, side_mapping, sidecars
+from mlhpc.report.package_check import check_package
+from mlhpc.report.score import Report
 from mlhpc.text import clip
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+\-]*$")
-SUCCESS_LINE = "PACKAGE CHECKER FOUND NO ERRORS, SUCCESS"
 SYSTEM_FIELDS = (
     "submitter", "division", "status", "system_name", "number_of_nodes", "host_processors_per_node",
     "host_processor_model_name", "host_processor_core_count", "host_processor_vcpu_count",
@@ -68,6 +59,19 @@ SYSTEM_FIELDS = (
     "accelerator_memory_capacity", "accelerator_interconnect", "accelerator_interconnect_topology",
     "cooling", "hw_notes", "framework", "other_software_stack", "operating_system", "sw_notes",
 )
+
+
+@dataclass(frozen=True)
+class PackageOptions:
+    """Lay the runs out as a submission: `package_runs` into ``out`` under ``org``/``system``
+    (default: the logs' names), then `check_package` on a scratch copy when ``check``, with
+    ``--rcp-bypass`` only when ``rcp_bypass``."""
+
+    out: Path
+    org: str | None = None
+    system: str | None = None
+    check: bool = True
+    rcp_bypass: bool = False
 
 
 @dataclass
@@ -91,22 +95,6 @@ class PackageResult:
     checker_messages: list[str] = field(default_factory=list)
     rcp_bypass: bool = False
     warnings: list[str] = field(default_factory=list)
-
-
-def _sidecar(log: Path, stem: str, suffix: str) -> Path | None:
-    """``<stem>_<N><suffix>`` beside ``result_<N>.txt`` (`mlhpc.report.folders.sidecars`), else None."""
-    return next(iter(sidecars(log, stem, suffix)), None)
-
-
-def _read_mapping(path: Path | None, kind: str) -> dict[str, Any]:
-    if path is None:
-        return {}
-    try:
-        text = read_text_input(path, root=path.parent, what=f"run's {kind} file", error=ConfigError)
-        data = json.loads(text) if kind == "json" else yaml.safe_load(text)
-    except (ValueError, RecursionError, yaml.YAMLError):
-        raise ConfigError(f"{path}: cannot read this run's {kind} file") from None
-    return data if isinstance(data, dict) else {}
 
 
 def _text(value: Any) -> str:
@@ -161,6 +149,7 @@ class _Submission:
         config / env: the first run's ``config_N.yaml`` and ``env_N.json`` (empty when absent).
         submission: that config's ``submission`` mapping.
         first_log / first: the first run's log and its `RunSummary`.
+        warnings: a line per name given that differs from the one the logs carry.
     """
 
     org: str
@@ -170,6 +159,7 @@ class _Submission:
     submission: dict[str, Any]
     first_log: Path
     first: RunSummary
+    warnings: tuple[str, ...] = ()
 
 
 def _find_logs(run_dirs: list[Path | str]) -> list[Path]:
@@ -188,39 +178,88 @@ def _find_logs(run_dirs: list[Path | str]) -> list[Path]:
     return logs
 
 
+def _unbroken(log: Path, resumed: bool, superseded: bool) -> None:
+    """Refuses ``log`` when it is a resumed run, or a stopped one that a resume continues.
+
+    Raises:
+        ConfigError: naming the log and the rule.
+    """
+    if resumed or superseded:
+        what = "a resumed run" if resumed else "a stopped run continued by --resume"
+        raise ConfigError(f"--package: {log} is {what}; the rules time a run as one contiguous "
+                          "period (\"The clock may not be paused during the run\"), so a "
+                          "submission holds only runs that trained from the start unbroken")
+
+
 def _read_unbroken_runs(logs: list[Path]) -> list[tuple[Path, RunSummary]]:
     """``(log, summary)`` per log; a resumed run, or a stopped one that a resume continues, is refused."""
     runs = []
     for log in logs:
         parsed = parse_log(log)
-        resumed = is_resumed(parsed)
-        if resumed or log.name in superseded_logs(sorted(log.parent.glob("result_*.txt"))):
-            what = "a resumed run" if resumed else "a stopped run continued by --resume"
-            raise ConfigError(f"--package: {log} is {what}; the rules time a run as one contiguous "
-                              "period (\"The clock may not be paused during the run\"), so a "
-                              "submission holds only runs that trained from the start unbroken")
+        _unbroken(log, is_resumed(parsed), log.name in superseded_logs(sorted(log.parent.glob("result_*.txt"))))
         runs.append((log, summarize_run(parsed)))
     return runs
 
 
-def _identify(runs: list[tuple[Path, RunSummary]], org: str | None, system: str | None) -> _Submission:
-    """Org and system names (given, else the logs', else the config's), checked to be folder
-    names, with the first run's sidecars."""
+def report_runs(report: Report) -> list[tuple[Path, RunSummary]]:
+    """``(log, summary)`` of every run of ``report``, as `package_runs` reads them from its logs;
+    the report has read and summarised them once already (`mlhpc.report.folders.read_folder`).
+
+    Raises:
+        ConfigError: a folder of the report is not an mlhpc run folder; a resumed run, or a
+            stopped one that a resume continues (the report keeps both apart: `FolderResult.resumed`).
+    """
+    if any(f.kind != "runs" for f in report.folders):
+        raise ConfigError("--package: give mlhpc run folders, not an MLCommons results tree")
+    runs = []
+    for f in report.folders:
+        for run in f.runs:
+            log = Path(run.facts.path)
+            runs.append((log, run.facts))
+            # a stopped attempt is known by the resume that continues it, which may not be reported
+            later = superseded_logs(sorted(log.parent.glob("result_*.txt")))
+            _unbroken(log, run.facts.timing.resumed, run.facts.path in f.resumed or log.name in later)
+    return runs
+
+
+def package_report(report: Report, options: PackageOptions) -> PackageResult:
+    """The runs of ``report`` (`report_runs`) laid out as a submission under ``options.out``
+    (`lay_out`), then checked by MLCommons' package checker when ``options.check``
+    (`check_package`).
+
+    Raises:
+        ConfigError: see `report_runs` and `lay_out`.
+    """
+    runs = report_runs(report)
+    result = lay_out(runs, Path(options.out), options.org, options.system)
+    if options.check:
+        check_package(result, rcp_bypass=options.rcp_bypass)
+    return result
+
+
+def _submission(runs: list[tuple[Path, RunSummary]], out: Path, org: str | None, system: str | None) -> _Submission:
+    """What the package of ``runs`` in ``out`` will be, checked: no run folder and ``out`` hold
+    each other; org and system names (given, else the logs', else the config's), checked to be folder
+    names, with the first run's side files (`mlhpc.report.folders.side_mapping`); every run
+    names its benchmark, and all share one division and one node count; a warning per name
+    given that differs from the one the logs carry.
+
+    Raises:
+        ConfigError: ``out`` and a run folder contain each other; a name that is not a folder
+            name; runs of two divisions or node counts; a side file that cannot be read.
+        LogFormatError: a run names no benchmark, or one that is not a folder name.
+    """
+    for log, _ in runs:  # a package inside a run folder would be read back as its runs
+        refuse_overlap(log.parent, out, "--package", ConfigError)
     first_log, first = runs[0]
-    config = _read_mapping(_sidecar(first_log, "config", ".yaml"), "yaml")
-    env = _read_mapping(_sidecar(first_log, "env", ".json"), "json")
+    config, env = (side_mapping(first_log, stem, suffix) for stem, suffix in (("config", ".yaml"), ("env", ".json")))
     submission = config.get("submission") if isinstance(config.get("submission"), dict) else {}
     org = org or first.submission.org or submission.get("org")
     system = system or first.submission.platform or submission.get("platform")
     for label, name in (("--org", org), ("--system", system)):
         if not name or not SAFE_NAME.match(str(name)):
             raise ConfigError(f"--package: {label} {name!r} must be a folder name (letters, digits, _ . + -)")
-    return _Submission(str(org), str(system), config, env, submission, first_log, first)
-
-
-def _check_alike(runs: list[tuple[Path, RunSummary]], sub: _Submission) -> None:
-    """Every run names its benchmark, and all share one division and one node count."""
-    first_log, first = sub.first_log, sub.first.submission
+    said_first = first.submission
     for log, run in runs:
         said = run.submission
         if said.benchmark is None:
@@ -228,28 +267,22 @@ def _check_alike(runs: list[tuple[Path, RunSummary]], sub: _Submission) -> None:
         if not SAFE_NAME.match(said.benchmark) or said.benchmark in (".", ".."):  # becomes a folder name
             raise LogFormatError(f"{log}: submission_benchmark {clip(said.benchmark, 80)!r} is not a folder "
                                  "name (letters, digits, _ . + -); cannot place it in a package")
-        if first.division and said.division and said.division != first.division:
-            raise ConfigError(f"--package: {log} is {said.division} division, {first_log} is {first.division}")
-        if said.number_of_nodes != first.number_of_nodes:
+        if said_first.division and said.division and said.division != said_first.division:
+            raise ConfigError(f"--package: {log} is {said.division} division, {first_log} is {said_first.division}")
+        if said.number_of_nodes != said_first.number_of_nodes:
             raise ConfigError(f"--package: {log} ran on {said.number_of_nodes} nodes, {first_log} on "
-                              f"{first.number_of_nodes}; one system name per node count")
-
-
-def _name_warnings(sub: _Submission) -> list[str]:
-    """A line per name given that differs from the one the logs carry."""
-    warnings = []
-    logged_as = sub.first.submission
-    for label, given, logged in (("--org", sub.org, logged_as.org), ("--system", sub.system, logged_as.platform)):
-        if logged and given != logged:
-            warnings.append(f"{label} {given} differs from the logs' "
-                            f"{'submission_org' if label == '--org' else 'submission_platform'} {logged}")
-    return warnings
+                              f"{said_first.number_of_nodes}; one system name per node count")
+    warnings = tuple(f"{label} {given} differs from the logs' {key} {logged}" for label, given, logged, key in (
+        ("--org", str(org), said_first.org, "submission_org"),
+        ("--system", str(system), said_first.platform, "submission_platform"))
+        if logged and given != logged)
+    return _Submission(str(org), str(system), config, env, submission, first_log, first, warnings)
 
 
 def package_runs(run_dirs: list[Path | str], out: Path | str, org: str | None = None,
                  system: str | None = None) -> PackageResult:
     """Copy the runs' ``result_*.txt`` into ``out/ORG/results/SYSTEM/strong/<benchmark>/`` and
-    write ``out/ORG/systems/SYSTEM.json``.
+    write ``out/ORG/systems/SYSTEM.json`` (`lay_out` of the runs read from their logs).
 
     Args:
         run_dirs: mlhpc run folders (``result_N.txt`` with ``config_N.yaml``/``env_N.json``), or
@@ -262,21 +295,29 @@ def package_runs(run_dirs: list[Path | str], out: Path | str, org: str | None = 
         a `PackageResult` (not yet checked: see `check_package`).
 
     Raises:
-        ConfigError: ``out`` and a run folder contain each other; ``out`` is a link, a file, not
-            the invoking user's or writable by others (naming owner and mode); no run found, a
-            name that is not a safe folder name, runs disagreeing on org/division or node count,
-            a destination benchmark folder that already holds results, a link planted below
-            ``out``, or a file that cannot be written (named, with the cause).
+        ConfigError: no run found; a resumed run or one a resume continues; see `lay_out`.
         LogFormatError: a log cannot be read.
     """
-    for run_dir in run_dirs:  # a package inside a run folder would be read back as its runs
-        folder = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
-        refuse_overlap(folder, Path(out), "--package", ConfigError)
-    runs = _read_unbroken_runs(_find_logs(run_dirs))
-    sub = _identify(runs, org, system)
-    _check_alike(runs, sub)
-    make_private_dir(Path(out), ConfigError, "--package destination")
-    result = PackageResult(root=Path(out) / sub.org, warnings=_name_warnings(sub))
+    return lay_out(_read_unbroken_runs(_find_logs(run_dirs)), Path(out), org, system)
+
+
+def lay_out(runs: list[tuple[Path, RunSummary]], out: Path, org: str | None = None,
+            system: str | None = None) -> PackageResult:
+    """The runs (``(log, summary)``, in order) copied into ``out/ORG/results/SYSTEM/strong/<benchmark>/``
+    as ``result_<i>.txt``, with their power logs and the source that ran, and
+    ``out/ORG/systems/SYSTEM.json`` written.
+
+    Raises:
+        ConfigError: ``out`` and a run folder contain each other; ``out`` is a link, a file, not
+            the invoking user's or writable by others (naming owner and mode); a name that is
+            not a safe folder name, runs disagreeing on org/division or node count, a
+            destination benchmark folder that already holds results, a link planted below
+            ``out``, or a file that cannot be written (named, with the cause).
+        LogFormatError: a run names no benchmark, or one that is not a folder name.
+    """
+    sub = _submission(runs, out, org, system)
+    make_private_dir(out, ConfigError, "--package destination")
+    result = PackageResult(root=out / sub.org, warnings=list(sub.warnings))
     try:
         _copy_results(result, runs, sub.system)
         _write_system(result, sub)
@@ -320,7 +361,7 @@ def _copy_sources(root: Path, benchmark: str, config_files: list[Path]) -> None:
     for rel, _ in walk_files(harness, ConfigError):
         if "__pycache__" not in rel.split("/") and not rel.endswith(".pyc"):
             _copy_into(out, dest / "mlhpc" / rel, harness / rel)
-    workloads = {str(_read_mapping(c, "config").get("workload") or benchmark) for c in config_files}
+    workloads = {str(read_mapping(c, "config").get("workload") or benchmark) for c in config_files}
     for name in sorted(workloads or {benchmark}):
         for source, rel in source_files(name):
             _copy_into(out, dest / rel, source)
@@ -346,7 +387,7 @@ def _copy_results(result: PackageResult, runs: list[tuple[Path, RunSummary]], sy
     _copy_power(result, runs)
     for benchmark in counters:
         configs = [c for log, run in runs if run.submission.benchmark == benchmark
-                   for c in [_sidecar(log, "config", ".yaml")] if c is not None]
+                   for c in sidecars(log, "config", ".yaml")]
         _copy_sources(root, benchmark, sorted(set(configs)))
 
 
@@ -397,35 +438,3 @@ def _write_system(result: PackageResult, sub: _Submission) -> None:
     rel = Path(result.root.name) / "systems" / f"{sub.system}.json"
     result.system_file = write_under(result.root.parent, rel, (json.dumps(desc, indent=4) + "\n").encode(),
                                      PRIVATE_FILE_MODE)
-
-
-def check_package(result: PackageResult, ruleset: str = rules.ruleset().version, timeout_s: float = 300.0,
-                  rcp_bypass: bool = False) -> PackageResult:
-    """Run ``python -m mlperf_logging.package_checker ORG hpc <ruleset>`` (with ``--rcp-bypass``
-    only when ``rcp_bypass``) on a scratch copy of the package and record its verdict in
-    ``result`` (returned).
-
-    The verdict is the checker's own final line (``PACKAGE CHECKER FOUND NO ERRORS, SUCCESS``);
-    its ERROR lines become ``checker_messages``.
-    """
-    with tempfile.TemporaryDirectory(prefix="mlhpc-package-check-") as scratch:
-        copy = Path(scratch) / result.root.name
-        shutil.copytree(result.root, copy)
-        try:
-            result.rcp_bypass = rcp_bypass
-            proc = subprocess.run(
-                [sys.executable, "-m", *package_checker_command(copy.name, ruleset),
-                 *(["--rcp-bypass"] if rcp_bypass else []),
-                 "--log_output", str(Path(scratch) / "package_checker.log")],
-                cwd=scratch, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            result.checker_ok = False
-            result.checker_messages = [f"package_checker did not finish in {timeout_s:.0f} s"]
-            return result
-    output = (proc.stdout + "\n" + proc.stderr).splitlines()
-    result.checker_ok = proc.returncode == 0 and any(SUCCESS_LINE in line for line in output)
-    result.checker_messages = [line.strip() for line in output if line.startswith("ERROR")]
-    if not result.checker_ok and not result.checker_messages:
-        tail = [line for line in output if line.strip()]
-        result.checker_messages = tail[-1:] or [f"package_checker exited with status {proc.returncode}"]
-    return result

@@ -1,17 +1,10 @@
-"""A `Report` as rich tables, JSON, CSV or Markdown.
+"""A report as rich tables, JSON, CSV or Markdown.
 
-Two levels: ``folders`` (one row per result folder: the MLCommons results table, systems x
-benchmarks for strong scaling, models/min for weak scaling) and ``runs`` (one row per run: the
-phases of time to train). The columns, their headings and the text of each cell come from the
-table of figures (`mlhpc.report.figures`): a table shows every column of its view (``wide``),
-or the compact view (the default), fitted to a width (`fit_widths`); Markdown shows the wide
-tables and CSV every figure of its level. The titles and notes come from
-`mlhpc.report.notes`. Rendering functions return text or rich renderables; they never print.
-
-The compact views hold the columns a person reads first and fit a 100-column terminal: one
-table per mlhpc run folder (titled with the folder, benchmark, olympic mean and RCP verdict),
-and for result folders one row per folder, sorted by benchmark and system (instead of the wide
-systems x benchmarks matrix).
+What is shown comes from `mlhpc.report.views.shown` (tables, titles, notes, CSV records, all
+from the table of figures); this module lays it out: rich tables of every column at their
+natural width (``wide``) or the compact views fitted to a width (`fit_widths`), Markdown (the
+wide tables), CSV, and JSON (the report's own dict, `mlhpc.report.score.Report.to_dict`).
+Rendering functions return text or rich renderables; they never print.
 """
 
 from __future__ import annotations
@@ -20,7 +13,6 @@ import csv
 import io
 import json
 import math
-from collections.abc import Iterable
 from typing import Any
 
 from rich.cells import cell_len
@@ -28,114 +20,79 @@ from rich.console import Group
 from rich.table import Table
 
 from mlhpc.errors import ConfigError
-from mlhpc.report.figures import (COMPACT, WIDE, Frame, energy_cell, flops_text, folder_name, priced, records, scale,
-                                  strong_cell, table, valid_flops_header, weak_cell)
-from mlhpc.report.notes import STRONG_TITLE, WEAK_TITLE, notes, run_view_title
-from mlhpc.report.score import FolderResult, Report
+from mlhpc.report.score import Report
+from mlhpc.report.views import LEVELS, Shown, shown
 from mlhpc.text import cell, console, joined, styled
 
 FORMATS = ("table", "json", "csv", "markdown")
-LEVELS = ("auto", "folders", "runs")
-
-View = tuple[str, list[str], list[list[str]]]
-
-
-def resolve_level(report: Report, level: str) -> str:
-    """``auto`` -> ``runs`` when every folder is an mlhpc run folder, else ``folders``."""
-    if level not in LEVELS:
-        raise ConfigError(f"--level {level}: expected one of {', '.join(LEVELS)}")
-    if level != "auto":
-        return level
-    return "runs" if report.folders and all(f.kind == "runs" for f in report.folders) else "folders"
+__all__ = ["FORMATS", "LEVELS", "fit_widths", "natural_width", "output", "render", "tables", "to_csv",
+           "to_json", "to_markdown", "to_text"]
 
 
-def system_key(f: FolderResult) -> tuple[str, str, str, str, str]:
-    """Round, submitter, system folder, division (and the folder itself for mlhpc run folders):
-    names inside the logs never merge two result folders."""
-    return (f.round or "", f.submitter or "", f.system or "", f.division or "",
-            f.path if f.kind == "runs" else "")
+def output(report: Report, seen: Shown, fmt: str, wide: bool = True, width: int = 100) -> str | Group:
+    """``seen`` (`mlhpc.report.views.shown` of ``report``) laid out in ``fmt``: rich tables for
+    ``table`` (`group`), else text (``json``: the whole report).
+
+    Raises:
+        ConfigError: an unknown format.
+    """
+    if fmt == "table":
+        return group(seen, wide, width)
+    if fmt == "csv":
+        return csv_text(seen)
+    if fmt == "markdown":
+        return markdown(seen)
+    if fmt == "json":
+        return to_json(report)
+    raise ConfigError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
 
 
-
-
-def _benchmarks(folders: Iterable[FolderResult]) -> list[str]:
-    return sorted({f.benchmark or "?" for f in folders})
-
-
-def _matrix(folders: list[FolderResult], cell) -> tuple[list[str], list[list[str]]]:  # type: ignore[no-untyped-def]
-    benches = _benchmarks(folders)
-    systems: dict[tuple[str, ...], dict[str, FolderResult]] = {}
-    for f in folders:
-        systems.setdefault(system_key(f), {})[f.benchmark or "?"] = f
-    multi_round = len({k[0] for k in systems}) > 1
-    header = (["round"] if multi_round else []) + ["submitter", "system", "division", "nodes x accelerators"] + benches
-    body = []
-    for key in sorted(systems):
-        cells = systems[key]
-        any_f = next(iter(cells.values()))
-        system = folder_name(any_f) if any_f.kind == "runs" else key[2]
-        row = ([key[0]] if multi_round else []) + [key[1], system, key[3] or "?", scale(any_f)]
-        row += [cell(cells[b]) if b in cells else "" for b in benches]
-        body.append(row)
-    return header, body
-
-
-def _views(report: Report, level: str, wide: bool = True) -> list[View]:
-    """``(title, header, rows)`` per table: every column (``wide``), else the compact views
-    that fit 100 columns."""
-    level = resolve_level(report, level)
-    view = WIDE if wide else COMPACT
-    if level == "runs":
-        return [(run_view_title(f), *table("run", Frame(report, (f,), view))) for f in report.folders]
-    if not wide:
-        return _compact_folders(report)
-    views = []
-    strong = [f for f in report.folders if f.kind in ("strong", "runs")]
-    weak = [f for f in report.folders if f.kind == "weak"]
-    if strong:
-        views.append((STRONG_TITLE, *_matrix(strong, strong_cell)))
-    if weak:
-        views.append((WEAK_TITLE, *_matrix(weak, weak_cell)))
-    if strong or weak:
-        header, body = _matrix(strong + weak, lambda f: energy_cell(report, f))
-        views.append(("Energy to train, kWh: olympic mean as result_summarizer scores power (- : no power "
-                      "readings)" + ("; cost to train" if priced(report) else ""), header, body))
-    if any(f.valid_flops_per_s is not None for f in strong + weak):
-        header, body = _matrix(strong + weak, lambda f: flops_text(f.valid_flops_per_s))
-        views.append((f"{valid_flops_header(r for f in report.folders for r in f.runs)}, HPC AI500: mean over "
-                      "each folder's runs, a system figure, not an MLPerf score (- : FLOPs per sample not known)",
-                      header, body))
-    return views
-
-
-def _compact_folders(report: Report) -> list[View]:
-    """One compact table per scaling (strong and mlhpc run folders, then weak): a row per
-    folder, sorted by benchmark and system."""
-    views = []
-    for kinds, title, scaling in ((("strong", "runs"), STRONG_TITLE, "strong"), (("weak",), WEAK_TITLE, "weak")):
-        folders = sorted((f for f in report.folders if f.kind in kinds),
-                         key=lambda f: (f.benchmark or "?", system_key(f)))
-        if folders:
-            views.append((title, *table("folder", Frame(report, tuple(folders), COMPACT, scaling))))
-    return views
-
-
-def tables(report: Report, level: str = "auto", wide: bool = True, width: int = 100) -> Group:
-    """The report as rich tables (and notes), for a console to print: every column at its
+def group(seen: Shown, wide: bool = True, width: int = 100) -> Group:
+    """The tables (and notes) as rich tables, for a console to print: every column at its
     natural width (``wide``), or the compact views fitted to ``width`` columns
     (`fit_widths`: no column narrower than its longest word, names kept on
     one line where they fit). No cell is ever cut short with an ellipsis: text wraps at
     spaces, and only where even the narrowest layout is too wide does a word fold."""
     parts: list[Any] = []
-    for title, header, body in _views(report, level, wide):
+    for view in seen.tables:
         widths = None
         if not wide:
-            names = {i for i, name in enumerate(header) if name in _NAME_COLUMNS}
-            widths = fit_widths(header, body, width, names) or fit_widths(header, body, width, set())
-        parts.append(_table(title, header, body, wide, widths))
-    for note in notes(report):
+            names = {i for i, name in enumerate(view.header) if name in _NAME_COLUMNS}
+            widths = fit_widths(view.header, view.body, width, names) or fit_widths(view.header, view.body, width, set())
+        parts.append(_table(view.title, view.header, view.body, wide, widths))
+    for note in seen.notes:
         parts.append(joined(styled("note", "yellow"), ": ", note))
     return Group(*parts)
+
+
+def markdown(seen: Shown) -> str:
+    """GitHub-flavoured Markdown: one pipe table per view, then the notes."""
+    out = []
+    for view in seen.tables:
+        out.append(f"**{view.title}**\n")
+        out.append("| " + " | ".join(view.header) + " |")
+        out.append("|" + "|".join("---" if i < 2 else "---:" for i in range(len(view.header))) + "|")
+        for row in view.body:
+            out.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+        out.append("")
+    if seen.notes:
+        out += [f"- {n}" for n in seen.notes] + [""]
+    return "\n".join(out)
+
+
+def csv_text(seen: Shown) -> str:
+    """CSV with a header row: the records of ``seen`` (every CSV figure of its level)."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=seen.columns, lineterminator="\n")
+    writer.writeheader()
+    for row in seen.records:
+        writer.writerow({k: csv_cell(v) for k, v in row.items()})
+    return buffer.getvalue()
+
+
+def tables(report: Report, level: str = "auto", wide: bool = True, width: int = 100) -> Group:
+    """`group` of ``report``'s tables at ``level``."""
+    return group(shown(report, level, wide), wide, width)
 
 
 _NAME_COLUMNS = ("run", "status", "submitter", "system", "round", "benchmark")
@@ -154,10 +111,10 @@ def _table(title: str, header: list[str], body: list[list[str]], wide: bool, wid
     return table
 
 
-def natural_width(group: Group) -> int:
-    """Columns ``group`` needs so that no table is squeezed (at least 100)."""
+def natural_width(renderable: Group) -> int:
+    """Columns ``renderable`` needs so that no table is squeezed (at least 100)."""
     probe = console(width=100_000, color_system=None, force_terminal=False)
-    return max(100, min(100_000, probe.measure(group).maximum))
+    return max(100, min(100_000, probe.measure(renderable).maximum))
 
 
 def to_text(report: Report, level: str = "auto", width: int | None = None, wide: bool = True) -> str:
@@ -165,39 +122,22 @@ def to_text(report: Report, level: str = "auto", width: int | None = None, wide:
     tables need, `natural_width`, for ``wide``; 100 for the compact views)."""
     if width is None and not wide:
         width = 100
-    group = tables(report, level, wide, width or 100)
+    tables_ = tables(report, level, wide, width or 100)
     buffer = io.StringIO()
-    console(file=buffer, width=width or natural_width(group), color_system=None,
-            force_terminal=False).print(group)
+    console(file=buffer, width=width or natural_width(tables_), color_system=None,
+            force_terminal=False).print(tables_)
     return buffer.getvalue()
 
 
 def to_markdown(report: Report, level: str = "auto") -> str:
     """GitHub-flavoured Markdown: one pipe table per view (every column), then the notes."""
-    out = []
-    for title, header, body in _views(report, level):
-        out.append(f"**{title}**\n")
-        out.append("| " + " | ".join(header) + " |")
-        out.append("|" + "|".join("---" if i < 2 else "---:" for i in range(len(header))) + "|")
-        for row in body:
-            out.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
-        out.append("")
-    text_notes = notes(report)
-    if text_notes:
-        out += [f"- {n}" for n in text_notes] + [""]
-    return "\n".join(out)
+    return markdown(shown(report, level, wide=True, fmt="markdown"))
 
 
 def to_csv(report: Report, level: str = "auto") -> str:
     """CSV with a header row: every CSV figure (`mlhpc.report.figures.FIGURES`) of a folder, or
     of a run, one row each."""
-    columns, rows = records("run" if resolve_level(report, level) == "runs" else "folder", report)
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: csv_cell(v) for k, v in row.items()})
-    return buffer.getvalue()
+    return csv_text(shown(report, level, fmt="csv"))
 
 
 def csv_cell(value: Any) -> Any:
@@ -233,13 +173,11 @@ def render(report: Report, fmt: str = "table", level: str = "auto") -> str:
     """
     if fmt == "table":
         return to_text(report, level)
-    if fmt == "json":
-        return to_json(report)
-    if fmt == "csv":
-        return to_csv(report, level)
-    if fmt == "markdown":
-        return to_markdown(report, level)
-    raise ConfigError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
+    text = output(report, shown(report, level, fmt=fmt), fmt)
+    assert isinstance(text, str)
+    return text
 
 
 #: A cell up to this many columns stays on one line (``not staged``, ``82944 x 4``).

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from mlhpc import rules
+from mlhpc.errors import ConfigError
 from mlhpc.log.facts import RunSummary
 from mlhpc.log.summary import official_instance_scale, official_start_stop
 from mlhpc.report.compliance import RunCheck
@@ -429,7 +430,8 @@ def score_read(read: FolderRead) -> FolderResult:
 
 
 def build_report(paths: Iterable[Path | str], *, compliance: bool = True, ruleset: str | None = None,
-                 valid_flops_exponent: float = DEFAULT_EXPONENT) -> Report:
+                 valid_flops_exponent: float = DEFAULT_EXPONENT, price_per_node_hour: float | None = None,
+                 price_per_kwh: float | None = None) -> Report:
     """Find every result folder under ``paths``, read each once and score it (see the module
     docstring).
 
@@ -439,17 +441,52 @@ def build_report(paths: Iterable[Path | str], *, compliance: bool = True, rulese
             about 3 ms per log).
         ruleset: force an hpc ruleset (one of `mlhpc.report.compliance.supported_rulesets`).
         valid_flops_exponent: the n of HPC AI500's quality penalty (default 5).
+        price_per_node_hour / price_per_kwh: the prices of the cost to train; None: the
+            system descriptions' (`described_price`).
 
     Returns:
         a `Report` with one `FolderResult` per folder, in path order.
 
     Raises:
         LogFormatError: a path is missing or holds no result logs, or a log is unreadable.
-        ConfigError: an unknown ruleset.
+        ConfigError: an unknown ruleset; a bad or ambiguous price in a system description.
     """
     started = time.perf_counter()
     folders = [score_read(read_folder(folder, files, compliance=compliance, ruleset=ruleset,
                                       exponent=valid_flops_exponent))
                for folder, files in find_result_folders(paths)]
-    return Report(folders=folders, compliance_checked=compliance,
-                  elapsed_s=time.perf_counter() - started)
+    return Report(folders=folders, compliance_checked=compliance, elapsed_s=time.perf_counter() - started,
+                  price_per_node_hour=described_price(folders, "price_per_node_hour", price_per_node_hour),
+                  price_per_kwh=described_price(folders, "price_per_kwh", price_per_kwh))
+
+
+def described_price(folders: list[FolderResult], name: str, given: float | None) -> float | None:
+    """The price ``name`` (``price_per_node_hour`` or ``price_per_kwh``) for the cost to train:
+    ``given`` (the command line's) when not None; else the one the folders' system descriptions
+    (``systems/<system>.json``, key ``name``, a number or a numeric string) give, when every
+    description that names a price gives the same; else None (no cost shown).
+
+    Raises:
+        ConfigError: a description's price is not a finite number >= 0, or two descriptions
+            give different prices (one report has one price: give it on the command line).
+    """
+    if given is not None:
+        return given
+    found: dict[float, str] = {}
+    for folder in folders:
+        raw = folder.system_desc.get(name)
+        if raw is None or raw == "":
+            continue
+        where = f"system description {folder.system}.json of {folder.path}"
+        try:
+            value = float(raw) if not isinstance(raw, bool) else float("nan")
+        except (TypeError, ValueError):
+            value = float("nan")
+        if not 0 <= value < float("inf"):
+            raise ConfigError(f"{where}: {name} {raw!r}: expected a finite price >= 0")
+        found.setdefault(value, where)
+    if len(found) > 1:
+        (a, first), (b, second) = list(found.items())[:2]
+        raise ConfigError(f"{name}: {first} gives {a:g}, {second} gives {b:g}; report the systems "
+                          f"apart or give --{name.replace('_', '-')}")
+    return next(iter(found), None)

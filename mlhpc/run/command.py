@@ -3,7 +3,7 @@ around it.
 
     run(config): the checkpoint to resume chosen from the folder's logs (`mlhpc.run.resume`)
       -> the output folder checked -> runtime.started: the job's ranks and this instance's share
-      -> the batch checked against the ranks -> ensure_source: the embedded data made where
+      -> the batch checked against the ranks -> data.ready.ensure_source: the embedded data made where
          missing (untimed, before the log) -> Job (frozen)
       -> the run's stages (`mlhpc.run.train`): seeded_model, attempt (init_start ..),
          prepare (.. run_start), Run and train_loop (.. run_stop), finish: the run's own files
@@ -27,7 +27,6 @@ from typing import Any
 from mlhpc import runtime
 from mlhpc.config import Config
 from mlhpc.data import ready
-from mlhpc.data import stage as staging
 from mlhpc.data.stage.copies import release
 from mlhpc.data.inputs import read_text_input
 from mlhpc.errors import LogFormatError
@@ -40,8 +39,6 @@ from mlhpc.run.outcome import Stop, agree, finish
 from mlhpc.run.result import RunFiles, RunResult, check_output_dir
 from mlhpc.run.resume import load_resume
 from mlhpc.run.train import Clock, Run, attempt, local_batch_size, prepare, train_loop
-from mlhpc.runtime import Runtime
-from mlhpc.workload import Workload
 from mlhpc.workload import get as get_workload
 
 __all__ = ["run", "summary_of"]
@@ -74,19 +71,20 @@ def run(config: Config | None, *, on_progress: ProgressFn | None = None,
     if resume_dir is not None:
         config, resume = load_resume(Path(resume_dir))
     assert config is not None
+    where = _where(config)
     check_output_dir(config.output.dir)  # before anything is written (OutputError)
     workload = get_workload(config.workload)
     tcfg = config.train
     progress = on_progress or (lambda event: None)
     with runtime.started(tcfg.device, tcfg.instances, tcfg.threads) as (world, rt):
         if world.is_main:  # first thing: where data and results go
-            progress(_where(config))
+            progress(where)
         lbs = local_batch_size(config, rt)  # a batch that does not divide: refused before any data
         with Stop() as stop:  # SIGTERM: an error before run_start, a checkpoint after it
             # Synthesising the embedded dataset when it is missing creates the data a run then
             # reads (as a download would); it is not the benchmark touching the dataset, so it
             # stays before the log, untimed, once for every instance. Nothing here reads a sample.
-            synthesis_s = ensure_source(config, workload, world, progress)
+            synthesis_s = ready.ensure_source(config, workload, world, progress)
             job = Job(config, workload, world, rt, resume, progress, synthesis_s)
             seeded = seeded_model(job)  # the model, once; a resumed run's weights fit (ConfigError)
             with attempt(job) as (log, files):  # init_start .. run_stop, or the log set aside
@@ -115,21 +113,6 @@ def _where(config: Config) -> dict[str, Any]:
     return {"kind": "where", "data": str(data.absolute()), "data_given": str(data),
             "output": str(output.absolute()), "output_given": str(output),
             "cwd": str(Path.cwd())}
-
-
-def ensure_source(config: Config, workload: Workload, world: Runtime, progress: ProgressFn) -> float:
-    """`mlhpc.data.ready.ensure_data` on ``data.path``, unless the source is gone and every node
-    already holds its complete staged copy (`mlhpc.data.stage.staged_copy_present`): a run after a
-    separate ``mlhpc stage`` step then needs no source (and synthesises none). Every rank of the
-    job (``world``) takes the same branch. Returns the seconds spent synthesising."""
-    present = (not Path(config.data.path).exists()
-               and staging.staged_copy_present(config, world))
-    if runtime.all_reduce([float(not present)], world, op="max")[0] == 0.0:
-        return 0.0
-    seconds = ready.ensure_data(config, workload, world, progress)
-    if world.is_main and seconds > 0:
-        progress({"kind": "synthesised", "path": str(config.data.path), "seconds": seconds})
-    return seconds
 
 
 # ---- summary_N.json: the result read back from the log ------------------------------------------

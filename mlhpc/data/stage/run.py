@@ -296,7 +296,7 @@ def staged_copy_present(config: "Config", runtime: "Runtime") -> bool:
     (`shard_mode`) whose every file is on disk with its recorded size. Checksums are not read
     here; `stage_dataset` verifies them when it uses the copy. ``False`` when staging is disabled.
 
-    A run uses this to know that it does not need the source (`mlhpc.run.command.ensure_source`): after ``mlhpc stage``
+    A run uses this to know that it does not need the source (`mlhpc.data.ready.ensure_source`): after ``mlhpc stage``
     in one job step the shared copy may be gone in the next.
     """
     options = config.data.staging
