@@ -144,16 +144,16 @@ def run_command(config_path: Path | None, overrides: tuple[str, ...], instances:
         emulation(config, config.workload)  # an unknown accelerator: one line before anything runs
         progress = RunProgress()
         result = command.run(config, on_progress=progress)
-    if result.result_file:  # the run ends at its files; the command records them
-        _record_run(Path(result.result_file), progress)
+    came = _record_run(Path(result.result_file), progress) if result.result_file else []
     if result.summary:
         print_summary(result.summary)
     if result.signal and result.summary:  # stopped by a signal, checkpoint saved
         echo(f"mlhpc: stopped by {result.signal}; continue with: mlhpc run --resume "
                    f"{Path(result.result_file).parent if result.result_file else '<run folder>'}",
                    err=True)
-    # agreed by every rank (`mlhpc.run.outcome.agree`): 0 reached, 1 not, 128 + N signal N
-    sys.exit(result.exit_status)
+    # agreed by every rank (`mlhpc.run.outcome.agree`): 0 reached, 1 not, 128 + N signal N; a
+    # signal while the finished run was recorded ends the command as that signal asks
+    sys.exit(128 + came[0] if came and not result.signal else result.exit_status)
 
 
 def _sweep_accelerators(config_path: Path | None, overrides: tuple[str, ...], resume_dir: Path | None,
@@ -174,16 +174,23 @@ def _sweep_accelerators(config_path: Path | None, overrides: tuple[str, ...], re
     sys.exit(result.exit_status)
 
 
-def _record_run(log: Path, progress: Any) -> None:
+def _record_run(log: Path, progress: Any) -> list[int]:
     """The finished run's log in the results store (MLHPC_STORE=none: off): a warning, never a
-    raise, and one note saying where it went."""
+    raise, and one note saying where it went. A SIGTERM or SIGINT meanwhile abandons the
+    recording (`mlhpc.store.record.signals_abandon_recording`); returns the signals that came."""
     from mlhpc.store import record_run
     from mlhpc.store.engine import shown_url
+    from mlhpc.store.record import RecordingInterrupted, signals_abandon_recording
 
-    run_id = record_run(log.parent, log, lambda m: progress({"kind": "warning", "message": m}))
-    if run_id is not None:
-        progress({"kind": "note", "message": f"recorded in the results store {shown_url()} as run "
-                  f"{run_id} (mlhpc results show {run_id}; MLHPC_STORE=none turns recording off)"})
+    with signals_abandon_recording() as came:
+        try:
+            run_id = record_run(log.parent, log, lambda m: progress({"kind": "warning", "message": m}))
+            if run_id is not None:
+                progress({"kind": "note", "message": f"recorded in the results store {shown_url()} as run "
+                          f"{run_id} (mlhpc results show {run_id}; MLHPC_STORE=none turns recording off)"})
+        except RecordingInterrupted:  # after the store's work: the run was recorded
+            pass
+    return came
 
 
 @main.command("stage")

@@ -3,16 +3,48 @@
 The run folder stays the source of truth: whatever goes wrong here (no store, a locked or
 unreachable database, a bad URL) is one warning through ``warn``, never an exception.
 ``MLHPC_STORE=none`` switches recording off; ``MLHPC_CAMPAIGN`` names the campaign the run
-belongs to (``mlhpc submit --sweep`` sets it in each job).
+belongs to (``mlhpc submit --sweep`` sets it in each job). A SIGTERM or SIGINT while a run is
+recorded (`signals_abandon_recording`: a launcher ending the job) abandons the recording, whose
+transaction the store rolls back, with the same warning.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 CAMPAIGN_ENV = "MLHPC_CAMPAIGN"
+
+
+class RecordingInterrupted(Exception):
+    """A SIGTERM or SIGINT came while a run was recorded (`signals_abandon_recording`)."""
+
+
+@contextmanager
+def signals_abandon_recording() -> Iterator[list[int]]:
+    """Within the block, SIGTERM and SIGINT raise `RecordingInterrupted` (which `record_run`
+    turns into its warning) instead of ending the process unheard; yields a list that holds each
+    signal's number as it comes, for the caller to exit 128 + N once the run is reported.
+    Installed only in the main thread (where Python runs signal handlers)."""
+    came: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield came
+        return
+
+    def abandon(signum: int, frame: object) -> None:
+        came.append(signum)
+        raise RecordingInterrupted(f"{signal.Signals(signum).name} while recording")
+
+    previous = {sig: signal.signal(sig, abandon) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield came
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def record_run(run_dir: Path | str, result_file: Path | str, warn: Callable[[str], None]) -> int | None:
