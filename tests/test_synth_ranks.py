@@ -171,3 +171,43 @@ def test_a_data_set_whose_parent_folders_are_missing_is_made_with_them(tmp_path)
     proc = synth("cosmoflow", tmp_path / "work" / "deeper" / "data", *COSMO, "--workers", "1")
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "work" / "deeper" / "data" / "train").is_dir()
+
+
+def test_a_peer_that_ended_is_one_line_not_a_traceback(monkeypatch):
+    from mlhpc import runtime
+    from mlhpc.errors import DataError
+
+    def closed(value):
+        raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1")
+
+    monkeypatch.setattr(runtime, "all_gather", closed)
+    with pytest.raises(DataError) as err:
+        SynthTeam(rank=0, ranks=2).gather(["a"])
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("rank 0: another rank of this synthesis ended")
+    assert "Connection closed by peer" in message and "run the same command again" in message
+    assert SynthTeam().everyone(3) == [3]  # one process: nothing gathered, nothing to lose
+
+
+@pytest.mark.cluster
+def test_when_a_rank_is_killed_the_others_say_so_in_one_line(tmp_path):
+    """Two ranks started by hand, as srun without --kill-on-bad-exit leaves them: one is killed
+    midway; the other reaches the end of its share, finds its peer gone, and says so in one line."""
+    args = ["--set", "synth.cube_size=32", "--set", "synth.train_samples=24", "--set",
+            "synth.eval_samples=4", "--workers", "1"]
+    hidden = tmp_path / ".d.mlhpc-synth"
+    env = {**_env(), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    cmd = [str(BIN / "mlhpc"), "data", "synth", "cosmoflow", "--out", str(tmp_path / "d"), *args]
+    ranks = [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    deadline = time.monotonic() + 300
+    while not list(hidden.glob("train/univ_*.h5")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ranks[1].kill()
+    out, err = ranks[0].communicate(timeout=300)
+    ranks[1].wait()
+    assert ranks[0].returncode == 2, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    said = [line for line in err.splitlines() if line.startswith("mlhpc: error:")]
+    assert len(said) == 1 and "another rank of this synthesis ended" in said[0], err[-3000:]
+    assert not (tmp_path / "d").exists() and list(hidden.glob("train/univ_*.h5"))

@@ -52,15 +52,32 @@ class SynthTeam:
         return list(tasks[self.rank::self.ranks])
 
     def gather(self, part: Sequence[T]) -> list[T] | None:
-        """Every rank's ``part``, joined in rank order, on rank 0; None on the others."""
+        """Every rank's ``part``, joined in rank order, on rank 0; None on the others.
+
+        Raises:
+            DataError: another rank's process ended before it (`everyone`).
+        """
         if self.ranks == 1:
             return list(part)
-        parts = runtime.all_gather(list(part))
+        parts = self.everyone(list(part))
         return [item for each in parts for item in each] if self.is_main else None
 
     def everyone(self, value: Any) -> list[Any]:
-        """``value`` of every rank, in rank order, on every rank."""
-        return [value] if self.ranks == 1 else runtime.all_gather(value)
+        """``value`` of every rank, in rank order, on every rank.
+
+        Raises:
+            DataError: another rank's process ended before it (killed, or stopped by its own
+                error, which it says itself): one line, not the collective's traceback; what
+                was written stays for the same command to finish.
+        """
+        if self.ranks == 1:
+            return [value]
+        try:
+            return runtime.all_gather(value)
+        except RuntimeError as exc:  # torch.distributed's error when a peer's connection closes
+            cause = " ".join(str(exc).split())[-160:]
+            raise DataError(f"rank {self.rank}: another rank of this synthesis ended before it ({cause}); "
+                            "the files written are kept: run the same command again to finish") from None
 
     def from_main(self, value: Any) -> Any:
         """Rank 0's ``value``, on every rank."""
