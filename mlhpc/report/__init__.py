@@ -121,8 +121,8 @@ def run_report(paths: list[Path], options: ReportOptions | None = None) -> Outco
     report = build_report(paths, compliance=options.compliance, ruleset=options.ruleset,
                           valid_flops_exponent=exponent, price_per_node_hour=options.price_per_node_hour,
                           price_per_kwh=options.price_per_kwh)
-    seen = shown(report, options.level, options.wide or options.fmt == "markdown", options.fmt)
-    text = output(report, seen, options.fmt, options.wide, options.width)
+    content = shown(report, options.level, options.wide or options.fmt == "markdown", options.fmt)
+    text = output(report, content, options.fmt, options.wide, options.width)
     outcome = Outcome(report=report, output=text, width=max(options.width, natural_width(text))
                       if options.wide and not isinstance(text, str) else options.width)
     if options.plots_dir is not None:

@@ -29,63 +29,63 @@ __all__ = ["FORMATS", "LEVELS", "fit_widths", "natural_width", "output", "render
            "to_json", "to_markdown", "to_text"]
 
 
-def output(report: Report, seen: Shown, fmt: str, wide: bool = True, width: int = 100) -> str | Group:
-    """``seen`` (`mlhpc.report.views.shown` of ``report``) laid out in ``fmt``: rich tables for
+def output(report: Report, content: Shown, fmt: str, wide: bool = True, width: int = 100) -> str | Group:
+    """``content`` (`mlhpc.report.views.shown` of ``report``) laid out in ``fmt``: rich tables for
     ``table`` (`group`), else text (``json``: the whole report).
 
     Raises:
         ConfigError: an unknown format.
     """
     if fmt == "table":
-        return group(seen, wide, width)
+        return group(content, wide, width)
     if fmt == "csv":
-        return csv_text(seen)
+        return csv_text(content)
     if fmt == "markdown":
-        return markdown(seen)
+        return markdown(content)
     if fmt == "json":
         return to_json(report)
     raise ConfigError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
 
 
-def group(seen: Shown, wide: bool = True, width: int = 100) -> Group:
+def group(content: Shown, wide: bool = True, width: int = 100) -> Group:
     """The tables (and notes) as rich tables, for a console to print: every column at its
     natural width (``wide``), or the compact views fitted to ``width`` columns
     (`fit_widths`: no column narrower than its longest word, names kept on
     one line where they fit). No cell is ever cut short with an ellipsis: text wraps at
     spaces, and only where even the narrowest layout is too wide does a word fold."""
     parts: list[Any] = []
-    for view in seen.tables:
+    for view in content.tables:
         widths = None
         if not wide:
             names = {i for i, name in enumerate(view.header) if name in _NAME_COLUMNS}
             widths = fit_widths(view.header, view.body, width, names) or fit_widths(view.header, view.body, width, set())
         parts.append(_table(view.title, view.header, view.body, wide, widths))
-    for note in seen.notes:
+    for note in content.notes:
         parts.append(joined(styled("note", "yellow"), ": ", note))
     return Group(*parts)
 
 
-def markdown(seen: Shown) -> str:
+def markdown(content: Shown) -> str:
     """GitHub-flavoured Markdown: one pipe table per view, then the notes."""
     out = []
-    for view in seen.tables:
+    for view in content.tables:
         out.append(f"**{view.title}**\n")
         out.append("| " + " | ".join(view.header) + " |")
         out.append("|" + "|".join("---" if i < 2 else "---:" for i in range(len(view.header))) + "|")
         for row in view.body:
             out.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
         out.append("")
-    if seen.notes:
-        out += [f"- {n}" for n in seen.notes] + [""]
+    if content.notes:
+        out += [f"- {n}" for n in content.notes] + [""]
     return "\n".join(out)
 
 
-def csv_text(seen: Shown) -> str:
-    """CSV with a header row: the records of ``seen`` (every CSV figure of its level)."""
+def csv_text(content: Shown) -> str:
+    """CSV with a header row: the records of ``content`` (every CSV figure of its level)."""
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=seen.columns, lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=content.columns, lineterminator="\n")
     writer.writeheader()
-    for row in seen.records:
+    for row in content.records:
         writer.writerow({k: csv_cell(v) for k, v in row.items()})
     return buffer.getvalue()
 
