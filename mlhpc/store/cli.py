@@ -7,6 +7,7 @@ import functools
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +33,42 @@ def _open(url: str | None):
     return store
 
 
-def _filter_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The filter options added to a command, which receives them as given, as one ``selection``
-    (read by `mlhpc.store.queries.Filters.of_options`)."""
-    from mlhpc.store.queries import Filters
+@dataclass(frozen=True)
+class Selection:
+    """The filter options of ``mlhpc results list`` and ``scaling`` as given (`filters` reads the
+    dates)."""
 
-    names = Filters.option_names()
+    benchmark: str | None = None
+    system: str | None = None
+    nodes: int | None = None
+    status: str | None = None
+    source: str | None = None
+    campaign: str | None = None
+    scaling: str | None = None
+    since: str | None = None
+    until: str | None = None
+
+    def filters(self):
+        """The store's `mlhpc.store.queries.Filters`, the dates in ms since the Unix epoch.
+
+        Raises:
+            ConfigError: a date that is not ``YYYY-MM-DD`` (or out of range).
+        """
+        from mlhpc.store.queries import Filters, parse_date_ms
+
+        return Filters(benchmark=self.benchmark, system=self.system, nodes=self.nodes, status=self.status,
+                       source=self.source, campaign=self.campaign, scaling=self.scaling,
+                       since_ms=parse_date_ms(self.since) if self.since else None,
+                       until_ms=parse_date_ms(self.until, end=True) if self.until else None)
+
+
+def _filter_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The filter options added to a command, which receives them as one ``selection``."""
+    names = tuple(Selection.__dataclass_fields__)
 
     @functools.wraps(fn)
     def command(*args: Any, **params: Any) -> Any:
-        return fn(*args, selection={name: params.pop(name) for name in names}, **params)
+        return fn(*args, selection=Selection(**{name: params.pop(name) for name in names}), **params)
 
     options = [
         click.option("--benchmark", default=None, help="Only this benchmark (its MLPerf name, as logged in "
@@ -93,11 +120,11 @@ def ingest_command(paths: tuple[Path, ...], url: str | None, campaign: str | Non
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 @click.option("--store", "url", default=None, help=STORE_HELP)
 @_friendly
-def list_command(fmt: str, url: str | None, selection: dict[str, Any]) -> None:
+def list_command(fmt: str, url: str | None, selection: Selection) -> None:
     """List stored runs (filters combine with AND)."""
-    from mlhpc.store.queries import Filters, list_runs, render_rows
+    from mlhpc.store.queries import list_runs, render_rows
 
-    output = render_rows(list_runs(_open(url), Filters.of_options(selection)), fmt)
+    output = render_rows(list_runs(_open(url), selection.filters()), fmt)
     echo(output, nl=not output.endswith("\n"))
 
 
@@ -154,13 +181,13 @@ def compare_command(a: str, b: str, alpha: float, fmt: str, url: str | None) -> 
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 @click.option("--store", "url", default=None, help=STORE_HELP)
 @_friendly
-def scaling_command(mode: str, png: Path | None, fmt: str, url: str | None, selection: dict[str, Any]) -> None:
+def scaling_command(mode: str, png: Path | None, fmt: str, url: str | None, selection: Selection) -> None:
     """Time to train and parallel efficiency against nodes for one --benchmark, own runs beside
     published systems."""
     from mlhpc.store.api import scaling_report
-    from mlhpc.store.queries import Filters, render_rows
+    from mlhpc.store.queries import render_rows
 
-    rows, written = scaling_report(_open(url), Filters.of_options(selection), mode, png)
+    rows, written = scaling_report(_open(url), selection.filters(), mode, png)
     columns = ("series", "source", "nodes", "runs", "time_to_train_min", "how", "efficiency", "global_batch_size")
     output = render_rows(rows, fmt, columns).replace(" run(s)", " point(s)")
     echo(output, nl=not output.endswith("\n"))

@@ -13,7 +13,7 @@ import io
 import json
 import zlib
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 from sqlalchemy import Select, select
 
@@ -47,24 +47,6 @@ class Filters:
     scaling: str | None = None
     since_ms: float | None = None
     until_ms: float | None = None
-
-    @classmethod
-    def of_options(cls, options: Mapping[str, Any]) -> Filters:
-        """The filters of a command's options as given: each field by its name, the dates as
-        ``since`` and ``until`` (``YYYY-MM-DD``, `parse_date_ms`; ``until`` to the end of its day).
-
-        Raises:
-            ConfigError: a date that is not ``YYYY-MM-DD`` (or out of range).
-        """
-        since, until = options.get("since"), options.get("until")
-        return cls(**{name: value for name, value in options.items() if name not in ("since", "until")},
-                   since_ms=parse_date_ms(since) if since else None,
-                   until_ms=parse_date_ms(until, end=True) if until else None)
-
-    @staticmethod
-    def option_names() -> tuple[str, ...]:
-        """The names of the command-line options `of_options` reads."""
-        return tuple(name.removesuffix("_ms") for name in Filters.__dataclass_fields__)
 
 
 #: The largest whole number a selection, a run id or a store column holds (SQL BIGINT, int64).
