@@ -75,8 +75,6 @@ def report_command(paths: tuple[Path, ...], fmt: str, level: str, wide: bool, co
                                         ("--price-per-kwh", price_per_kwh), ("--rcp-bypass", rcp_bypass or None))
                if value is not None]
     try:
-        if package_dir is None and (org is not None or system_name is not None or rcp_bypass):
-            refused.append("")  # an AutoML folder refuses them all; a results report names them below
         package = None if package_dir is None else PackageOptions(
             package_dir, org=org, system=system_name, check=check_package, rcp_bypass=rcp_bypass)
         options = ReportOptions(fmt=fmt, level=level, compliance=compliance, ruleset=ruleset, plots_dir=plots_dir,
@@ -108,13 +106,12 @@ def _outcome(paths: list[Path], options: ReportOptions, refused: list[str]) -> O
 
     folder = automl_folder(paths)
     if folder is not None:
-        if [name for name in refused if name]:
-            raise ConfigError(f"{', '.join(name for name in refused if name)}: not used for an AutoML folder "
-                              f"({folder})")
+        if refused:
+            raise ConfigError(f"{', '.join(refused)}: not used for an AutoML folder ({folder})")
         search = read_search(folder)
         score = score_search(search)
         return automl_report(score, options.fmt, options.plots_dir)
-    if "" in refused:
+    if options.package is None and {"--org", "--system", "--rcp-bypass"} & set(refused):
         raise ConfigError("--org/--system/--rcp-bypass: only used with --package OUT")
     return run_report(paths, options)
 

@@ -94,6 +94,10 @@ class Figure:
     def heading(self, frame: Frame) -> str:
         return self.label if isinstance(self.label, str) else self.label(frame)
 
+    def cell(self, row: Row) -> str:
+        """The text of this figure's cell in ``row``."""
+        return self.text(row, self.value(row))
+
 
 def _key(*path: str) -> Callable[[dict[str, Any]], Any]:
     """Reads ``d[path[0]][path[1]]...`` of a JSON dict, None through a missing level."""

@@ -40,7 +40,7 @@ from mlhpc.data.trees import is_under, make_private_dir, refuse_overlap, resolve
 from mlhpc.errors import ConfigError, LogFormatError
 from mlhpc.log.facts import RunSummary
 from mlhpc.log.parse import MAX_LOG_BYTES, parse_log
-from mlhpc.log.summary import is_resumed, summarize_run, superseded_logs
+from mlhpc.log.summary import summarize_run, superseded_logs
 from mlhpc.report.energy import POWER_DIR, is_power_log, power_folder
 from mlhpc.report.folders import RESULT_RE, natural, read_mapping, side_mapping, sidecars
 from mlhpc.report.package_check import check_package
@@ -178,13 +178,17 @@ def _find_logs(run_dirs: list[Path | str]) -> list[Path]:
     return logs
 
 
-def _unbroken(log: Path, resumed: bool, superseded: bool) -> None:
-    """Refuses ``log`` when it is a resumed run, or a stopped one that a resume continues.
+def _refuse_broken(log: Path, resumed: bool, later: dict[Path, set[str]]) -> None:
+    """Refuses ``log`` when it is a resumed run, or a stopped one that a resume continues
+    (`mlhpc.log.summary.superseded_logs` of its folder, kept in ``later`` to be read once per
+    folder; the resume may not be among the runs packaged).
 
     Raises:
         ConfigError: naming the log and the rule.
     """
-    if resumed or superseded:
+    if log.parent not in later:
+        later[log.parent] = superseded_logs(sorted(log.parent.glob("result_*.txt")))
+    if resumed or log.name in later[log.parent]:
         what = "a resumed run" if resumed else "a stopped run continued by --resume"
         raise ConfigError(f"--package: {log} is {what}; the rules time a run as one contiguous "
                           "period (\"The clock may not be paused during the run\"), so a "
@@ -193,11 +197,11 @@ def _unbroken(log: Path, resumed: bool, superseded: bool) -> None:
 
 def _read_unbroken_runs(logs: list[Path]) -> list[tuple[Path, RunSummary]]:
     """``(log, summary)`` per log; a resumed run, or a stopped one that a resume continues, is refused."""
-    runs = []
+    runs, later = [], {}
     for log in logs:
-        parsed = parse_log(log)
-        _unbroken(log, is_resumed(parsed), log.name in superseded_logs(sorted(log.parent.glob("result_*.txt"))))
-        runs.append((log, summarize_run(parsed)))
+        run = summarize_run(parse_log(log))
+        _refuse_broken(log, run.timing.resumed, later)
+        runs.append((log, run))
     return runs
 
 
@@ -207,18 +211,14 @@ def report_runs(report: Report) -> list[tuple[Path, RunSummary]]:
 
     Raises:
         ConfigError: a folder of the report is not an mlhpc run folder; a resumed run, or a
-            stopped one that a resume continues (the report keeps both apart: `FolderResult.resumed`).
+            stopped one that a resume continues.
     """
     if any(f.kind != "runs" for f in report.folders):
         raise ConfigError("--package: give mlhpc run folders, not an MLCommons results tree")
-    runs = []
-    for f in report.folders:
-        for run in f.runs:
-            log = Path(run.facts.path)
-            runs.append((log, run.facts))
-            # a stopped attempt is known by the resume that continues it, which may not be reported
-            later = superseded_logs(sorted(log.parent.glob("result_*.txt")))
-            _unbroken(log, run.facts.timing.resumed, run.facts.path in f.resumed or log.name in later)
+    runs = [(Path(run.facts.path), run.facts) for f in report.folders for run in f.runs]
+    later: dict[Path, set[str]] = {}
+    for log, facts in runs:
+        _refuse_broken(log, facts.timing.resumed, later)
     return runs
 
 

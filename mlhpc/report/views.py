@@ -99,7 +99,7 @@ def table(level: str, frame: Frame) -> tuple[list[str], list[list[str]]]:
     """``(header, body)`` of a table of ``frame``'s view: each figure's heading and text."""
     figures = selected(level, frame)
     return ([f.heading(frame) for f in figures],
-            [[f.text(row, f.value(row)) for f in figures] for row in rows(level, frame)])
+            [[f.cell(row) for f in figures] for row in rows(level, frame)])
 
 
 def records(level: str, report: Report) -> tuple[list[str], list[dict[str, Any]]]:
@@ -128,8 +128,7 @@ def matrix(frame: Frame, figure: Figure) -> tuple[list[str], list[list[str]]]:
         first = Row(frame, next(iter(cells.values())))
         system = _value("folder_name", first) if first.folder.kind == "runs" else key[2]
         row = ([key[0]] if multi_round else []) + [key[1], system, key[3] or "?", _value("nodes_x_accelerators", first)]
-        row += [figure.text(Row(frame, cells[b]), figure.value(Row(frame, cells[b]))) if b in cells else ""
-                for b in benches]
+        row += [figure.cell(Row(frame, cells[b])) if b in cells else "" for b in benches]
         body.append(row)
     return header, body
 
