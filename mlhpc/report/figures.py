@@ -267,7 +267,7 @@ _FOLDER_FIGURES = (
             label=lambda frame: "models/min (models x accelerators)" if frame.scaling == "weak" else "minutes (RCP)",
             text=lambda row, value: (weak_cell if row.frame.scaling == "weak" else strong_cell)(row.folder), column=50),
     # the energy table of the wide folder level: olympic-mean kWh with the cost to train
-    _folder("energy_and_cost", lambda f: f.energy_olympic_j, views=frozenset({MATRIX}),
+    _folder("energy_olympic_j_with_cost", lambda f: f.energy_olympic_j, views=frozenset({MATRIX}),
             text=lambda row, value: energy_cell(row.frame.report, row.folder)),
 )
 FIGURES: tuple[Figure, ...] = _RUN_FIGURES + _FOLDER_FIGURES

@@ -145,7 +145,7 @@ def _tables(report: Report, level: str, wide: bool) -> list[_Table]:
     if not wide:
         return [_Table(kind, Frame(report, tuple(sorted(folders, key=lambda f: (f.benchmark or "?", system_key(f)))),
                                    COMPACT, kind)) for kind, folders in (("strong", strong), ("weak", weak)) if folders]
-    score, energy, flops = (BY_NAME[("folder", name)] for name in ("score", "energy_and_cost", "valid_flops_per_s"))
+    score, energy, flops = (BY_NAME[("folder", name)] for name in ("score", "energy_olympic_j_with_cost", "valid_flops_per_s"))
     out = [_Table(kind, Frame(report, folders, MATRIX, kind), figure=score)
            for kind, folders in (("strong", strong), ("weak", weak)) if folders]
     if strong or weak:
